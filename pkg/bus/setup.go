@@ -1,0 +1,93 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Options tunes the streams and buckets Setup creates.
+type Options struct {
+	// Replicas for every stream and bucket (1 single node, 3 in a cluster).
+	Replicas int
+	// DuplicateWindow is how long the events stream remembers Nats-Msg-Id
+	// values, so one event fetched from many relays is ingested once.
+	DuplicateWindow time.Duration
+	// EventsMaxBytes bounds the events stream; publishers block (their async
+	// window fills) rather than the stream growing without limit.
+	EventsMaxBytes int64
+	// ReportsMaxAge is how long fetch reports are kept for a planner that is
+	// restarting.
+	ReportsMaxAge time.Duration
+	// Storage is file or memory storage.
+	Storage jetstream.StorageType
+}
+
+// DefaultOptions are the single-node defaults.
+func DefaultOptions() Options {
+	return Options{
+		Replicas:        1,
+		DuplicateWindow: 2 * time.Minute,
+		EventsMaxBytes:  1 << 30,
+		ReportsMaxAge:   24 * time.Hour,
+		Storage:         jetstream.FileStorage,
+	}
+}
+
+// Setup creates or updates every stream and KV bucket of the contract. It is
+// idempotent, so every service calls it at start and any of them can come up
+// first.
+func Setup(ctx context.Context, js jetstream.JetStream, n Names, o Options) error {
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	streams := []jetstream.StreamConfig{
+		{
+			// Work queue: a command is executed once, by the shard's owner.
+			Name:        n.FetchCmdStream(),
+			Subjects:    []string{n.FetchCmdSubjects()},
+			Retention:   jetstream.WorkQueuePolicy,
+			MaxAge:      time.Hour,
+			Storage:     o.Storage,
+			Replicas:    o.Replicas,
+			Description: "planner → fetcher commands, one subject per shard",
+		},
+		{
+			Name:        n.FetchReportStream(),
+			Subjects:    []string{n.FetchReportSubjects()},
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      o.ReportsMaxAge,
+			Storage:     o.Storage,
+			Replicas:    o.Replicas,
+			Description: "fetcher → planner lifecycle reports",
+		},
+		{
+			Name:        n.EventsStream(),
+			Subjects:    []string{n.EventsSubjects()},
+			Retention:   jetstream.WorkQueuePolicy,
+			Duplicates:  o.DuplicateWindow,
+			MaxBytes:    o.EventsMaxBytes,
+			Discard:     jetstream.DiscardNew,
+			Storage:     o.Storage,
+			Replicas:    o.Replicas,
+			Description: "raw nostr events from remote relays, for the ingesters",
+		},
+	}
+	for _, cfg := range streams {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+	}
+	buckets := []jetstream.KeyValueConfig{
+		{Bucket: n.RepoIndexBucket(), Description: "RepoSyncIndex: repo → relays and root events", Storage: o.Storage, Replicas: o.Replicas},
+		{Bucket: n.RelayStateBucket(), Description: "planner state per relay", Storage: o.Storage, Replicas: o.Replicas},
+	}
+	for _, cfg := range buckets {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+			return fmt.Errorf("create kv bucket %s: %w", cfg.Bucket, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,81 @@
+package filters_test
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+
+	"github.com/grasp-sync/grasp-sync/pkg/filters"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+func ids(n int, prefix string) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%04d", prefix, i)
+	}
+	return out
+}
+
+func TestLayers(t *testing.T) {
+	tests := []struct {
+		name        string
+		got         []nostr.Filter
+		wantFilters int
+		wantTags    []string // tag names of the first filters, in order
+	}{
+		{"layer1 no repos", filters.Layer1(nil), 1, nil},
+		{"layer1 150 repos", filters.Layer1(ids(150, "d")), 3, nil},
+		{"layer2 empty", filters.Layer2(nil), 0, nil},
+		{"layer2 100 refs", filters.Layer2(ids(100, "r")), 3, []string{"a", "A", "q"}},
+		{"layer2 101 refs", filters.Layer2(ids(101, "r")), 6, []string{"a", "A", "q", "a"}},
+		{"layer3 250 roots", filters.Layer3(ids(250, "e")), 9, []string{"e", "E", "q"}},
+		{"layer3 duplicates collapse", filters.Layer3(append(ids(100, "e"), ids(100, "e")...)), 3, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if len(tt.got) != tt.wantFilters {
+				t.Fatalf("%d filters, want %d", len(tt.got), tt.wantFilters)
+			}
+			for i, name := range tt.wantTags {
+				if _, ok := tt.got[i].Tags[name]; !ok || len(tt.got[i].Kinds) != 0 {
+					t.Errorf("filter %d = %v, want tag #%s and no kinds", i, tt.got[i], name)
+				}
+			}
+			for _, f := range tt.got {
+				for name, vals := range f.Tags {
+					if len(vals) > filters.ChunkSize {
+						t.Errorf("#%s has %d values", name, len(vals))
+					}
+				}
+			}
+		})
+	}
+	l1 := filters.Layer1([]string{"x"})
+	if !reflect.DeepEqual(l1[0].Kinds, []int{30617, 10317}) || !reflect.DeepEqual(l1[1].Kinds, []int{30618}) || l1[1].Tags["d"][0] != "x" {
+		t.Errorf("layer1 = %v", l1)
+	}
+}
+
+func TestProtoRoundTrip(t *testing.T) {
+	since, until := nostr.Timestamp(100), nostr.Timestamp(200)
+	cases := []nostr.Filter{
+		{Kinds: []int{30617, 10317}},
+		{Tags: nostr.TagMap{"a": {"x", "y"}, "q": {"z"}}, Since: &since, Until: &until, Limit: 500},
+		filters.Live([]nostr.Filter{{Tags: nostr.TagMap{"e": {"1"}}}})[0],
+		{IDs: []string{"i"}, Authors: []string{"p"}},
+	}
+	for _, f := range cases {
+		back := filters.FromProto(filters.ToProto(f))
+		if !reflect.DeepEqual(back, f) {
+			t.Errorf("round trip %v → %v", f, back)
+		}
+	}
+	live := filters.FromProto(filters.ToProto(cases[2]))
+	if !live.LimitZero {
+		t.Error("limit:0 lost in round trip")
+	}
+	if j := live.String(); j != `{"limit":0,"#e":["1"]}` {
+		t.Errorf("live filter JSON = %s", j)
+	}
+}

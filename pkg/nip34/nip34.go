@@ -1,0 +1,144 @@
+// Package nip34 holds the NIP-34 domain vocabulary grasp-sync works with:
+// event kinds, repository coordinates ("30617:<pubkey>:<d>"), their KV key
+// encoding, and announcement parsing.
+package nip34
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// Kinds of NIP-34 and GRASP events.
+const (
+	KindRepoAnnouncement  = 30617
+	KindRepoState         = 30618
+	KindPatch             = 1617
+	KindPullRequest       = 1618
+	KindPullRequestUpdate = 1619
+	KindIssue             = 1621
+	KindUserGraspList     = 10317
+	KindComment           = 1111
+	KindDeletion          = 5
+)
+
+// IsRootKind reports whether replies to events of this kind are followed by
+// sync (layer 3): patches, pull requests and issues.
+func IsRootKind(kind int) bool {
+	return kind == KindPatch || kind == KindPullRequest || kind == KindIssue
+}
+
+// RepoRef is a repository's coordinate.
+type RepoRef struct {
+	PubKey     string
+	Identifier string
+}
+
+// String returns "30617:<pubkey>:<d>".
+func (r RepoRef) String() string {
+	return fmt.Sprintf("%d:%s:%s", KindRepoAnnouncement, r.PubKey, r.Identifier)
+}
+
+// ParseRepoRef parses "30617:<pubkey>:<d>". The identifier may contain ':'.
+func ParseRepoRef(s string) (RepoRef, bool) {
+	kind, rest, ok := strings.Cut(s, ":")
+	if !ok || kind != "30617" {
+		return RepoRef{}, false
+	}
+	pk, d, ok := strings.Cut(rest, ":")
+	if !ok || !isHex64(pk) || !ValidIdentifier(d) {
+		return RepoRef{}, false
+	}
+	return RepoRef{PubKey: pk, Identifier: d}, true
+}
+
+// ValidIdentifier reports whether a repository identifier (d tag) is one a
+// GRASP server can host: not empty, ".", "..", and without '/', '\' or NUL.
+func ValidIdentifier(d string) bool {
+	return d != "" && d != "." && d != ".." && !strings.ContainsAny(d, "/\\\x00")
+}
+
+// Key encodes a repository as a JetStream KV key. KV keys allow only
+// [-/_=.a-zA-Z0-9], and identifiers are free text, so the identifier is
+// base64url-encoded: "<pubkey>.<base64url(d)>".
+func (r RepoRef) Key() string {
+	return r.PubKey + "." + base64.RawURLEncoding.EncodeToString([]byte(r.Identifier))
+}
+
+// ParseKey decodes a key made by Key.
+func ParseKey(key string) (RepoRef, bool) {
+	pk, enc, ok := strings.Cut(key, ".")
+	if !ok || !isHex64(pk) {
+		return RepoRef{}, false
+	}
+	d, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil || !ValidIdentifier(string(d)) {
+		return RepoRef{}, false
+	}
+	return RepoRef{PubKey: pk, Identifier: string(d)}, true
+}
+
+func isHex64(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
+}
+
+// IsEventID reports whether s has the form of an event id (64 lower-case hex).
+func IsEventID(s string) bool { return isHex64(s) }
+
+// RepoRefsOf returns the repositories an event names in its "a" tags.
+func RepoRefsOf(evt *nostr.Event) []RepoRef {
+	var refs []RepoRef
+	for _, tag := range evt.Tags {
+		if len(tag) >= 2 && tag[0] == "a" {
+			if r, ok := ParseRepoRef(tag[1]); ok {
+				refs = append(refs, r)
+			}
+		}
+	}
+	return refs
+}
+
+// Announcement is the part of a kind-30617 event that sync cares about.
+type Announcement struct {
+	Ref         RepoRef
+	ID          string
+	CreatedAt   nostr.Timestamp
+	Clone       []string
+	Relays      []string
+	Maintainers []string
+}
+
+// ParseAnnouncement extracts an announcement's repository, clone URLs,
+// relays and maintainers. NIP-34 puts several values in one tag
+// (["relays", r1, r2]); several tags of one name are merged too.
+func ParseAnnouncement(evt *nostr.Event) (Announcement, error) {
+	if evt.Kind != KindRepoAnnouncement {
+		return Announcement{}, fmt.Errorf("kind %d is not an announcement", evt.Kind)
+	}
+	d := evt.Tags.GetD()
+	if !ValidIdentifier(d) {
+		return Announcement{}, fmt.Errorf("announcement %s: invalid identifier %q", evt.ID, d)
+	}
+	a := Announcement{Ref: RepoRef{PubKey: evt.PubKey, Identifier: d}, ID: evt.ID, CreatedAt: evt.CreatedAt}
+	for _, tag := range evt.Tags {
+		if len(tag) < 2 {
+			continue
+		}
+		switch tag[0] {
+		case "clone":
+			a.Clone = append(a.Clone, tag[1:]...)
+		case "relays":
+			a.Relays = append(a.Relays, tag[1:]...)
+		case "maintainers":
+			a.Maintainers = append(a.Maintainers, tag[1:]...)
+		}
+	}
+	return a, nil
+}

@@ -1,0 +1,145 @@
+// Package obs is what every service needs to be watched: a JSON slog logger,
+// a Prometheus registry, and an HTTP server for /metrics, /healthz and
+// /readyz, plus a context that ends on SIGINT or SIGTERM.
+package obs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// NewLogger returns a JSON logger at the given level (debug, info, warn,
+// error; anything else is info).
+func NewLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	switch strings.ToLower(level) {
+	case "debug":
+		l = slog.LevelDebug
+	case "warn":
+		l = slog.LevelWarn
+	case "error":
+		l = slog.LevelError
+	default:
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+// NewRegistry returns a Prometheus registry with the Go and process
+// collectors, so every service exposes its runtime health.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// SignalContext returns a context cancelled on SIGINT or SIGTERM, for
+// graceful shutdown.
+func SignalContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+}
+
+// Server serves /metrics, /healthz and /readyz.
+type Server struct {
+	Registry *prometheus.Registry
+
+	mu     sync.Mutex
+	checks map[string]func() error
+	ln     net.Listener
+	srv    *http.Server
+}
+
+// NewServer creates the server; Listen binds it.
+func NewServer(reg *prometheus.Registry) *Server {
+	return &Server{Registry: reg, checks: map[string]func() error{}}
+}
+
+// AddReadiness registers a check that must return nil for /readyz to say
+// ready (for example: connected to NATS, self-subscription live).
+func (s *Server) AddReadiness(name string, check func() error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.checks[name] = check
+}
+
+// Ready runs every readiness check and returns the failures.
+func (s *Server) Ready() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for name, check := range s.checks {
+		if err := check(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Handler returns the HTTP handler, for embedding into another mux.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// Listen binds addr, so a taken port is reported at start. varName is the
+// configuration variable the address came from, named in the error.
+func (s *Server) Listen(varName, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("%s=%s: cannot listen: %w", varName, addr, err)
+	}
+	s.ln = ln
+	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+// Addr is the bound address (after Listen).
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Serve serves until ctx is done, then shuts down gracefully.
+func (s *Server) Serve(ctx context.Context) error {
+	return ServeHTTP(ctx, s.srv, s.ln)
+}
+
+// ServeHTTP runs srv on ln until ctx is done, then shuts it down with a
+// bounded grace period.
+func ServeHTTP(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+		<-errc
+		return nil
+	}
+}

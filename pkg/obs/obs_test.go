@@ -1,0 +1,60 @@
+package obs_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/grasp-sync/grasp-sync/pkg/obs"
+)
+
+func TestServerEndpoints(t *testing.T) {
+	s := obs.NewServer(obs.NewRegistry())
+	ready := errors.New("not connected")
+	s.AddReadiness("nats", func() error { return ready })
+	if err := s.Listen("GRASP_METRICS_ADDR", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + s.Addr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Errorf("/healthz = %d", code)
+	}
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "nats: not connected") {
+		t.Errorf("/readyz = %d %q, want 503 naming the failed check", code, body)
+	}
+	ready = nil
+	if code, _ := get("/readyz"); code != 200 {
+		t.Errorf("/readyz after ready = %d", code)
+	}
+	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics = %d", code)
+	}
+}
+
+func TestListenTakenPortNamesVariable(t *testing.T) {
+	a := obs.NewServer(obs.NewRegistry())
+	if err := a.Listen("GRASP_METRICS_ADDR", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	b := obs.NewServer(obs.NewRegistry())
+	err := b.Listen("GRASP_METRICS_ADDR", a.Addr())
+	if err == nil || !strings.HasPrefix(err.Error(), "GRASP_METRICS_ADDR="+a.Addr()) {
+		t.Fatalf("err = %v", err)
+	}
+}
