@@ -24,6 +24,13 @@ const ChunkSize = 100
 // list, plus the states (30618) of our repositories by identifier.
 func Layer1(identifiers []string) []nostr.Filter {
 	fs := []nostr.Filter{{Kinds: []int{nip34.KindRepoAnnouncement, nip34.KindUserGraspList}}}
+	return append(fs, States(identifiers)...)
+}
+
+// States finds repository states (30618) by identifier. States carry no "a"
+// tag, so layer 2 cannot find them; the policy keeps only the maintainers'.
+func States(identifiers []string) []nostr.Filter {
+	var fs []nostr.Filter
 	for _, chunk := range chunks(sortedUnique(identifiers)) {
 		fs = append(fs, nostr.Filter{Kinds: []int{nip34.KindRepoState}, Tags: nostr.TagMap{"d": chunk}})
 	}

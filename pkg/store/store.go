@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 
+	dgbadger "github.com/dgraph-io/badger/v4"
 	"github.com/fiatjaf/eventstore"
 	"github.com/fiatjaf/eventstore/badger"
 	"github.com/nbd-wtf/go-nostr"
@@ -41,7 +42,13 @@ func Open(url string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("store %s: %w", dir, err)
 	}
-	b := &badger.BadgerBackend{Path: dir, MaxLimit: DefaultQueryLimit}
+	b := &badger.BadgerBackend{
+		Path:     dir,
+		MaxLimit: DefaultQueryLimit,
+		BadgerOptionsModifier: func(o dgbadger.Options) dgbadger.Options {
+			return o.WithLogger(nil) // badger's INFO lines are not structured; errors surface as errors
+		},
+	}
 	if err := b.Init(); err != nil {
 		return nil, fmt.Errorf("open badger store %s: %w", dir, err)
 	}

@@ -1,0 +1,5 @@
+package relayconn
+
+import "syscall"
+
+type syscallRawConn = syscall.RawConn

@@ -1,0 +1,105 @@
+// Package service is what every grasp-sync binary does around its own work:
+// read the common configuration, log JSON, connect to NATS and create the
+// shared streams, serve /metrics, /healthz and /readyz, stop on SIGINT or
+// SIGTERM, and turn a start-up mistake into one line and a non-zero exit.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/obs"
+)
+
+// Common is the configuration every service binary shares.
+type Common struct {
+	// NATSURL is the NATS server (or cluster) the service joins.
+	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222"`
+	// Prefix namespaces subjects, streams and buckets.
+	Prefix string `envconfig:"PREFIX" default:"grasp"`
+	// Replicas of streams and buckets (3 in a NATS cluster).
+	Replicas int `envconfig:"NATS_REPLICAS" default:"1"`
+	// MetricsAddr serves /metrics, /healthz and /readyz.
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`
+	LogLevel    string `envconfig:"LOG_LEVEL" default:"info"`
+}
+
+// Env is what a service's run function gets.
+type Env struct {
+	Log      *slog.Logger
+	Registry *prometheus.Registry
+	Health   *obs.Server
+	Bus      *bus.Bus
+}
+
+// Main runs one service binary and exits. spec is the service's own
+// configuration struct, loaded before run is called.
+func Main(name string, spec any, run func(ctx context.Context, env *Env) error) {
+	if err := mainErr(name, spec, run); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
+}
+
+func mainErr(name string, spec any, run func(ctx context.Context, env *Env) error) error {
+	var common Common
+	if err := config.Load(&common); err != nil {
+		return err
+	}
+	if spec != nil {
+		if err := config.Load(spec); err != nil {
+			return err
+		}
+	}
+	log := obs.NewLogger(os.Stderr, common.LogLevel).With("service", name)
+	ctx, stop := obs.SignalContext(context.Background())
+	defer stop()
+
+	reg := obs.NewRegistry()
+	health := obs.NewServer(reg)
+	if err := health.Listen("GRASP_METRICS_ADDR", common.MetricsAddr); err != nil {
+		return err
+	}
+	names := bus.Names{Prefix: common.Prefix}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	b, err := bus.Connect(cctx, common.NATSURL, name, names)
+	if err != nil {
+		return fmt.Errorf("GRASP_NATS_URL=%s: %w", common.NATSURL, err)
+	}
+	defer b.Close()
+	opts := bus.DefaultOptions()
+	opts.Replicas = common.Replicas
+	if err := bus.Setup(cctx, b.JS, names, opts); err != nil {
+		return fmt.Errorf("GRASP_NATS_URL=%s: %w", common.NATSURL, err)
+	}
+	health.AddReadiness("nats", func() error {
+		if !b.Conn.IsConnected() {
+			return errors.New("disconnected")
+		}
+		return nil
+	})
+	log.Info("started", "metrics", health.Addr(), "nats", common.NATSURL)
+
+	g, gctx := errgroup.WithContext(ctx)
+	gctx, end := context.WithCancel(gctx)
+	g.Go(func() error { return health.Serve(gctx) })
+	g.Go(func() error {
+		defer end() // the service ending ends the health server too
+		return run(gctx, &Env{Log: log, Registry: reg, Health: health, Bus: b})
+	})
+	err = g.Wait()
+	if err != nil && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}

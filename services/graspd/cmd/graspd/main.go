@@ -1,0 +1,36 @@
+// Command graspd runs the whole GRASP sync server in one process.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/grasp-sync/grasp-sync/pkg/obs"
+	"github.com/grasp-sync/grasp-sync/services/graspd"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "graspd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	cfg, err := graspd.LoadConfigs()
+	if err != nil {
+		return err
+	}
+	log := obs.NewLogger(os.Stderr, cfg.Graspd.LogLevel)
+	ctx, stop := obs.SignalContext(context.Background())
+	defer stop()
+	app, err := graspd.Start(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer app.Close()
+	fmt.Fprintf(os.Stderr, "graspd: relay %s (NIP-11 at %s), public URL %s, NATS %s, metrics http://%s/metrics\n",
+		app.RelayURL(), "http"+app.RelayURL()[2:], app.PublicURL(), app.NATSURL(), app.MetricsAddr())
+	return app.Run(ctx)
+}

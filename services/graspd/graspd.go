@@ -1,0 +1,299 @@
+// Package graspd is the all-in-one GRASP sync server: an embedded NATS
+// JetStream server, the own relay on the embedded store, and discovery,
+// planner, fetcher and ingester in one process, talking through the same
+// NATS subjects they use when they run as separate processes.
+package graspd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/obs"
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
+	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/services/discovery"
+	"github.com/grasp-sync/grasp-sync/services/fetcher"
+	"github.com/grasp-sync/grasp-sync/services/ingester"
+	"github.com/grasp-sync/grasp-sync/services/planner"
+	"github.com/grasp-sync/grasp-sync/services/relay"
+)
+
+// AllServices are the services graspd runs by default.
+var AllServices = []string{"relay", "discovery", "planner", "fetcher", "ingester"}
+
+// Config is graspd's own configuration (GRASP_* variables). Each service's
+// configuration is read from the same environment.
+type Config struct {
+	// DataDir holds the embedded NATS store and the event store.
+	DataDir string `envconfig:"DATA_DIR" default:"./data"`
+	// NATSListen is where the embedded NATS server accepts TCP clients
+	// (graspctl, the nats CLI); empty disables TCP. The default port is not
+	// 4222 so it never collides with a system NATS.
+	NATSListen string `envconfig:"NATS_LISTEN" default:"127.0.0.1:4233"`
+	// NATSURL, when set, uses that external NATS instead of the embedded one.
+	NATSURL string `envconfig:"NATS_URL"`
+	// StoreURL is the event store; default: the embedded store under DataDir.
+	StoreURL string `envconfig:"STORE_URL"`
+	// MetricsAddr serves /metrics, /healthz and /readyz.
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`
+	// Prefix namespaces subjects, streams and buckets.
+	Prefix   string `envconfig:"PREFIX" default:"grasp"`
+	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
+	// Services lists the services to run (all by default).
+	Services []string `envconfig:"SERVICES" default:"relay,discovery,planner,fetcher,ingester"`
+}
+
+// Validate checks the service list and addresses.
+func (c *Config) Validate() error {
+	for _, s := range c.Services {
+		if !slices.Contains(AllServices, s) {
+			return config.Invalid("SERVICES", strings.Join(c.Services, ","), fmt.Sprintf("unknown service %q (known: %s)", s, strings.Join(AllServices, ",")))
+		}
+	}
+	if c.NATSListen != "" {
+		if _, _, err := net.SplitHostPort(c.NATSListen); err != nil {
+			return config.Invalid("NATS_LISTEN", c.NATSListen, "want host:port")
+		}
+	}
+	return nil
+}
+
+// Configs is every configuration graspd needs.
+type Configs struct {
+	Graspd    Config
+	Relay     relay.Config
+	Discovery discovery.Config
+	Planner   planner.Config
+	Fetcher   fetcher.Config
+	Ingester  ingester.Config
+}
+
+// LoadConfigs reads every configuration from the environment.
+func LoadConfigs() (Configs, error) {
+	var c Configs
+	for _, spec := range []any{&c.Graspd, &c.Relay, &c.Discovery, &c.Planner, &c.Fetcher, &c.Ingester} {
+		if err := config.Load(spec); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// App is a started graspd.
+type App struct {
+	cfg      Configs
+	log      *slog.Logger
+	store    *store.Store
+	nats     *server.Server
+	relayLn  net.Listener
+	health   *obs.Server
+	registry *prometheus.Registry
+	clock    clock.Clock
+}
+
+// Start binds every listener, opens the store and starts NATS, so that every
+// start-up mistake is reported before anything runs. Run runs the services.
+func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
+	a := &App{cfg: c, log: log, registry: obs.NewRegistry(), clock: clock.Real{}}
+	ok := false
+	defer func() {
+		if !ok {
+			a.Close()
+		}
+	}()
+
+	ln, err := net.Listen("tcp", c.Relay.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("GRASP_RELAY_ADDR=%s: cannot listen: %w", c.Relay.Addr, unwrapSyscall(err))
+	}
+	a.relayLn = ln
+	if c.Relay.PublicURL == "" || c.Relay.PublicURL == "ws://"+c.Relay.Addr {
+		// With port 0 the real address is known only now.
+		a.cfg.Relay.PublicURL = "ws://" + ln.Addr().String()
+	}
+	if a.cfg.Discovery.RelayURL == "" {
+		a.cfg.Discovery.RelayURL = "ws://" + ln.Addr().String()
+	}
+
+	a.health = obs.NewServer(a.registry)
+	if err := a.health.Listen("GRASP_METRICS_ADDR", c.Graspd.MetricsAddr); err != nil {
+		return nil, unwrapSyscall(err)
+	}
+
+	storeURL := c.Graspd.StoreURL
+	if storeURL == "" {
+		storeURL = filepath.Join(c.Graspd.DataDir, "events")
+	}
+	if a.store, err = store.Open(storeURL); err != nil {
+		return nil, fmt.Errorf("GRASP_STORE_URL: %w", err)
+	}
+
+	if c.Graspd.NATSURL == "" {
+		if a.nats, err = startNATS(c.Graspd); err != nil {
+			return nil, err
+		}
+	}
+	b, err := a.connect(ctx, "graspd")
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	if err := bus.Setup(ctx, b.JS, b.Names, bus.DefaultOptions()); err != nil {
+		return nil, fmt.Errorf("create streams: %w", err)
+	}
+	ok = true
+	return a, nil
+}
+
+// startNATS starts the embedded JetStream server.
+func startNATS(c Config) (*server.Server, error) {
+	opts := &server.Options{
+		ServerName: "graspd",
+		JetStream:  true,
+		StoreDir:   filepath.Join(c.DataDir, "nats"),
+		NoLog:      true,
+		NoSigs:     true,
+		DontListen: c.NATSListen == "",
+	}
+	if c.NATSListen != "" {
+		host, port, _ := net.SplitHostPort(c.NATSListen)
+		// nats-server reports a taken port only in its log: probe first so
+		// the operator gets one clear line.
+		probe, err := net.Listen("tcp", c.NATSListen)
+		if err != nil {
+			return nil, fmt.Errorf("GRASP_NATS_LISTEN=%s: cannot listen: %w", c.NATSListen, unwrapSyscall(err))
+		}
+		probe.Close()
+		opts.Host = host
+		fmt.Sscan(port, &opts.Port)
+		if opts.Port == 0 {
+			opts.Port = server.RANDOM_PORT
+		}
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("GRASP_NATS_LISTEN=%s: embedded nats did not start within 10s", c.NATSListen)
+	}
+	return s, nil
+}
+
+func unwrapSyscall(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err
+	}
+	return err
+}
+
+// connect gives each service its own NATS connection, as when distributed.
+func (a *App) connect(ctx context.Context, name string) (*bus.Bus, error) {
+	names := bus.Names{Prefix: a.cfg.Graspd.Prefix}
+	if a.nats != nil {
+		return bus.ConnectInProcess(a.nats, name, names)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	b, err := bus.Connect(cctx, a.cfg.Graspd.NATSURL, name, names)
+	if err != nil {
+		return nil, fmt.Errorf("GRASP_NATS_URL=%s: %w", a.cfg.Graspd.NATSURL, err)
+	}
+	return b, nil
+}
+
+// RelayURL is the own relay's websocket URL.
+func (a *App) RelayURL() string { return "ws://" + a.relayLn.Addr().String() }
+
+// PublicURL is the URL announcements must list.
+func (a *App) PublicURL() string { return a.cfg.Relay.PublicURL }
+
+// MetricsAddr is where /metrics is served.
+func (a *App) MetricsAddr() string { return a.health.Addr() }
+
+// NATSURL is the embedded server's client URL ("" without a TCP listener).
+func (a *App) NATSURL() string {
+	if a.nats == nil {
+		return a.cfg.Graspd.NATSURL
+	}
+	if a.cfg.Graspd.NATSListen == "" {
+		return ""
+	}
+	return a.nats.ClientURL()
+}
+
+// Store is the event store (for tests and graspctl-like inspection).
+func (a *App) Store() *store.Store { return a.store }
+
+// Run runs the configured services until ctx is done or one fails.
+func (a *App) Run(parent context.Context) error {
+	g, ctx := errgroup.WithContext(parent)
+	g.Go(func() error { return a.health.Serve(ctx) })
+	pol := &policy.Policy{ServiceURL: a.cfg.Relay.PublicURL}
+	for _, name := range a.cfg.Graspd.Services {
+		b, err := a.connect(ctx, name)
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		log := a.log
+		switch name {
+		case "relay":
+			r := relay.New(a.cfg.Relay, a.store, b, log)
+			ln := a.relayLn
+			g.Go(func() error { return r.Run(ctx, ln) })
+		case "discovery":
+			d := discovery.New(a.cfg.Discovery, b, a.cfg.Relay.PublicURL, func(e *nostr.Event) bool { return pol.ListsService(e) }, a.clock, log, a.registry)
+			a.health.AddReadiness("discovery", d.Ready)
+			g.Go(func() error { return d.Run(ctx) })
+		case "planner":
+			p := planner.New(a.cfg.Planner, b, a.clock, log, a.registry)
+			g.Go(func() error { return p.Run(ctx) })
+		case "fetcher":
+			f := fetcher.New(a.cfg.Fetcher, b, a.clock, log, a.registry)
+			g.Go(func() error { return f.Run(ctx) })
+		case "ingester":
+			i := ingester.New(a.cfg.Ingester, b, a.store, a.cfg.Relay.PublicURL, log, a.registry)
+			g.Go(func() error { return i.Run(ctx) })
+		}
+	}
+	a.log.Info("graspd running", "relay", a.RelayURL(), "public_url", a.PublicURL(),
+		"nats", a.NATSURL(), "metrics", "http://"+a.MetricsAddr()+"/metrics", "services", strings.Join(a.cfg.Graspd.Services, ","))
+	err := g.Wait()
+	if parent.Err() != nil {
+		return nil // asked to stop: errors on the way out are the stop itself
+	}
+	return err
+}
+
+// Close releases what Start acquired.
+func (a *App) Close() {
+	if a.relayLn != nil {
+		a.relayLn.Close()
+	}
+	if a.store != nil {
+		a.store.Close()
+	}
+	if a.nats != nil {
+		a.nats.Shutdown()
+		a.nats.WaitForShutdown()
+	}
+}

@@ -1,0 +1,162 @@
+package graspd_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/obs"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/services/graspd"
+)
+
+// startGraspd starts graspd on random ports with the given services.
+func startGraspd(t *testing.T, services []string) *graspd.App {
+	t.Helper()
+	t.Setenv("GRASP_DATA_DIR", t.TempDir())
+	t.Setenv("GRASP_NATS_LISTEN", "")
+	t.Setenv("GRASP_RELAY_ADDR", "127.0.0.1:0")
+	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
+	t.Setenv("GRASP_RELAY_ALLOWLIST", "127.0.0.1")
+	t.Setenv("GRASP_DISCOVERY_BATCH_WINDOW", "300ms")
+	t.Setenv("GRASP_SHARDS", "4")
+	t.Setenv("GRASP_SERVICES", strings.Join(services, ","))
+	cfg, err := graspd.LoadConfigs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	app, err := graspd.Start(ctx, cfg, obs.NewLogger(io.Discard, "error"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("graspd Run: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("graspd did not stop within 15s")
+		}
+		app.Close()
+	})
+	return app
+}
+
+// TestWalkingSkeleton is the end-to-end path of ARCHITECTURE §2: a client
+// announces a repository to our relay listing two remote relays; discovery
+// indexes it, the planner plans, the fetcher fetches, the ingester stores.
+// The patch (remote 1), the issue and its comment (remote 2) must reach our
+// store; an announcement that does not list us must not. With any one
+// service removed from the wiring, they must not arrive.
+func TestWalkingSkeleton(t *testing.T) {
+	for _, removed := range append([]string{""}, graspd.AllServices...) {
+		name := "all services"
+		if removed != "" {
+			name = "without " + removed
+		}
+		t.Run(name, func(t *testing.T) {
+			services := slices.DeleteFunc(slices.Clone(graspd.AllServices), func(s string) bool { return s == removed })
+			remote1 := testkit.StartRelay(t, testkit.RelayOptions{})
+			remote2 := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+			app := startGraspd(t, services)
+
+			owner, contributor, stranger := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
+			ann := owner.Announcement("skeleton",
+				[]string{testkit.GraspCloneURL(app.PublicURL(), owner.PubKey, "skeleton")},
+				[]string{app.PublicURL(), remote1.URL, remote2.URL}, nil)
+			repo := testkit.RepoRef(owner.PubKey, "skeleton")
+			patch := contributor.Patch(repo)
+			issue := contributor.Issue(repo, "it breaks")
+			comment := owner.Comment(issue, issue, "thanks, looking")
+			notOurs := stranger.Announcement("elsewhere",
+				[]string{"https://git.example.org/" + stranger.PubKey + "/elsewhere.git"},
+				[]string{remote1.URL}, nil)
+			remote1.Add(t, patch, notOurs)
+			remote2.Add(t, issue, comment)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if removed == "relay" {
+				// Nothing serves the relay's port: the publish must fail.
+				pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+				if err := testkit.Publish(pctx, app.RelayURL(), ann); err == nil {
+					t.Fatal("publish succeeded without the relay service")
+				}
+				pcancel()
+			} else if err := testkit.Publish(ctx, app.RelayURL(), ann); err != nil {
+				t.Fatalf("publish announcement to our relay: %v", err)
+			}
+
+			want := []*nostr.Event{patch, issue, comment}
+			wait := 15 * time.Second
+			if removed != "" {
+				wait = 5 * time.Second
+			}
+			start := time.Now()
+			got := waitStored(t, app, want, wait)
+			if removed == "" {
+				if got != len(want) {
+					t.Fatalf("%d of %d remote events stored within %s", got, len(want), wait)
+				}
+				t.Logf("all remote events stored %s after the announcement", time.Since(start).Round(10*time.Millisecond))
+				if ok, err := app.Store().Has(context.Background(), notOurs.ID); err != nil || ok {
+					t.Fatalf("announcement not listing us stored = %v (err %v)", ok, err)
+				}
+				return
+			}
+			if got == len(want) {
+				t.Fatalf("all events synced without %s: the test does not exercise the wiring", removed)
+			}
+		})
+	}
+}
+
+// waitStored polls the store until every event is stored or wait passes,
+// and returns how many were stored.
+func waitStored(t *testing.T, app *graspd.App, want []*nostr.Event, wait time.Duration) int {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		n := 0
+		for _, e := range want {
+			ok, err := app.Store().Has(context.Background(), e.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				n++
+			}
+		}
+		if n == len(want) || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// The relay serves NIP-11 with supported_grasps.
+func TestNIP11(t *testing.T) {
+	app := startGraspd(t, graspd.AllServices)
+	req, _ := http.NewRequest("GET", "http"+strings.TrimPrefix(app.RelayURL(), "ws"), nil)
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `"supported_grasps":["GRASP-01","GRASP-02"]`) {
+		t.Fatalf("NIP-11 = %s", body)
+	}
+}

@@ -1,0 +1,33 @@
+// Command relay runs the own relay alone, over a shared store.
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/grasp-sync/grasp-sync/pkg/service"
+	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/services/relay"
+)
+
+type config struct {
+	relay.Config
+	StoreURL string `envconfig:"STORE_URL" required:"true"`
+}
+
+func main() {
+	var c config
+	service.Main("relay", &c, func(ctx context.Context, env *service.Env) error {
+		st, err := store.Open(c.StoreURL)
+		if err != nil {
+			return fmt.Errorf("GRASP_STORE_URL: %w", err)
+		}
+		defer st.Close()
+		ln, err := net.Listen("tcp", c.Addr)
+		if err != nil {
+			return fmt.Errorf("GRASP_RELAY_ADDR=%s: cannot listen: %w", c.Addr, err)
+		}
+		return relay.New(c.Config, st, env.Bus, env.Log).Run(ctx, ln)
+	})
+}
