@@ -143,3 +143,17 @@ func ServeHTTP(ctx context.Context, srv *http.Server, ln net.Listener) error {
 		return nil
 	}
 }
+
+// LineWriter adapts a library's unstructured log output (the standard
+// logger) to slog: each write becomes one debug record with the text under
+// "msg" and the source named by the "lib" attribute.
+func LineWriter(log *slog.Logger, lib string) io.Writer {
+	return lineWriter{log: log.With("lib", lib)}
+}
+
+type lineWriter struct{ log *slog.Logger }
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	w.log.Debug(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -132,15 +132,7 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 
 	a.health = obs.NewServer(a.registry)
 	if err := a.health.Listen("GRASP_METRICS_ADDR", c.Graspd.MetricsAddr); err != nil {
-		return nil, unwrapSyscall(err)
-	}
-
-	storeURL := c.Graspd.StoreURL
-	if storeURL == "" {
-		storeURL = filepath.Join(c.Graspd.DataDir, "events")
-	}
-	if a.store, err = store.Open(storeURL); err != nil {
-		return nil, fmt.Errorf("GRASP_STORE_URL: %w", err)
+		return nil, err
 	}
 
 	if c.Graspd.NATSURL == "" {
@@ -155,6 +147,13 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 	defer b.Close()
 	if err := bus.Setup(ctx, b.JS, b.Names, bus.DefaultOptions()); err != nil {
 		return nil, fmt.Errorf("create streams: %w", err)
+	}
+	storeURL := c.Graspd.StoreURL
+	if storeURL == "" {
+		storeURL = filepath.Join(c.Graspd.DataDir, "events")
+	}
+	if a.store, err = store.Open(storeURL); err != nil {
+		return nil, fmt.Errorf("GRASP_STORE_URL: %w", err)
 	}
 	ok = true
 	return a, nil

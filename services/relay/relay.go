@@ -22,6 +22,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
@@ -89,7 +90,7 @@ func New(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger) *Relay {
 	k.Info.SupportedNIPs = []any{1, 9, 11, 34}
 	k.MaxMessageSize = cfg.MaxMessageBytes
 	k.Negentropy = true
-	k.Log.SetOutput(slogWriter{r.log})
+	k.Log.SetOutput(obs.LineWriter(r.log, "khatru"))
 
 	k.RejectEvent = append(k.RejectEvent, r.rejectEvent)
 	k.StoreEvent = append(k.StoreEvent, func(ctx context.Context, evt *nostr.Event) error {
@@ -229,12 +230,4 @@ func (r *Relay) onStored(msg *nats.Msg) {
 		defer r.listenersMu.Unlock()
 	}
 	r.khatru.BroadcastEvent(&evt)
-}
-
-// slogWriter sends khatru's standard-library log lines to slog.
-type slogWriter struct{ log *slog.Logger }
-
-func (s slogWriter) Write(p []byte) (int, error) {
-	s.log.Info(string(p))
-	return len(p), nil
 }

@@ -4,6 +4,7 @@ package main
 import (
 	"context"
 	"fmt"
+	stdlog "log"
 	"os"
 
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
@@ -23,6 +24,10 @@ func run() error {
 		return err
 	}
 	log := obs.NewLogger(os.Stderr, cfg.Graspd.LogLevel)
+	// Libraries that log through the standard logger (eventstore, khatru)
+	// log as structured lines too.
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(obs.LineWriter(log, "lib"))
 	ctx, stop := obs.SignalContext(context.Background())
 	defer stop()
 	app, err := graspd.Start(ctx, cfg, log)
