@@ -11,12 +11,26 @@ BUF_VERSION           := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 
 # Every Go module of the workspace.
-MODULES := pkg proto $(wildcard services/*)
+MODULES := pkg proto $(wildcard services/*) deploy/validate
+
+# Version and commit stamped into every binary and image (-ldflags -X). The
+# variables live in VERSION_PKG; an -X for a variable that does not exist is
+# ignored by the linker, so stamping never breaks a build.
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT      ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+VERSION_PKG := github.com/grasp-sync/grasp-sync/pkg/obs
+LDFLAGS     := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Commit=$(COMMIT)
+
+# Container images: $(IMAGE_REPO)/grasp-<binary>:$(VERSION), one per binary.
+# k8s/ and deploy/compose use these names (deploy/validate checks it).
+IMAGE_REPO ?= ghcr.io/grasp-sync
+IMAGES     := $(notdir $(wildcard services/*))
+DOCKER     ?= docker
 
 # go test flags; `make test TESTFLAGS=-short` for a quick run.
 TESTFLAGS ?=
 
-.PHONY: run build test vet fmt-check proto proto-lint tools clean
+.PHONY: docs run build test vet fmt-check proto proto-lint tools clean images print-images
 
 ## run: build graspd and run it on the embedded defaults
 run: build
@@ -25,7 +39,7 @@ run: build
 ## build: build every binary into ./bin
 build:
 	@for m in $(wildcard services/*); do \
-		(cd $$m && $(GO) build -o $(BIN)/ ./cmd/...) || exit 1; \
+		(cd $$m && $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...) || exit 1; \
 	done
 
 ## test: formatting, vet, generated-code check and every test with -race
@@ -41,6 +55,10 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+## docs: regenerate docs/configuration.md from the configuration structs
+docs:
+	$(GO) run ./services/graspd/cmd/configdoc . > docs/configuration.md.tmp && mv docs/configuration.md.tmp docs/configuration.md
+
 ## proto: regenerate the Go code of the contracts
 proto: tools
 	cd proto && buf lint && buf generate
@@ -55,6 +73,27 @@ $(BIN)/buf:
 
 $(BIN)/protoc-gen-go:
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+## images: build every container image (needs a running Docker engine)
+# Exits non-zero when no engine is reachable: an operator's pipeline must not
+# go on to deploy images that were never built.
+images:
+	@if ! command -v $(DOCKER) >/dev/null 2>&1; then \
+		echo "make images: '$(DOCKER)' not found; install Docker (or set DOCKER=podman). No image was built."; exit 1; \
+	fi; \
+	if ! $(DOCKER) info >/dev/null 2>&1; then \
+		echo "make images: no Docker engine is reachable ('$(DOCKER) info' failed: is the daemon running, is DOCKER_HOST right?). No image was built."; exit 1; \
+	fi; \
+	set -e; for s in $(IMAGES); do \
+		echo "== $(IMAGE_REPO)/grasp-$$s:$(VERSION)"; \
+		DOCKER_BUILDKIT=1 $(DOCKER) build -f deploy/docker/Dockerfile \
+			--build-arg SERVICE=$$s --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) \
+			-t $(IMAGE_REPO)/grasp-$$s:$(VERSION) .; \
+	done
+
+## print-images: the image names (without tag) `make images` builds
+print-images:
+	@for s in $(IMAGES); do echo $(IMAGE_REPO)/grasp-$$s; done
 
 clean:
 	rm -rf $(BIN)

@@ -71,6 +71,17 @@ func (n Names) RepoIndexBucket() string { return n.prefix() + "_repo_index" }
 // RelayStateBucket is the KV bucket holding the planner's per-relay state.
 func (n Names) RelayStateBucket() string { return n.prefix() + "_relay_state" }
 
+// LeaseBucket is the KV bucket holding leadership leases (pkg/leader): one
+// key per elected role ("discovery", "planner"). Its TTL is the lease
+// duration, so a holder that dies without releasing loses the lease.
+func (n Names) LeaseBucket() string { return n.prefix() + "_leases" }
+
+// BootstrapRelaysKey is the reserved key of RepoIndexBucket under which
+// discovery publishes the configured bootstrap relays (a
+// graspv1.BootstrapRelays value) so the planner keeps them connected. It can
+// never collide with a repository key ("<pubkey>.<base64url(d)>").
+const BootstrapRelaysKey = "bootstrap-relays"
+
 // all returns the wildcard subject for one family, e.g. "grasp.events.>".
 func (n Names) all(family string) string { return n.prefix() + "." + family + ".>" }
 
@@ -85,3 +96,35 @@ func (n Names) EventsSubjects() string { return n.all("events") }
 
 // StoredSubjects matches every StoredSubject.
 func (n Names) StoredSubjects() string { return n.all("stored") }
+
+// ParkedStream holds events the policy refused only because something they
+// reference has not arrived yet, one message per parked event on
+// ParkedSubject (written and read by pkg/parking in the ingesters).
+func (n Names) ParkedStream() string { return n.upper() + "_PARKED" }
+
+// ParkedSubject is the subject of one parked event, by event id.
+func (n Names) ParkedSubject(id string) string { return n.prefix() + ".parked.event." + id }
+
+// ParkedSubjects matches every ParkedSubject.
+func (n Names) ParkedSubjects() string { return n.all("parked.event") }
+
+// ParkedWakeStream holds the wake-up index of parked events: one empty
+// message per (reference a parked event waits for, parked event id) on
+// ParkedWakeSubject, so the arrival of a reference finds its waiters with one
+// subject-filtered lookup.
+func (n Names) ParkedWakeStream() string { return n.upper() + "_PARKED_WAKE" }
+
+// ParkedWakeSubject is the wake-up entry of parked event id for reference
+// token (a KV- and subject-safe token, see pkg/parking).
+func (n Names) ParkedWakeSubject(token, id string) string {
+	return n.prefix() + ".parked.wake." + token + "." + id
+}
+
+// ParkedWakeSubjects matches every ParkedWakeSubject; with a token, only that
+// token's entries.
+func (n Names) ParkedWakeSubjects(token string) string {
+	if token == "" {
+		return n.all("parked.wake")
+	}
+	return n.prefix() + ".parked.wake." + token + ".*"
+}

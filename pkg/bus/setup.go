@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -23,6 +24,9 @@ type Options struct {
 	ReportsMaxAge time.Duration
 	// Storage is file or memory storage.
 	Storage jetstream.StorageType
+	// LeaseTTL is the lifetime of a leadership lease in LeaseBucket: a
+	// holder that stops renewing loses it this long after its last renewal.
+	LeaseTTL time.Duration
 }
 
 // DefaultOptions are the single-node defaults.
@@ -33,6 +37,7 @@ func DefaultOptions() Options {
 		EventsMaxBytes:  1 << 30,
 		ReportsMaxAge:   24 * time.Hour,
 		Storage:         jetstream.FileStorage,
+		LeaseTTL:        10 * time.Second,
 	}
 }
 
@@ -88,6 +93,37 @@ func Setup(ctx context.Context, js jetstream.JetStream, n Names, o Options) erro
 		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
 			return fmt.Errorf("create kv bucket %s: %w", cfg.Bucket, err)
 		}
+	}
+	return SetupLeases(ctx, js, n, o)
+}
+
+// SetupLeases creates or updates LeaseBucket. Its TTL (MaxAge) is the lease
+// duration: every renewal is a new message, so the key disappears LeaseTTL
+// after the holder's last renewal. Limit markers make that expiry visible to
+// watchers, so a standby takes over at once instead of at its next poll; a
+// server too old for markers (before 2.11) still works, by polling.
+func SetupLeases(ctx context.Context, js jetstream.JetStream, n Names, o Options) error {
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = DefaultOptions().LeaseTTL
+	}
+	cfg := jetstream.KeyValueConfig{
+		Bucket:         n.LeaseBucket(),
+		Description:    "leadership leases (one active discovery, one active planner)",
+		TTL:            o.LeaseTTL,
+		LimitMarkerTTL: max(o.LeaseTTL, time.Second), // the server's minimum
+		Storage:        o.Storage,
+		Replicas:       o.Replicas,
+	}
+	_, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		cfg.LimitMarkerTTL = 0
+		_, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+	}
+	if err != nil {
+		return fmt.Errorf("create kv bucket %s: %w", cfg.Bucket, err)
 	}
 	return nil
 }

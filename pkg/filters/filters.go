@@ -5,6 +5,10 @@
 // Layers 2 and 3 filter by tags only, with no kinds, so that statuses,
 // comments, pull request updates and any other kind that tags a repository or
 // root event is found.
+//
+// The builders do not copy input that is already sorted and free of
+// duplicates: the filters' tag values may share the caller's slice, which the
+// caller must not modify afterwards.
 package filters
 
 import (
@@ -23,7 +27,7 @@ const ChunkSize = 100
 // Layer1 is the per-connection layer: every announcement and user grasp
 // list, plus the states (30618) of our repositories by identifier.
 func Layer1(identifiers []string) []nostr.Filter {
-	fs := []nostr.Filter{{Kinds: []int{nip34.KindRepoAnnouncement, nip34.KindUserGraspList}}}
+	fs := []nostr.Filter{Base()}
 	return append(fs, States(identifiers)...)
 }
 
@@ -48,6 +52,33 @@ func Layer2(repoRefs []string) []nostr.Filter {
 func Layer3(rootIDs []string) []nostr.Filter {
 	return tagLayer(rootIDs, "e", "E", "q")
 }
+
+// Base is the connection-level part of layer 1: every repository
+// announcement and user grasp list. It does not depend on which items a
+// relay is synced for.
+func Base() nostr.Filter {
+	return nostr.Filter{Kinds: []int{nip34.KindRepoAnnouncement, nip34.KindUserGraspList}}
+}
+
+// Items builds the item-level filters of a set of sync items: for
+// repositories their layer-2 filters and the 30618 states of their
+// identifiers, for root events their layer-3 filters. The order is fixed
+// (layer 2, states, layer 3) so commands are reproducible.
+func Items(repoRefs, identifiers, rootIDs []string) []nostr.Filter {
+	var fs []nostr.Filter
+	fs = append(fs, Layer2(repoRefs)...)
+	fs = append(fs, States(identifiers)...)
+	return append(fs, Layer3(rootIDs)...)
+}
+
+// CountItems is len(Items(...)) for that many distinct repository refs,
+// identifiers and root ids, computed without building the filters, so the
+// planner can budget live filters cheaply.
+func CountItems(repoRefs, identifiers, rootIDs int) int {
+	return 3*chunkCount(repoRefs) + chunkCount(identifiers) + 3*chunkCount(rootIDs)
+}
+
+func chunkCount(n int) int { return (n + ChunkSize - 1) / ChunkSize }
 
 func tagLayer(values []string, names ...string) []nostr.Filter {
 	var fs []nostr.Filter
@@ -92,7 +123,21 @@ func chunks(values []string) [][]string {
 	return out
 }
 
+// sortedUnique returns values sorted and without duplicates. Input that is
+// already strictly increasing (the planner sends ids that way) is returned as
+// is, without copying: sorting thousands of 64-character ids per command is
+// the planner's largest cost otherwise.
 func sortedUnique(values []string) []string {
+	increasing := true
+	for i := 1; i < len(values); i++ {
+		if values[i-1] >= values[i] {
+			increasing = false
+			break
+		}
+	}
+	if increasing {
+		return values
+	}
 	s := append([]string(nil), values...)
 	sort.Strings(s)
 	out := s[:0]

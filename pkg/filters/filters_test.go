@@ -57,6 +57,51 @@ func TestLayers(t *testing.T) {
 	}
 }
 
+func TestItemsAndCount(t *testing.T) {
+	tests := []struct {
+		name                  string
+		refs, idents, roots   int
+		wantFilters           int
+		wantFirstTag, lastTag string
+	}{
+		{"nothing", 0, 0, 0, 0, "", ""},
+		{"one repo", 1, 1, 0, 4, "a", "d"},
+		{"roots only", 0, 0, 100, 3, "e", "q"},
+		{"101 roots", 0, 0, 101, 6, "e", "q"},
+		{"250 repos 7 roots", 250, 250, 7, 9 + 3 + 3, "a", "q"},
+		{"shared identifiers", 3, 1, 0, 3 + 1, "a", "d"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			idents := ids(tt.idents, "d")
+			fs := filters.Items(ids(tt.refs, "r"), idents, ids(tt.roots, "e"))
+			if len(fs) != tt.wantFilters {
+				t.Fatalf("%d filters, want %d", len(fs), tt.wantFilters)
+			}
+			if n := filters.CountItems(tt.refs, tt.idents, tt.roots); n != len(fs) {
+				t.Errorf("CountItems = %d, built %d", n, len(fs))
+			}
+			if len(fs) == 0 {
+				return
+			}
+			if _, ok := fs[0].Tags[tt.wantFirstTag]; !ok {
+				t.Errorf("first filter %v, want #%s", fs[0], tt.wantFirstTag)
+			}
+			if _, ok := fs[len(fs)-1].Tags[tt.lastTag]; !ok {
+				t.Errorf("last filter %v, want #%s", fs[len(fs)-1], tt.lastTag)
+			}
+			for _, f := range fs {
+				if f.Tags["d"] == nil && len(f.Kinds) != 0 {
+					t.Errorf("tag filter with kinds: %v", f)
+				}
+			}
+		})
+	}
+	if b := filters.Base(); !reflect.DeepEqual(b.Kinds, []int{30617, 10317}) || len(b.Tags) != 0 {
+		t.Errorf("base = %v", b)
+	}
+}
+
 func TestProtoRoundTrip(t *testing.T) {
 	since, until := nostr.Timestamp(100), nostr.Timestamp(200)
 	cases := []nostr.Filter{

@@ -157,3 +157,10 @@ func (w lineWriter) Write(p []byte) (int, error) {
 	w.log.Debug(strings.TrimSpace(string(p)))
 	return len(p), nil
 }
+
+// Version and Commit identify the build; `make build` and the images stamp
+// them with -ldflags -X.
+var (
+	Version = "dev"
+	Commit  = "unknown"
+)

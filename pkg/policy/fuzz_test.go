@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nbd-wtf/go-nostr"
 
@@ -117,6 +118,55 @@ func FuzzEvaluateSigned(f *testing.F) {
 		}
 		if d.Reason == policy.ReasonBadID || d.Reason == policy.ReasonBadSignature {
 			t.Fatalf("validly signed event refused as %q", d.Reason)
+		}
+	})
+}
+
+// FuzzEventJSON feeds arbitrary bytes to the event JSON parser (go-nostr's,
+// the one relay and ingester use, through json.Unmarshal and through the
+// EVENT envelope): no panic, and whatever parses re-encodes to JSON that
+// parses to the same event, with the same verdict on its id.
+func FuzzEventJSON(f *testing.F) {
+	u := newUser(f)
+	for _, e := range []*nostr.Event{
+		u.ev(f, 1, 0, "hi \u2028 \"quoted\" \\ \x01", nostr.Tag{"e", "x"}, nostr.Tag{}),
+		u.served(f, "repo", 0),
+	} {
+		b, _ := json.Marshal(e)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"id":1,"tags":[[1,2]],"content":null}`))
+	f.Add([]byte(`{"kind":1e400,"created_at":-1}`))
+	f.Add([]byte(`{"tags":[["a","\ud800"]],"content":"\u0000"}`))
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var evt nostr.Event
+		if err := json.Unmarshal(data, &evt); err != nil {
+			return
+		}
+		if !utf8.Valid(data) {
+			// Raw invalid UTF-8 is replaced by U+FFFD on encoding, so such
+			// input cannot round-trip; it must only not panic.
+			_, _ = json.Marshal(&evt)
+			return
+		}
+		again, err := json.Marshal(&evt)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		var back nostr.Event
+		if err := json.Unmarshal(again, &back); err != nil {
+			t.Fatalf("re-parse %s: %v", again, err)
+		}
+		if back.ID != evt.ID || back.Kind != evt.Kind || back.CreatedAt != evt.CreatedAt || back.Content != evt.Content || len(back.Tags) != len(evt.Tags) {
+			t.Fatalf("round trip changed the event:\n%s\n%s", evt.String(), back.String())
+		}
+		if back.CheckID() != evt.CheckID() {
+			t.Fatalf("id verdict changed on round trip: %s", again)
+		}
+		env := nostr.ParseMessage(`["EVENT",` + string(again) + `]`)
+		if ee, ok := env.(*nostr.EventEnvelope); ok && ee.Event.ID != evt.ID {
+			t.Fatalf("envelope parse differs: %s vs %s", ee.Event.ID, evt.ID)
 		}
 	})
 }

@@ -944,3 +944,96 @@ func isLowerHex(s string, n int) bool {
 	}
 	return true
 }
+
+// References returns the event ids (e, E, q) and "kind:pubkey:d"
+// coordinates (a, A, q) that evt names and that rule 5 could accept it by,
+// deduplicated and bounded (at most 100 in total). Parking uses them to
+// find the parked events a newly stored event may unblock.
+func References(evt *nostr.Event) (ids, coords []string) {
+	if evt == nil {
+		return nil, nil
+	}
+	ids, cs := references(evt)
+	for _, c := range cs {
+		coords = append(coords, c.String())
+	}
+	return ids, coords
+}
+
+// Coordinate returns evt's own "kind:pubkey:d" address if its kind is
+// replaceable or addressable.
+func Coordinate(evt *nostr.Event) (string, bool) {
+	if evt == nil {
+		return "", false
+	}
+	c, ok := eventCoordinate(evt)
+	if !ok {
+		return "", false
+	}
+	return c.String(), true
+}
+
+// DeletionFilters returns the queries that find the targets of a NIP-09
+// deletion request: one per valid e id (in batches) and one per valid a
+// coordinate, restricted to the deletion's author and, for coordinates, to
+// versions created up to the deletion. Callers delete what they return for
+// which Deletes holds; together with rule 0 (deleted events are refused when
+// re-sent) this is all of NIP-09.
+func DeletionFilters(del *nostr.Event) []nostr.Filter {
+	if del == nil || del.Kind != kindDeletion {
+		return nil
+	}
+	var out []nostr.Filter
+	var ids []string
+	seen := map[string]bool{}
+	for _, tag := range del.Tags {
+		if len(tag) < 2 || seen[tag[0]+tag[1]] {
+			continue
+		}
+		seen[tag[0]+tag[1]] = true
+		switch tag[0] {
+		case "e":
+			if isLowerHex(tag[1], 64) {
+				ids = append(ids, tag[1])
+			}
+		case "a":
+			c, ok := parseCoordinate(tag[1])
+			if !ok || c.pubkey != del.PubKey {
+				continue
+			}
+			until := del.CreatedAt
+			f := nostr.Filter{Kinds: []int{c.kind}, Authors: []string{c.pubkey}, Until: &until, Limit: maxVersions}
+			if nostr.IsAddressableKind(c.kind) && c.d != "" {
+				f.Tags = nostr.TagMap{"d": {c.d}}
+			}
+			out = append(out, f)
+		}
+	}
+	for start := 0; start < len(ids); start += deletionBatch {
+		batch := ids[start:min(start+deletionBatch, len(ids))]
+		out = append(out, nostr.Filter{IDs: batch, Authors: []string{del.PubKey}, Limit: len(batch)})
+	}
+	return out
+}
+
+// Deletes reports whether the deletion request del removes target: same
+// author, and target is named by id, or by coordinate with created_at not
+// after the deletion's. Deletions themselves are never removed (NIP-09).
+func Deletes(del, target *nostr.Event) bool {
+	if del == nil || target == nil || del.Kind != kindDeletion || target.Kind == kindDeletion || target.PubKey != del.PubKey {
+		return false
+	}
+	coord, keyed := eventCoordinate(target)
+	for _, tag := range del.Tags {
+		if len(tag) < 2 {
+			continue
+		}
+		switch {
+		case tag[0] == "e" && tag[1] == target.ID:
+			return true
+		case tag[0] == "a" && keyed && tag[1] == coord.String() && target.CreatedAt <= del.CreatedAt:
+			return true
+		}
+	}
+	return false
+}

@@ -3,7 +3,8 @@
 // (see spec/dependencies.md): messages are dispatched in arrival order (EOSE
 // after the stored events it ends), a slow consumer pushes back on the socket
 // instead of spawning goroutines, the dialled address can be vetted
-// (DNS-rebinding safe), message size is bounded, and Close is race-free.
+// (DNS-rebinding safe), message size is bounded, a connection that stops
+// answering pings is declared dead, and Close is race-free.
 package relayconn
 
 import (
@@ -23,23 +24,62 @@ import (
 	"github.com/tidwall/gjson"
 )
 
+// Defaults of Options.
+const (
+	DefaultMaxMessageBytes = 4 << 20
+	DefaultPingInterval    = 30 * time.Second
+	DefaultPongTimeout     = 20 * time.Second
+	DefaultWriteTimeout    = 30 * time.Second
+)
+
 // Options tunes a connection.
 type Options struct {
 	// CheckDial vets the address actually dialled ("ip:port") for the URL's
 	// host; an error aborts the dial. Nil allows everything.
 	CheckDial func(host, address string) error
-	// MaxMessageBytes bounds one message from the relay (default 4 MiB).
+	// MaxMessageBytes bounds one message from the relay (default 4 MiB). A
+	// larger message ends the connection: websocket has no way to skip it.
 	MaxMessageBytes int64
-	// OnNotice receives NOTICE messages.
+	// PingInterval is how often an idle connection is pinged (default 30 s;
+	// negative disables keepalive).
+	PingInterval time.Duration
+	// PongTimeout is how long a ping may go unanswered before the connection
+	// is declared dead (default 20 s).
+	PongTimeout time.Duration
+	// WriteTimeout bounds one write when the caller's context has no earlier
+	// deadline (default 30 s), so a peer that stops reading cannot block us.
+	WriteTimeout time.Duration
+	// OnNotice receives NOTICE messages (on the read goroutine: do not block).
 	OnNotice func(string)
-	// OnMessage receives every message no subscription consumed (OK, AUTH,
-	// NEG-MSG …), as raw JSON.
+	// OnMessage receives every message no subscription or channel consumed
+	// (OK, AUTH, unknown labels …), as raw JSON, on the read goroutine: do
+	// not block.
 	OnMessage func(label string, raw []byte)
 	// Header is sent with the upgrade request.
 	Header http.Header
 	// SubscriptionBuffer is the event buffer of each subscription.
 	SubscriptionBuffer int
 }
+
+// ErrDead is the cause of a connection that stopped answering pings.
+var ErrDead = errors.New("relay stopped answering pings")
+
+// DialError is a failed connection attempt. StatusCode is the HTTP status of
+// a refused websocket upgrade (0 when the failure came earlier).
+type DialError struct {
+	URL        string
+	StatusCode int
+	Err        error
+}
+
+func (e *DialError) Error() string {
+	if e.StatusCode != 0 {
+		return fmt.Sprintf("dial %s: HTTP %d: %v", e.URL, e.StatusCode, e.Err)
+	}
+	return fmt.Sprintf("dial %s: %v", e.URL, e.Err)
+}
+
+func (e *DialError) Unwrap() error { return e.Err }
 
 // Conn is one websocket connection to a relay.
 type Conn struct {
@@ -50,20 +90,36 @@ type Conn struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu     sync.Mutex
-	subs   map[string]*Subscription
-	serial atomic.Uint64
+	mu       sync.Mutex
+	subs     map[string]*Subscription
+	channels map[string]*Channel
+	watchers map[*noticeWatcher]struct{}
+	serial   atomic.Uint64
 	// BytesIn counts the bytes of every message received.
-	BytesIn atomic.Uint64
+	BytesIn   atomic.Uint64
+	malformed atomic.Uint64
+	// delivering is set while the read loop waits for a slow consumer: the
+	// socket is then quiet because of us, not the relay.
+	delivering atomic.Bool
+	loops      sync.WaitGroup
 }
 
 // Dial connects to url (ws:// or wss://).
 func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	if opts.MaxMessageBytes == 0 {
-		opts.MaxMessageBytes = 4 << 20
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if opts.SubscriptionBuffer == 0 {
 		opts.SubscriptionBuffer = 256
+	}
+	if opts.PingInterval == 0 {
+		opts.PingInterval = DefaultPingInterval
+	}
+	if opts.PongTimeout <= 0 {
+		opts.PongTimeout = DefaultPongTimeout
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultWriteTimeout
 	}
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
@@ -89,15 +145,22 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		HTTPHeader: opts.Header,
 	})
 	if err != nil {
-		if resp != nil {
-			return nil, fmt.Errorf("dial %s: HTTP %d: %w", url, resp.StatusCode, err)
+		de := &DialError{URL: url, Err: err}
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			de.StatusCode = resp.StatusCode
 		}
-		return nil, fmt.Errorf("dial %s: %w", url, err)
+		return nil, de
 	}
 	ws.SetReadLimit(opts.MaxMessageBytes)
-	c := &Conn{url: url, ws: ws, opts: opts, subs: map[string]*Subscription{}}
+	c := &Conn{url: url, ws: ws, opts: opts,
+		subs: map[string]*Subscription{}, channels: map[string]*Channel{}, watchers: map[*noticeWatcher]struct{}{}}
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	c.loops.Add(1)
 	go c.readLoop()
+	if opts.PingInterval > 0 {
+		c.loops.Add(1)
+		go c.keepalive()
+	}
 	return c, nil
 }
 
@@ -107,13 +170,39 @@ func (c *Conn) URL() string { return c.url }
 // Context ends when the connection does; context.Cause says why.
 func (c *Conn) Context() context.Context { return c.ctx }
 
+// Malformed counts messages that were not valid JSON arrays.
+func (c *Conn) Malformed() uint64 { return c.malformed.Load() }
+
 // ErrClosed is the cause when Close was called.
 var ErrClosed = errors.New("connection closed")
 
-// Close ends the connection and every subscription.
+// Close ends the connection and every subscription, and waits for the
+// connection's goroutines.
+// Call it from the caller's goroutine, never from OnNotice or OnMessage.
 func (c *Conn) Close() error {
-	c.cancel(ErrClosed)
-	return c.ws.Close(websocket.StatusNormalClosure, "")
+	var err error
+	if c.ctx.Err() != nil {
+		// Already ended (lost, dead): no close handshake to wait for.
+		err = c.ws.CloseNow()
+	} else {
+		c.cancel(ErrClosed)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			err = c.ws.Close(websocket.StatusNormalClosure, "")
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			// A relay that does not answer the close handshake.
+			_ = c.ws.CloseNow()
+			<-done
+		}
+		cancel()
+	}
+	c.loops.Wait()
+	return err
 }
 
 // Write sends one message (any JSON-marshallable envelope).
@@ -122,19 +211,61 @@ func (c *Conn) Write(ctx context.Context, msg any) error {
 	if err != nil {
 		return fmt.Errorf("encode message: %w", err)
 	}
+	return c.WriteRaw(ctx, data)
+}
+
+// WriteRaw sends one message that is already JSON.
+func (c *Conn) WriteRaw(ctx context.Context, data []byte) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.WriteTimeout)
+		defer cancel()
+	}
 	if err := c.ws.Write(ctx, websocket.MessageText, data); err != nil {
 		return fmt.Errorf("write to %s: %w", c.url, err)
 	}
 	return nil
 }
 
+// keepalive pings the relay and declares the connection dead when a pong
+// does not come back in time. While the read loop is blocked on a slow
+// consumer, pongs cannot be read, so no verdict is given then.
+func (c *Conn) keepalive() {
+	defer c.loops.Done()
+	t := time.NewTicker(c.opts.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c.delivering.Load() {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(c.ctx, c.opts.PongTimeout)
+		err := c.ws.Ping(pctx)
+		cancel()
+		if err != nil && c.ctx.Err() == nil && !c.delivering.Load() {
+			c.cancel(fmt.Errorf("%s: %w (no pong within %s)", c.url, ErrDead, c.opts.PongTimeout))
+			_ = c.ws.CloseNow()
+			return
+		}
+	}
+}
+
 func (c *Conn) readLoop() {
+	defer c.loops.Done()
 	defer func() {
 		c.mu.Lock()
 		for _, s := range c.subs {
 			s.end()
 		}
+		for _, ch := range c.channels {
+			ch.end()
+		}
 		c.subs = map[string]*Subscription{}
+		c.channels = map[string]*Channel{}
 		c.mu.Unlock()
 	}()
 	for {
@@ -149,7 +280,11 @@ func (c *Conn) readLoop() {
 }
 
 func (c *Conn) dispatch(data []byte) {
-	label, subID := peek(data)
+	label, subID, ok := peek(data)
+	if !ok {
+		c.malformed.Add(1)
+		return
+	}
 	switch label {
 	case "EVENT", "EOSE", "CLOSED":
 		c.mu.Lock()
@@ -158,6 +293,7 @@ func (c *Conn) dispatch(data []byte) {
 		if s == nil {
 			return
 		}
+		s.bytes.Add(uint64(len(data)))
 		switch label {
 		case "EVENT":
 			var env nostr.EventEnvelope
@@ -168,26 +304,58 @@ func (c *Conn) dispatch(data []byte) {
 			evt := env.Event
 			select {
 			case s.events <- &evt:
-			case <-s.done:
-			case <-c.ctx.Done():
+			default:
+				c.delivering.Store(true)
+				select {
+				case s.events <- &evt:
+				case <-s.done:
+				case <-c.ctx.Done():
+				}
+				c.delivering.Store(false)
 			}
 		case "EOSE":
 			s.eoseOnce.Do(func() { close(s.eose) })
 		case "CLOSED":
-			var env nostr.ClosedEnvelope
-			_ = env.FromJSON(string(data))
+			reason := gjson.GetBytes(data, "2").String()
 			select {
-			case s.closed <- env.Reason:
+			case s.closed <- reason:
 			default:
 			}
 			c.forget(s)
 		}
 	case "NOTICE":
-		var env nostr.NoticeEnvelope
-		if env.FromJSON(string(data)) == nil && c.opts.OnNotice != nil {
-			c.opts.OnNotice(string(env))
+		msg := gjson.GetBytes(data, "1").String()
+		c.mu.Lock()
+		for w := range c.watchers {
+			select {
+			case w.ch <- msg:
+			default: // notices are advisory: a full watcher misses some
+			}
+		}
+		c.mu.Unlock()
+		if c.opts.OnNotice != nil {
+			c.opts.OnNotice(msg)
 		}
 	default:
+		c.mu.Lock()
+		ch := c.channels[subID]
+		c.mu.Unlock()
+		if ch != nil && subID != "" {
+			ch.bytes.Add(uint64(len(data)))
+			m := Message{Label: label, Raw: data}
+			select {
+			case ch.msgs <- m:
+			default:
+				c.delivering.Store(true)
+				select {
+				case ch.msgs <- m:
+				case <-ch.done:
+				case <-c.ctx.Done():
+				}
+				c.delivering.Store(false)
+			}
+			return
+		}
 		if c.opts.OnMessage != nil {
 			c.opts.OnMessage(label, data)
 		}
@@ -195,12 +363,17 @@ func (c *Conn) dispatch(data []byte) {
 }
 
 // peek reads the label and, when it is a string, the second element of a
-// relay message without decoding the rest.
-func peek(data []byte) (label, second string) {
+// relay message without decoding the rest. ok is false when the message is
+// not a JSON array starting with a string label.
+func peek(data []byte) (label, second string, ok bool) {
 	if !gjson.ValidBytes(data) {
-		return "", ""
+		return "", "", false
 	}
-	return gjson.GetBytes(data, "0").String(), gjson.GetBytes(data, "1").String()
+	first := gjson.GetBytes(data, "0")
+	if first.Type != gjson.String {
+		return "", "", false
+	}
+	return first.String(), gjson.GetBytes(data, "1").String(), true
 }
 
 // Subscription is one REQ. Events arrive on Events in the relay's order;
@@ -217,6 +390,7 @@ type Subscription struct {
 	eoseOnce  sync.Once
 	doneOnce  sync.Once
 	malformed atomic.Uint64
+	bytes     atomic.Uint64
 }
 
 // Events delivers the subscription's events.
@@ -225,7 +399,9 @@ func (s *Subscription) Events() <-chan *nostr.Event { return s.events }
 // EOSE is closed when the relay has sent every stored event.
 func (s *Subscription) EOSE() <-chan struct{} { return s.eose }
 
-// Closed receives the reason when the relay closes the subscription.
+// Closed receives the reason when the relay closes the subscription. It is
+// sent before Done is closed, so after Done a non-blocking read tells
+// whether the relay closed it.
 func (s *Subscription) Closed() <-chan string { return s.closed }
 
 // Done is closed when the subscription ends (Close, CLOSED, or the
@@ -235,6 +411,9 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 // Malformed counts EVENT messages that could not be decoded.
 func (s *Subscription) Malformed() uint64 { return s.malformed.Load() }
 
+// Bytes counts the bytes of the subscription's messages (EVENT, EOSE, CLOSED).
+func (s *Subscription) Bytes() uint64 { return s.bytes.Load() }
+
 func (s *Subscription) end() { s.doneOnce.Do(func() { close(s.done) }) }
 
 // Subscribe sends a REQ.
@@ -243,7 +422,7 @@ func (c *Conn) Subscribe(ctx context.Context, fs nostr.Filters) (*Subscription, 
 		return nil, fmt.Errorf("subscribe on %s: %w", c.url, err)
 	}
 	s := &Subscription{
-		ID:     "g" + strconv.FormatUint(c.serial.Add(1), 36),
+		ID:     c.NewID(),
 		conn:   c,
 		events: make(chan *nostr.Event, c.opts.SubscriptionBuffer),
 		eose:   make(chan struct{}),
@@ -259,6 +438,9 @@ func (c *Conn) Subscribe(ctx context.Context, fs nostr.Filters) (*Subscription, 
 	}
 	return s, nil
 }
+
+// NewID returns a subscription id unique on this connection.
+func (c *Conn) NewID() string { return "g" + strconv.FormatUint(c.serial.Add(1), 36) }
 
 func (c *Conn) forget(s *Subscription) {
 	c.mu.Lock()
@@ -279,5 +461,75 @@ func (s *Subscription) Close() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = s.conn.Write(ctx, nostr.CloseEnvelope(s.ID))
+	}
+}
+
+// Message is one raw relay message routed to a Channel.
+type Message struct {
+	Label string
+	Raw   []byte
+}
+
+// Channel receives every message, other than EVENT, EOSE, CLOSED and
+// NOTICE, whose second element is the channel's id: the routing NIP-77
+// (NEG-MSG, NEG-ERR) and similar protocols need over one connection.
+type Channel struct {
+	ID    string
+	conn  *Conn
+	msgs  chan Message
+	done  chan struct{}
+	once  sync.Once
+	bytes atomic.Uint64
+}
+
+// OpenChannel registers a channel for id (use NewID for a fresh one).
+func (c *Conn) OpenChannel(id string) (*Channel, error) {
+	if err := context.Cause(c.ctx); err != nil {
+		return nil, fmt.Errorf("open channel on %s: %w", c.url, err)
+	}
+	ch := &Channel{ID: id, conn: c, msgs: make(chan Message, 16), done: make(chan struct{})}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, taken := c.channels[id]; taken {
+		return nil, fmt.Errorf("channel %s already open on %s", id, c.url)
+	}
+	c.channels[id] = ch
+	return ch, nil
+}
+
+// Messages delivers the channel's messages in arrival order.
+func (ch *Channel) Messages() <-chan Message { return ch.msgs }
+
+// Done is closed when the channel is closed or the connection ends.
+func (ch *Channel) Done() <-chan struct{} { return ch.done }
+
+// Bytes counts the bytes of the messages routed to the channel.
+func (ch *Channel) Bytes() uint64 { return ch.bytes.Load() }
+
+func (ch *Channel) end() { ch.once.Do(func() { close(ch.done) }) }
+
+// Close stops routing messages to the channel.
+func (ch *Channel) Close() {
+	ch.conn.mu.Lock()
+	if ch.conn.channels[ch.ID] == ch {
+		delete(ch.conn.channels, ch.ID)
+	}
+	ch.conn.mu.Unlock()
+	ch.end()
+}
+
+type noticeWatcher struct{ ch chan string }
+
+// WatchNotices returns a channel receiving the relay's NOTICE texts from now
+// on (a full buffer drops notices: they are advisory), and a stop function.
+func (c *Conn) WatchNotices(buffer int) (<-chan string, func()) {
+	w := &noticeWatcher{ch: make(chan string, max(buffer, 1))}
+	c.mu.Lock()
+	c.watchers[w] = struct{}{}
+	c.mu.Unlock()
+	return w.ch, func() {
+		c.mu.Lock()
+		delete(c.watchers, w)
+		c.mu.Unlock()
 	}
 }

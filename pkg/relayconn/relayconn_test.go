@@ -109,3 +109,120 @@ func TestConnectionLossEndsSubscriptions(t *testing.T) {
 		t.Fatal("subscription not ended")
 	}
 }
+
+// A relay that stops answering, pings included, without closing is
+// declared dead by the keepalive.
+func TestStalledRelayDeclaredDead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	f.Set(testkit.Faults{StallAfterEvents: -1})
+	c, err := relayconn.Dial(ctx, f.URL, relayconn.Options{PingInterval: 50 * time.Millisecond, PongTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-c.Context().Done():
+	case <-ctx.Done():
+		t.Fatal("stalled connection not detected")
+	}
+	if !errors.Is(context.Cause(c.Context()), relayconn.ErrDead) {
+		t.Fatalf("cause %v", context.Cause(c.Context()))
+	}
+}
+
+// An idle but healthy connection survives many keepalive rounds.
+func TestKeepaliveKeepsHealthyConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	c, err := relayconn.Dial(ctx, r.URL, relayconn.Options{PingInterval: 20 * time.Millisecond, PongTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Ten rounds; the relay answering a REQ proves the connection is up.
+	for range 10 {
+		sub, err := c.Subscribe(ctx, nostr.Filters{{Kinds: []int{1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-sub.EOSE():
+		case <-c.Context().Done():
+			t.Fatalf("healthy connection ended: %v", context.Cause(c.Context()))
+		}
+		sub.Close()
+		time.Sleep(20 * time.Millisecond) // let pings happen between requests
+	}
+}
+
+// Malformed messages are counted, not fatal; NOTICEs reach watchers;
+// messages for a channel id are routed to it.
+func TestMalformedNoticesAndChannels(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	f.Set(testkit.Faults{
+		NoticeOnREQ: "hello",
+		Inject: func(sub string) [][]byte {
+			return [][]byte{[]byte(`{not json`), []byte(`[1,2]`), []byte(`["EVENT","` + sub + `",{"kind":"x"}]`)}
+		},
+		NegOpenAnswer: "NEG-ERR", NegOpenText: "nope",
+	})
+	c, err := relayconn.Dial(ctx, f.URL, relayconn.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	notices, stop := c.WatchNotices(4)
+	defer stop()
+	sub, err := c.Subscribe(ctx, nostr.Filters{{Kinds: []int{1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.EOSE():
+	case <-ctx.Done():
+		t.Fatal("no EOSE")
+	}
+	if c.Malformed() != 2 || sub.Malformed() != 1 {
+		t.Fatalf("malformed: conn %d, sub %d", c.Malformed(), sub.Malformed())
+	}
+	if n := <-notices; n != "hello" {
+		t.Fatalf("notice %q", n)
+	}
+	ch, err := c.OpenChannel("neg1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := c.WriteRaw(ctx, []byte(`["NEG-OPEN","neg1",{},"61"]`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-ch.Messages():
+		if m.Label != "NEG-ERR" || ch.Bytes() == 0 {
+			t.Fatalf("channel got %s (%d bytes)", m.Label, ch.Bytes())
+		}
+	case <-ctx.Done():
+		t.Fatal("NEG-ERR not routed to the channel")
+	}
+	if c.Context().Err() != nil {
+		t.Fatal("connection ended")
+	}
+}
+
+// A refused upgrade is a DialError carrying the HTTP status.
+func TestDialErrorStatus(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	f := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	f.Set(testkit.Faults{RejectConnections: 1})
+	_, err := relayconn.Dial(ctx, f.URL, relayconn.Options{})
+	var de *relayconn.DialError
+	if !errors.As(err, &de) || de.StatusCode != 503 {
+		t.Fatalf("Dial = %v, want a DialError with status 503", err)
+	}
+}

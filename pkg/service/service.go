@@ -30,7 +30,8 @@ type Common struct {
 	Replicas int `envconfig:"NATS_REPLICAS" default:"1"`
 	// MetricsAddr serves /metrics, /healthz and /readyz.
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`
-	LogLevel    string `envconfig:"LOG_LEVEL" default:"info"`
+	// LogLevel is debug, info, warn or error (JSON logs on stderr).
+	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 }
 
 // Env is what a service's run function gets.
@@ -88,7 +89,13 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 		}
 		return nil
 	})
-	log.Info("started", "metrics", health.Addr(), "nats", common.NATSURL)
+	effective := config.Effective(&common)
+	if spec != nil {
+		for k, v := range config.Effective(spec) {
+			effective[k] = v
+		}
+	}
+	log.Info("started", "version", obs.Version, "commit", obs.Commit, "metrics", health.Addr(), "nats", common.NATSURL, "config", effective)
 
 	g, gctx := errgroup.WithContext(ctx)
 	gctx, end := context.WithCancel(gctx)

@@ -1,124 +1,411 @@
-// Package store is grasp-sync's event store: a small layer over an
-// eventstore backend that gives every writer (the own relay for client
-// events, the ingester for synced ones) the same semantics: one copy per
-// event id, one version per replaceable or addressable key, and queries that
-// return complete result sets for the small filters the policy uses.
+// Package store is grasp-sync's event store: a small layer over an event
+// backend that gives every writer (the own relay for client events, the
+// ingester for synced ones) the same semantics whatever the backend: one copy
+// per event id, one version per replaceable or addressable key (also with
+// several writer processes on PostgreSQL), queries split to fit backend
+// limits, and complete result sets for negentropy (Items).
+//
+// Backends: the embedded eventstore backends (badger, and lmdb and sqlite3
+// when built with cgo) for one process, and PostgreSQL, which this package
+// talks to directly, for several processes and Kubernetes.
 package store
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"net/url"
 	"strings"
 
-	dgbadger "github.com/dgraph-io/badger/v4"
 	"github.com/fiatjaf/eventstore"
-	"github.com/fiatjaf/eventstore/badger"
 	"github.com/nbd-wtf/go-nostr"
 )
 
 // DefaultQueryLimit is the most events one query returns when the filter
-// sets no limit. Badger allocates O(MaxLimit) per query (see
-// spec/dependencies.md), so this is set deliberately, and large reads page.
+// sets no limit or a larger one. Badger allocates O(limit) per query (see
+// spec/dependencies.md), so this is set deliberately; complete reads page
+// (Items, negentropy queries).
 const DefaultQueryLimit = 100_000
+
+// DefaultScheme is the embedded backend a plain directory opens. Chosen by
+// measurement: see docs/decisions.md, "Embedded store".
+const DefaultScheme = "badger"
+
+// ErrUnstorable marks an event the backend cannot hold (for example content
+// over 65,535 bytes in badger and lmdb). Callers refuse such an event rather
+// than retry it.
+var ErrUnstorable = errors.New("event cannot be stored by this backend")
+
+// Item is one stored event as negentropy sees it: id and timestamp.
+type Item struct {
+	ID        string
+	CreatedAt nostr.Timestamp
+}
+
+// backend is what the Store needs from a storage engine. Implementations
+// guarantee nothing beyond what is written here; the Store adds splitting,
+// limits and paging.
+type backend interface {
+	// insert stores a regular event unless its id is stored.
+	insert(ctx context.Context, evt *nostr.Event) (bool, error)
+	// replace stores a replaceable or addressable event when it supersedes
+	// the stored version of its key (Supersedes), removing that version.
+	replace(ctx context.Context, evt *nostr.Event) (bool, error)
+	// query returns up to f.Limit (always > 0) events matching f, newest
+	// first; f fits limits(). Results may include false positives: the
+	// Store filters them.
+	query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error)
+	delete(ctx context.Context, evt *nostr.Event) error
+	limits() queryLimits
+	close() error
+}
+
+// itemLister is implemented by backends that can list every matching item
+// in one pass without a query limit (PostgreSQL); others are paged.
+type itemLister interface {
+	items(ctx context.Context, f nostr.Filter) ([]Item, error)
+}
+
+// Option configures Open.
+type Option func(*options)
+
+type options struct {
+	pgSchema string
+	maxLimit int
+}
+
+// WithPostgresSchema keeps the PostgreSQL store's tables in this schema
+// (created if missing) instead of the connection's default, so several
+// deployments or test runs can share one database.
+func WithPostgresSchema(schema string) Option { return func(o *options) { o.pgSchema = schema } }
+
+// WithMaxQueryLimit overrides DefaultQueryLimit.
+func WithMaxQueryLimit(n int) Option { return func(o *options) { o.maxLimit = n } }
 
 // Store holds events. It is safe for concurrent use.
 type Store struct {
-	backend eventstore.Store
-	url     string
+	b        backend
+	url      string
+	kind     string
+	maxLimit int
 }
 
-// Open opens the store named by url: "badger://<dir>" or a plain directory
-// path opens the embedded badger store (single process).
-func Open(url string) (*Store, error) {
-	switch {
-	case url == "":
-		return nil, errors.New("empty store URL")
-	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
-		return nil, fmt.Errorf("store %s: the PostgreSQL store is not available yet; use a directory for the embedded store", redact(url))
+// Open opens the store named by rawURL:
+//   - "postgres://…" or "postgresql://…": PostgreSQL (several processes);
+//   - "badger://<dir>", "lmdb://<dir>", "sqlite3://<file>": that embedded
+//     backend (one process; lmdb and sqlite3 need a cgo build);
+//   - a plain directory path: the embedded DefaultScheme.
+func Open(rawURL string, opts ...Option) (*Store, error) {
+	o := options{maxLimit: DefaultQueryLimit}
+	for _, opt := range opts {
+		opt(&o)
 	}
-	dir := strings.TrimPrefix(url, "badger://")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("store %s: %w", dir, err)
+	if o.maxLimit <= 0 {
+		return nil, fmt.Errorf("store: max query limit %d must be positive", o.maxLimit)
 	}
-	b := &badger.BadgerBackend{
-		Path:     dir,
-		MaxLimit: DefaultQueryLimit,
-		BadgerOptionsModifier: func(o dgbadger.Options) dgbadger.Options {
-			return o.WithLogger(nil) // badger's INFO lines are not structured; errors surface as errors
-		},
+	if rawURL == "" {
+		return nil, errors.New("store: empty store URL")
 	}
-	if err := b.Init(); err != nil {
-		return nil, fmt.Errorf("open badger store %s: %w", dir, err)
+	scheme, rest := DefaultScheme, rawURL
+	if i := strings.Index(rawURL, "://"); i > 0 {
+		scheme, rest = rawURL[:i], rawURL[i+3:]
 	}
-	return &Store{backend: b, url: url}, nil
+	var (
+		b   backend
+		err error
+	)
+	switch scheme {
+	case "postgres", "postgresql":
+		b, err = openPostgres(rawURL, o)
+	case "badger", "lmdb", "sqlite3":
+		b, err = openEmbedded(scheme, rest, o)
+	default:
+		return nil, fmt.Errorf("store %s: unknown scheme %q (want postgres, badger, lmdb, sqlite3 or a directory)", Redact(rawURL), scheme)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Store{b: b, url: rawURL, kind: scheme, maxLimit: o.maxLimit}, nil
 }
 
-func redact(url string) string {
-	if i := strings.Index(url, "@"); i > 0 {
-		if j := strings.Index(url, "://"); j > 0 && j < i {
-			return url[:j+3] + "…" + url[i:]
+// Redact hides the password of a database URL so it can be logged.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if i := strings.LastIndex(raw, "@"); i > 0 {
+			if j := strings.Index(raw, "://"); j > 0 && j < i {
+				return raw[:j+3] + "…" + raw[i:]
+			}
 		}
+		return raw
 	}
-	return url
+	if _, has := u.User.Password(); u.User != nil && has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
 }
+
+// Backend names the backend in use ("badger", "postgres", …).
+func (s *Store) Backend() string { return s.kind }
 
 // Close releases the backend.
-func (s *Store) Close() { s.backend.Close() }
+func (s *Store) Close() {
+	_ = s.b.close()
+}
 
 // Save stores an event: regular events once per id; replaceable and
-// addressable events only when newer than the stored version, which they
-// replace. stored is false for a duplicate or an older version.
+// addressable events only when they supersede the stored version of their
+// key, which they replace. stored is false for a duplicate, an older version
+// or an equal-timestamp version with a higher id.
 func (s *Store) Save(ctx context.Context, evt *nostr.Event) (stored bool, err error) {
-	if nostr.IsReplaceableKind(evt.Kind) || nostr.IsAddressableKind(evt.Kind) {
-		before, err := s.Has(ctx, evt.ID)
-		if err != nil || before {
-			return false, err
-		}
-		if err := s.backend.ReplaceEvent(ctx, evt); err != nil {
-			return false, fmt.Errorf("replace %s: %w", evt.ID, err)
-		}
-		// The backend silently keeps a newer version; tell the caller.
-		return s.Has(ctx, evt.ID)
+	if IsReplaceable(evt.Kind) {
+		stored, err = s.b.replace(ctx, evt)
+	} else {
+		stored, err = s.b.insert(ctx, evt)
 	}
-	if err := s.backend.SaveEvent(ctx, evt); err != nil {
-		if errors.Is(err, eventstore.ErrDupEvent) {
-			return false, nil
-		}
-		return false, fmt.Errorf("save %s: %w", evt.ID, err)
+	if err != nil {
+		return false, fmt.Errorf("save %s (kind %d) in %s store: %w", evt.ID, evt.Kind, s.kind, err)
 	}
-	return true, nil
+	return stored, nil
 }
 
 // Delete removes one event.
 func (s *Store) Delete(ctx context.Context, evt *nostr.Event) error {
-	if err := s.backend.DeleteEvent(ctx, evt); err != nil {
-		return fmt.Errorf("delete %s: %w", evt.ID, err)
+	if err := s.b.delete(ctx, evt); err != nil {
+		return fmt.Errorf("delete %s from %s store: %w", evt.ID, s.kind, err)
 	}
 	return nil
-}
-
-// Query returns the events matching f, newest first.
-func (s *Store) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
-	ch, err := s.backend.QueryEvents(ctx, f)
-	if err != nil {
-		return nil, fmt.Errorf("query %s: %w", f, err)
-	}
-	var out []*nostr.Event
-	for evt := range ch {
-		out = append(out, evt)
-	}
-	return out, ctx.Err()
-}
-
-// QueryEvents streams the events matching f (khatru's query hook shape).
-func (s *Store) QueryEvents(ctx context.Context, f nostr.Filter) (chan *nostr.Event, error) {
-	return s.backend.QueryEvents(ctx, f)
 }
 
 // Has reports whether an event with this id is stored.
 func (s *Store) Has(ctx context.Context, id string) (bool, error) {
 	evts, err := s.Query(ctx, nostr.Filter{IDs: []string{id}, Limit: 1})
 	return len(evts) > 0, err
+}
+
+// Query returns the events matching f, newest first: at most f.Limit, and at
+// most the store's max query limit (DefaultQueryLimit) whatever f asks.
+// Filters with more values than the backend accepts are split and merged.
+func (s *Store) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
+	raw, err := s.queryRaw(ctx, f, s.effectiveLimit(f))
+	if err != nil {
+		return nil, err
+	}
+	return matching(raw, f), nil
+}
+
+func (s *Store) effectiveLimit(f nostr.Filter) int {
+	limit := f.Limit
+	if limit <= 0 || limit > s.maxLimit {
+		limit = s.maxLimit
+	}
+	if tl := nostr.GetTheoreticalLimit(f); tl > 0 && tl < limit {
+		limit = tl
+	}
+	return limit
+}
+
+// queryRaw runs f with limit through the backend, split to fit its limits,
+// and returns what the backend returned (possibly with false positives), so
+// that paging can tell a full page from a short one.
+func (s *Store) queryRaw(ctx context.Context, f nostr.Filter, limit int) ([]*nostr.Event, error) {
+	if f.LimitZero || f.Search != "" || nostr.GetTheoreticalLimit(f) == 0 {
+		return nil, nil // nothing stored matches: a live-only REQ, or full-text search we do not offer
+	}
+	for k, v := range f.Tags {
+		if len(v) == 0 {
+			return nil, fmt.Errorf("query %s: tag #%s has no values", f, k)
+		}
+	}
+	lim := s.b.limits()
+	if lim.IDs <= 0 || lim.IDs > s.maxLimit {
+		lim.IDs = s.maxLimit // an id chunk must be answerable in full by one query
+	}
+	parts, err := splitFilter(f, lim)
+	if err != nil {
+		return nil, fmt.Errorf("query %s store: %w", s.kind, err)
+	}
+	results := make([][]*nostr.Event, 0, len(parts))
+	for _, p := range parts {
+		// A part never asks for more than it can match: backends that cap
+		// large limits (sqlite3) would otherwise truncate an id chunk.
+		p.Limit = limit
+		if tl := nostr.GetTheoreticalLimit(p); tl > 0 && tl < limit {
+			p.Limit = tl
+		}
+		r, err := s.b.query(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("query %s store with %s: %w", s.kind, p, err)
+		}
+		results = append(results, r)
+	}
+	if len(results) == 1 {
+		return results[0], ctx.Err()
+	}
+	return mergeResults(results, limit), ctx.Err()
+}
+
+// matching drops events that do not match f: backends with coarse indexes
+// (sqlite3 matches tag values by substring) return false positives.
+func matching(evts []*nostr.Event, f nostr.Filter) []*nostr.Event {
+	out := evts[:0]
+	for _, e := range evts {
+		if f.Matches(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// QueryEvents streams the events matching f (khatru's query hook shape).
+// In a negentropy session (eventstore.SetNegentropy, which khatru sets) the
+// result is complete, not capped by any query limit, so NIP-77 clients
+// reconcile against everything we hold.
+func (s *Store) QueryEvents(ctx context.Context, f nostr.Filter) (chan *nostr.Event, error) {
+	ch := make(chan *nostr.Event)
+	send := func(evts []*nostr.Event) bool {
+		for _, e := range evts {
+			select {
+			case ch <- e:
+			case <-ctx.Done():
+				return false
+			}
+		}
+		return true
+	}
+	if eventstore.IsNegentropySession(ctx) {
+		go func() {
+			defer close(ch)
+			_ = s.scan(ctx, f, func(page []*nostr.Event) bool { return send(page) })
+		}()
+		return ch, nil
+	}
+	evts, err := s.Query(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		defer close(ch)
+		send(evts)
+	}()
+	return ch, nil
+}
+
+// Items returns the id and timestamp of EVERY stored event matching f
+// (f.Limit is ignored), newest first: the local set of a NIP-77
+// reconciliation, which must not be truncated by a query limit.
+func (s *Store) Items(ctx context.Context, f nostr.Filter) ([]Item, error) {
+	f.Limit, f.LimitZero = 0, false
+	if f.Search != "" || nostr.GetTheoreticalLimit(f) == 0 {
+		return nil, nil
+	}
+	if il, ok := s.b.(itemLister); ok {
+		items, err := il.items(ctx, f)
+		if err != nil {
+			return nil, fmt.Errorf("items of %s from %s store: %w", f, s.kind, err)
+		}
+		return items, nil
+	}
+	var items []Item
+	err := s.scan(ctx, f, func(page []*nostr.Event) bool {
+		for _, e := range page {
+			items = append(items, Item{ID: e.ID, CreatedAt: e.CreatedAt})
+		}
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("items of %s from %s store: %w", f, s.kind, err)
+	}
+	return items, nil
+}
+
+// scanPageSize is how many events one page of a complete scan reads.
+const scanPageSize = 5_000
+
+// scan hands every event matching f to yield, newest first, one page at a
+// time, paging with until. It terminates even when more events than a page
+// share one created_at: that timestamp is then read whole (up to the store's
+// max query limit, beyond which it fails rather than return a short set).
+func (s *Store) scan(ctx context.Context, f nostr.Filter, yield func([]*nostr.Event) bool) error {
+	f.Limit, f.LimitZero = 0, false
+	// A page is well under the max query limit so a second holding more
+	// than a page can still be read whole.
+	page := max(1, min(scanPageSize, s.maxLimit/4))
+	seen := make(map[string]struct{})
+	emit := func(raw []*nostr.Event) bool {
+		var out []*nostr.Event
+		for _, e := range matching(raw, f) {
+			if _, dup := seen[e.ID]; !dup {
+				seen[e.ID] = struct{}{}
+				out = append(out, e)
+			}
+		}
+		return len(out) == 0 || yield(out)
+	}
+	if len(f.IDs) > 0 {
+		// An id list is bounded by itself: one (split) query reads it whole.
+		// No paging: backends answer id lookups without honouring until.
+		raw, err := s.queryRaw(ctx, f, len(f.IDs))
+		if err != nil {
+			return err
+		}
+		emit(raw)
+		return nil
+	}
+	var since nostr.Timestamp
+	if f.Since != nil {
+		since = *f.Since
+	}
+	until := f.Until
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		pf := f
+		pf.Until = until
+		raw, err := s.queryRaw(ctx, pf, page)
+		if err != nil {
+			return err
+		}
+		if !emit(raw) {
+			return nil
+		}
+		if len(raw) < page {
+			return nil
+		}
+		oldest := raw[len(raw)-1].CreatedAt
+		if raw[0].CreatedAt == oldest {
+			// A whole page at one timestamp: read that second completely.
+			at := oldest
+			all, err := s.queryRaw(ctx, nostr.Filter{IDs: f.IDs, Kinds: f.Kinds, Authors: f.Authors, Tags: f.Tags, Since: &at, Until: &at}, s.maxLimit)
+			if err != nil {
+				return err
+			}
+			if len(all) >= s.maxLimit {
+				return fmt.Errorf("more than %d events share created_at %d; raise the max query limit", s.maxLimit, at)
+			}
+			if !emit(all) {
+				return nil
+			}
+		}
+		// Events at exactly `oldest` not yet seen are re-read by the next
+		// page (seen drops the repeats) unless that second was read whole.
+		next := oldest
+		if raw[0].CreatedAt == oldest {
+			if oldest == 0 || oldest <= since {
+				return nil
+			}
+			next = oldest - 1
+		}
+		if until != nil && next >= *until && raw[0].CreatedAt != oldest {
+			// A full page that did not move back in time: the backend
+			// ignored until. Fail rather than loop or return a short set.
+			return fmt.Errorf("paging %s made no progress at until=%d", f, next)
+		}
+		until = &next
+	}
 }

@@ -15,6 +15,8 @@ import (
 	eventbadger "github.com/fiatjaf/eventstore/badger"
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/khatrulock"
 )
 
 // DefaultMaxLimit is the per-filter result cap a test relay applies when
@@ -165,7 +167,9 @@ func (r *Relay) Add(t testing.TB, evts ...*nostr.Event) {
 			t.Fatalf("testkit: add event %s (kind %d) to relay %s: %v", evt.ID, evt.Kind, r.URL, err)
 		}
 		if !skipBroadcast {
-			r.Khatru.BroadcastEvent(evt)
+			// khatru reads its listener list unlocked; broadcasting from the
+			// test goroutine must hold its lock (see pkg/khatrulock).
+			khatrulock.Broadcast(r.Khatru, evt)
 		}
 	}
 }

@@ -2,7 +2,8 @@
 // like any nostr client (so it works in front of any GRASP relay), pages
 // through its history, stays live, and writes the repositories this service
 // hosts — with their relays and root events — to the grasp_repo_index KV
-// bucket, one batch window at a time.
+// bucket, one batch window at a time. One instance is active at a time
+// (pkg/leader); the others stand by.
 package discovery
 
 import (
@@ -10,25 +11,31 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
+	"github.com/grasp-sync/grasp-sync/pkg/leader"
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
 
-// Kinds is what discovery subscribes to: announcements, root events and
-// user grasp lists.
-var Kinds = []int{nip34.KindRepoAnnouncement, nip34.KindPatch, nip34.KindPullRequest, nip34.KindIssue, nip34.KindUserGraspList}
+// Kinds is what discovery subscribes to: announcements, root events, user
+// grasp lists, and NIP-09 deletions (which remove repositories and roots).
+var Kinds = []int{nip34.KindRepoAnnouncement, nip34.KindPatch, nip34.KindPullRequest, nip34.KindIssue, nip34.KindUserGraspList, nip34.KindDeletion}
+
+// LeaseKey is discovery's key in the lease bucket.
+const LeaseKey = "discovery"
 
 // Config is discovery's configuration (GRASP_* variables).
 type Config struct {
@@ -44,244 +51,465 @@ type Config struct {
 	// ReconnectBuffer is subtracted from the moment the live stream was lost
 	// to get the since of the catch-up after a reconnect.
 	ReconnectBuffer time.Duration `envconfig:"DISCOVERY_RECONNECT_BUFFER" default:"15m"`
+	// BackoffBase and BackoffMax bound the reconnect backoff (doubling from
+	// base up to max; reset once a connection is live).
+	BackoffBase time.Duration `envconfig:"DISCOVERY_BACKOFF_BASE" default:"1s"`
+	BackoffMax  time.Duration `envconfig:"DISCOVERY_BACKOFF_MAX" default:"1m"`
+	// ResyncInterval is how often the index is rebuilt from the relay's
+	// whole history (0: never). A catch-up with since misses events stored
+	// during a disconnection with an older created_at (synced history); the
+	// resync picks them up.
+	ResyncInterval time.Duration `envconfig:"DISCOVERY_RESYNC_INTERVAL" default:"24h"`
 	// MaxRelaysPerAnnouncement bounds the relays one announcement adds.
 	MaxRelaysPerAnnouncement int `envconfig:"MAX_RELAYS_PER_ANNOUNCEMENT" default:"20"`
 	// RelayAllowlist names internal hosts (or host:port) sync may dial
 	// anyway, for tests and local demos.
 	RelayAllowlist []string `envconfig:"RELAY_ALLOWLIST"`
+	// BootstrapRelays are published under the index bucket's reserved key
+	// so the planner keeps them connected whether or not a repository lists
+	// them.
+	BootstrapRelays []string `envconfig:"BOOTSTRAP_RELAYS"`
+	// InstanceID names this instance in the discovery lease (default
+	// host-pid).
+	InstanceID string `envconfig:"DISCOVERY_ID"`
+}
+
+// Validate checks what the defaults cannot guarantee and normalises the
+// bootstrap relays.
+func (c *Config) Validate() error {
+	switch {
+	case c.BatchWindow <= 0:
+		return config.Invalid("DISCOVERY_BATCH_WINDOW", c.BatchWindow, "must be positive")
+	case c.PageSize <= 0:
+		return config.Invalid("DISCOVERY_PAGE_SIZE", c.PageSize, "must be positive")
+	case c.BackoffBase <= 0:
+		return config.Invalid("DISCOVERY_BACKOFF_BASE", c.BackoffBase, "must be positive")
+	case c.BackoffMax < c.BackoffBase:
+		return config.Invalid("DISCOVERY_BACKOFF_MAX", c.BackoffMax, "must not be below GRASP_DISCOVERY_BACKOFF_BASE")
+	case c.ReconnectBuffer < 0:
+		return config.Invalid("DISCOVERY_RECONNECT_BUFFER", c.ReconnectBuffer, "must not be negative")
+	}
+	for i, raw := range c.BootstrapRelays {
+		u, err := relayurl.Normalize(raw)
+		if err != nil {
+			return config.Invalid("BOOTSTRAP_RELAYS", raw, err.Error())
+		}
+		c.BootstrapRelays[i] = u
+	}
+	return nil
+}
+
+// withDefaults fills what a Config built in code (not from the
+// environment) may leave zero.
+func (c Config) withDefaults() Config {
+	if c.BatchWindow <= 0 {
+		c.BatchWindow = 5 * time.Second
+	}
+	if c.PageSize <= 0 {
+		c.PageSize = 500
+	}
+	if c.MaxPages <= 0 {
+		c.MaxPages = 100_000
+	}
+	if c.BackoffBase <= 0 {
+		c.BackoffBase = time.Second
+	}
+	if c.BackoffMax < c.BackoffBase {
+		c.BackoffMax = max(time.Minute, c.BackoffBase)
+	}
+	if c.InstanceID == "" {
+		host, _ := os.Hostname()
+		c.InstanceID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	return c
 }
 
 // Discovery is the discovery service.
 type Discovery struct {
-	cfg       Config
-	bus       *bus.Bus
-	index     *RepoSyncIndex
-	clock     clock.Clock
-	log       *slog.Logger
-	connected atomic.Bool
+	cfg          Config
+	bus          *bus.Bus
+	rules        RelayRules
+	clock        clock.Clock
+	log          *slog.Logger
+	metrics      *metrics
+	listsService func(*nostr.Event) bool
 
-	kv      jetstream.KeyValue
-	written map[string][]byte // key → value last written, to write only changes
-	pending map[nip34.RepoRef]struct{}
-
-	batches prometheus.Counter
-	writes  prometheus.Counter
-	repos   prometheus.Gauge
+	// state is what Ready reports: one of the state* constants.
+	state atomic.Int32
+	// applied counts events folded into the index (tests wait on it).
+	applied atomic.Int64
+	// sessions and batches number connections and index batches, for logs.
+	sessions atomic.Uint64
+	batches  uint64 // owned by the active session's goroutine
 }
+
+const (
+	stateStarting  int32 = iota // campaigning, nothing decided yet
+	stateStandby                // another instance is active
+	stateActive                 // active, self-subscription down
+	stateConnected              // active, self-subscription live
+)
 
 // New builds discovery. serviceURL is this service's public relay URL;
 // listsService is the policy's "announcement lists this service" rule.
 func New(cfg Config, b *bus.Bus, serviceURL string, listsService func(*nostr.Event) bool, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *Discovery {
+	cfg = cfg.withDefaults()
 	d := &Discovery{
 		cfg: cfg,
 		bus: b,
-		index: NewRepoSyncIndex(RelayRules{
+		rules: RelayRules{
 			ServiceURL:         serviceURL,
 			Guard:              relayurl.Guard{Allow: cfg.RelayAllowlist},
 			MaxPerAnnouncement: cfg.MaxRelaysPerAnnouncement,
 			ListsService:       listsService,
-		}),
+		},
 		clock:   clk,
-		log:     log.With("service", "discovery", "relay", cfg.RelayURL),
-		written: map[string][]byte{},
-		pending: map[nip34.RepoRef]struct{}{},
-		batches: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_batches_total", Help: "Index update batches written."}),
-		writes:  prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_index_writes_total", Help: "Keys written or deleted in the repo index."}),
-		repos:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_discovery_repos_indexed", Help: "Repositories in the RepoSyncIndex."}),
-	}
-	if reg != nil {
-		reg.MustRegister(d.batches, d.writes, d.repos)
+		log:     log.With("service", "discovery", "relay", cfg.RelayURL, "instance", cfg.InstanceID),
+		metrics: newMetrics(reg),
 	}
 	return d
 }
 
-// Ready is false while the self-subscription is down.
+// Ready is false while this instance is the active one and its
+// self-subscription is down or still catching up on history (and before it
+// knows whether it is active). A standby is ready: it is healthy and
+// waiting.
 func (d *Discovery) Ready() error {
-	if !d.connected.Load() {
+	switch d.state.Load() {
+	case stateStandby, stateConnected:
+		return nil
+	case stateStarting:
+		return errors.New("campaigning for the discovery lease")
+	default:
 		return errors.New("not subscribed to the own relay")
 	}
-	return nil
 }
 
-// Run subscribes until ctx is done, reconnecting with backoff.
+// Run campaigns for the discovery lease and, while it holds it, keeps the
+// index, until ctx is done.
 func (d *Discovery) Run(ctx context.Context) error {
+	if d.cfg.RelayURL == "" {
+		return errors.New("discovery: no relay URL (GRASP_DISCOVERY_RELAY_URL)")
+	}
 	kv, err := d.bus.JS.KeyValue(ctx, d.bus.Names.RepoIndexBucket())
 	if err != nil {
 		return fmt.Errorf("open %s: %w", d.bus.Names.RepoIndexBucket(), err)
 	}
-	d.kv = kv
-	var since *nostr.Timestamp
-	reconciled := false
-	backoff := time.Second
+	leases, err := d.bus.JS.KeyValue(ctx, d.bus.Names.LeaseBucket())
+	if err != nil {
+		return fmt.Errorf("open %s: %w", d.bus.Names.LeaseBucket(), err)
+	}
+	d.state.Store(stateStarting)
+	mctx, stop := context.WithCancel(ctx)
+	marked := make(chan struct{})
+	go func() {
+		defer close(marked)
+		d.markStandby(mctx)
+	}()
+	defer func() {
+		stop()
+		<-marked
+	}()
+	// The lease runs on real time whatever d.clock is: the NATS server
+	// expires it on its own clock.
+	return leader.Run(ctx, leader.Config{KV: leases, Key: LeaseKey, ID: d.cfg.InstanceID, Clock: clock.Real{}, Log: d.log},
+		func(ctx context.Context, epoch uint64) error {
+			d.metrics.leader.Set(1)
+			defer d.metrics.leader.Set(0)
+			defer d.state.Store(stateStandby)
+			d.state.Store(stateActive)
+			return d.active(ctx, kv, d.log.With("epoch", epoch))
+		})
+}
+
+// markStandby turns "starting" into "standby" once the lease is known to be
+// held by another instance, so a standby reports ready.
+func (d *Discovery) markStandby(ctx context.Context) {
+	leases, err := d.bus.JS.KeyValue(ctx, d.bus.Names.LeaseBucket())
+	if err != nil {
+		return
+	}
+	for ctx.Err() == nil && d.state.Load() == stateStarting {
+		if l, ok, err := leader.Current(ctx, leases, LeaseKey); err == nil && ok && l.Holder != d.cfg.InstanceID {
+			d.state.CompareAndSwap(stateStarting, stateStandby)
+			return
+		}
+		// A status poll on real time, not d.clock: it is not sync logic,
+		// and it must not hold a timer of a test's fake clock.
+		timer := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// errResync ends a session so the index is rebuilt from the whole history.
+var errResync = errors.New("periodic resync")
+
+// term is the state of one leadership term: a fresh index rebuilt from the
+// relay's history (another instance may have written the bucket meanwhile).
+type term struct {
+	index   *RepoSyncIndex
+	writer  *IndexWriter
+	pending map[nip34.RepoRef]struct{}
+	// since is the catch-up bound of the next session (nil: whole history).
+	since *nostr.Timestamp
+	// loaded is set once the bucket has been read and reconciled.
+	loaded  bool
+	refused map[string]int // Refused counts already exported
+	log     *slog.Logger
+}
+
+// active runs while this instance holds the lease: sessions against the own
+// relay, reconnecting with backoff, until ctx ends.
+func (d *Discovery) active(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) error {
+	t := d.newTerm(kv, log)
+	if _, err := t.writer.SyncBootstrap(ctx, d.cfg.BootstrapRelays); err != nil {
+		log.Warn("bootstrap relays not published yet", "err", err)
+	} else {
+		log.Info("bootstrap relays published", "relays", len(d.cfg.BootstrapRelays))
+	}
+	backoff := d.cfg.BackoffBase
+	resyncAt := d.resyncTimer()
 	for ctx.Err() == nil {
-		lost, err := d.session(ctx, since, &reconciled)
-		d.connected.Store(false)
+		lost, live, err := d.session(ctx, t, resyncAt)
+		d.state.Store(stateActive)
+		d.metrics.connected.Set(0)
 		if ctx.Err() != nil {
 			return nil
 		}
+		if errors.Is(err, errResync) {
+			log.Info("periodic resync: rebuilding the index from the whole history")
+			t = d.newTerm(kv, log)
+			resyncAt = d.resyncTimer()
+			continue
+		}
+		if live {
+			backoff = d.cfg.BackoffBase
+		}
 		if !lost.IsZero() {
 			s := nostr.Timestamp(lost.Add(-d.cfg.ReconnectBuffer).Unix())
-			since = &s
-			backoff = time.Second
+			t.since = &s
 		}
-		d.log.Warn("self-subscription lost, reconnecting", "err", err, "backoff", backoff.String())
+		log.Warn("self-subscription lost, reconnecting", "err", err, "backoff", backoff.String(), "since", t.since)
 		select {
 		case <-ctx.Done():
+			return nil
 		case <-d.clock.After(backoff):
 		}
-		backoff = min(backoff*2, time.Minute)
+		backoff = min(backoff*2, d.cfg.BackoffMax)
 	}
 	return nil
 }
 
-// session runs one connection: history since `since`, then live. It returns
-// when the live stream was lost (zero if it never became live).
-func (d *Discovery) session(ctx context.Context, since *nostr.Timestamp, reconciled *bool) (time.Time, error) {
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	r, err := relayconn.Dial(dctx, d.cfg.RelayURL, relayconn.Options{})
-	cancel()
-	if err != nil {
-		return time.Time{}, fmt.Errorf("connect %s: %w", d.cfg.RelayURL, err)
+func (d *Discovery) newTerm(kv jetstream.KeyValue, log *slog.Logger) *term {
+	t := &term{
+		index:   NewRepoSyncIndex(d.rules),
+		writer:  NewIndexWriter(kv, d.clock),
+		pending: map[nip34.RepoRef]struct{}{},
+		refused: map[string]int{},
+		log:     log,
 	}
-	defer r.Close()
-	d.connected.Store(true)
+	return t
+}
 
-	liveFrom := nostr.Timestamp(d.clock.Now().Unix())
-	f := nostr.Filter{Kinds: Kinds, Since: since, Limit: d.cfg.PageSize}
-	st, err := history.Read(ctx, r, f, d.cfg.MaxPages, func(evts []*nostr.Event) error {
-		for _, e := range evts {
-			d.apply(e)
-		}
+func (d *Discovery) resyncTimer() <-chan time.Time {
+	if d.cfg.ResyncInterval <= 0 {
 		return nil
-	})
-	if err != nil {
-		return time.Time{}, fmt.Errorf("history: %w", err)
 	}
-	d.log.Info("self-subscription history read", "pages", st.Pages, "events", st.Events)
-	if !*reconciled {
-		if err := d.reconcile(ctx); err != nil {
-			return time.Time{}, err
-		}
-		*reconciled = true
-	} else if err := d.flush(ctx); err != nil {
-		return time.Time{}, err
-	}
+	return d.clock.After(d.cfg.ResyncInterval)
+}
 
-	// Live from a little before history started, so nothing stored while
-	// history was read is missed (the index ignores what it already has).
-	live := liveFrom - 60
-	sub, err := r.Subscribe(ctx, nostr.Filters{{Kinds: Kinds, Since: &live}})
+// session runs one connection to the own relay. The live subscription
+// (limit 0: every event stored from now on, whatever its created_at) opens
+// first, on its own connection; the history since t.since is read on a
+// second connection at the same time, so nothing stored while history is
+// read can fall between the two. It returns when the live stream was lost
+// (lost: when; zero if history was not complete, so the next catch-up must
+// start from the old since) and whether the stream had become live.
+func (d *Discovery) session(ctx context.Context, t *term, resync <-chan time.Time) (lost time.Time, live bool, err error) {
+	log := t.log.With("session", d.sessions.Add(1))
+	defer func(parent *slog.Logger) { t.log = parent }(t.log)
+	t.log = log
+	conn, err := d.dial(ctx)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("live subscription: %w", err)
+		return time.Time{}, false, err
+	}
+	defer conn.Close()
+	sub, err := conn.Subscribe(ctx, nostr.Filters{{Kinds: Kinds, LimitZero: true}})
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("live subscription: %w", err)
 	}
 	defer sub.Close()
+	hconn, err := d.dial(ctx)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+
+	// History is read by a goroutine owned by this session (stopped and
+	// waited for on return), which hands pages to the loop below, the only
+	// writer of the index.
+	pages := make(chan []*nostr.Event)
+	histDone := make(chan error, 1)
+	hctx, hcancel := context.WithCancel(ctx)
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		defer hconn.Close()
+		f := nostr.Filter{Kinds: Kinds, Since: t.since, Limit: d.cfg.PageSize}
+		st, err := history.Read(hctx, hconn, f, d.cfg.MaxPages, func(evts []*nostr.Event) error {
+			select {
+			case pages <- evts:
+				return nil
+			case <-hctx.Done():
+				return hctx.Err()
+			}
+		})
+		if err == nil {
+			t.log.Info("self-subscription history read", "pages", st.Pages, "events", st.Events, "since", t.since)
+		}
+		histDone <- err
+	}()
+	defer func() {
+		hcancel()
+		<-exited
+	}()
+
+	d.metrics.connected.Set(1)
+	t.log.Info("self-subscription connected", "since", t.since)
+
 	var window <-chan time.Time
+	historyDone := false
+	lostNow := func() time.Time {
+		if historyDone {
+			return d.clock.Now()
+		}
+		return time.Time{}
+	}
 	for {
 		select {
+		case evts := <-pages:
+			for _, e := range evts {
+				d.apply(t, e)
+			}
+		case herr := <-histDone:
+			if herr != nil {
+				return time.Time{}, false, fmt.Errorf("history: %w", herr)
+			}
+			historyDone = true
+			if !t.loaded {
+				if err := d.load(ctx, t); err != nil {
+					t.log.Warn("index bucket not reconciled yet, retrying at the next window", "err", err)
+					window = d.clock.After(d.cfg.BatchWindow)
+					continue
+				}
+			}
+			d.flush(ctx, t)
+			d.state.Store(stateConnected) // live and caught up: ready
 		case evt := <-sub.Events():
-			if d.apply(evt) && window == nil {
+			if d.apply(t, evt) && window == nil {
 				window = d.clock.After(d.cfg.BatchWindow)
 			}
 		case <-window:
 			window = nil
-			if err := d.flush(ctx); err != nil {
-				return d.clock.Now(), err
+			if historyDone && !t.loaded {
+				if err := d.load(ctx, t); err != nil {
+					t.log.Warn("index bucket not reconciled yet, retrying at the next window", "err", err)
+					window = d.clock.After(d.cfg.BatchWindow)
+					continue
+				}
+				d.state.Store(stateConnected)
+			}
+			if t.loaded && !d.flush(ctx, t) {
+				window = d.clock.After(d.cfg.BatchWindow) // retry what failed
 			}
 		case reason := <-sub.Closed():
-			_ = d.flush(ctx)
-			return d.clock.Now(), fmt.Errorf("live subscription closed: %s", reason)
-		case <-r.Context().Done():
-			_ = d.flush(ctx)
-			return d.clock.Now(), fmt.Errorf("connection lost: %w", context.Cause(r.Context()))
+			d.flushIfLoaded(ctx, t)
+			return lostNow(), historyDone, fmt.Errorf("live subscription closed: %s", reason)
+		case <-conn.Context().Done():
+			d.flushIfLoaded(ctx, t)
+			return lostNow(), historyDone, fmt.Errorf("connection lost: %w", context.Cause(conn.Context()))
+		case <-resync:
+			d.flushIfLoaded(ctx, t)
+			return lostNow(), historyDone, errResync
 		case <-ctx.Done():
-			return d.clock.Now(), ctx.Err()
+			return lostNow(), historyDone, ctx.Err()
 		}
 	}
 }
 
+func (d *Discovery) dial(ctx context.Context) (*relayconn.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := relayconn.Dial(dctx, d.cfg.RelayURL, relayconn.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", d.cfg.RelayURL, err)
+	}
+	return c, nil
+}
+
 // apply folds one event in and reports whether any entry may have changed.
-func (d *Discovery) apply(evt *nostr.Event) bool {
-	changed := d.index.Apply(evt)
+func (d *Discovery) apply(t *term, evt *nostr.Event) bool {
+	d.applied.Add(1)
+	d.metrics.batchEvents++
+	d.metrics.eventsSeen.Inc()
+	changed := t.index.Apply(evt)
 	for _, ref := range changed {
-		d.pending[ref] = struct{}{}
+		t.pending[ref] = struct{}{}
 	}
 	return len(changed) > 0
 }
 
-// flush writes the changed entries of this batch.
-func (d *Discovery) flush(ctx context.Context) error {
-	if len(d.pending) == 0 {
-		return nil
+// load reads the bucket once per term, so the first flush also removes
+// entries of repositories that are no longer hosted (stale keys).
+func (d *Discovery) load(ctx context.Context, t *term) error {
+	refs, err := t.writer.Load(ctx)
+	if err != nil {
+		return err
 	}
-	n := 0
-	for ref := range d.pending {
-		wrote, err := d.write(ctx, ref)
+	for _, ref := range refs {
+		t.pending[ref] = struct{}{}
+	}
+	// The bootstrap key was read too: publish ours if it differs.
+	if _, err := t.writer.SyncBootstrap(ctx, d.cfg.BootstrapRelays); err != nil {
+		return err
+	}
+	t.loaded = true
+	t.log.Info("index bucket loaded for reconciliation", "keys", len(refs))
+	return nil
+}
+
+func (d *Discovery) flushIfLoaded(ctx context.Context, t *term) {
+	if t.loaded {
+		d.flush(ctx, t)
+	}
+}
+
+// flush writes the changed entries of this batch. Entries that could not be
+// written stay pending; it reports whether all were written.
+func (d *Discovery) flush(ctx context.Context, t *term) bool {
+	events := d.metrics.batchEvents
+	d.metrics.batchEvents = 0
+	if len(t.pending) == 0 {
+		return true
+	}
+	n, ok := 0, true
+	for ref := range t.pending {
+		wrote, err := t.writer.Sync(ctx, ref, t.index.Entry(ref))
 		if err != nil {
-			return err
+			t.log.Warn("index write failed; kept for the next batch", "repo", ref.String(), "err", err)
+			ok = false
+			continue
 		}
 		if wrote {
 			n++
 		}
-		delete(d.pending, ref)
+		delete(t.pending, ref)
 	}
-	d.batches.Inc()
-	d.repos.Set(float64(len(d.index.Hosted())))
-	d.log.Info("index batch written", "changed_keys", n)
-	return nil
-}
-
-func (d *Discovery) write(ctx context.Context, ref nip34.RepoRef) (bool, error) {
-	key := ref.Key()
-	entry := d.index.Entry(ref)
-	if entry == nil {
-		if _, ok := d.written[key]; !ok {
-			return false, nil
-		}
-		if err := d.kv.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return false, fmt.Errorf("delete %s: %w", key, err)
-		}
-		delete(d.written, key)
-		d.writes.Inc()
-		return true, nil
-	}
-	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(entry)
-	if err != nil {
-		return false, err
-	}
-	if prev, ok := d.written[key]; ok && string(prev) == string(data) {
-		return false, nil
-	}
-	if _, err := d.kv.Put(ctx, key, data); err != nil {
-		return false, fmt.Errorf("put %s: %w", key, err)
-	}
-	d.written[key] = data
-	d.writes.Inc()
-	return true, nil
-}
-
-// reconcile makes the bucket equal to the index after the first history
-// read: entries written, keys of repositories no longer hosted removed.
-func (d *Discovery) reconcile(ctx context.Context) error {
-	existing := map[string][]byte{}
-	keys, err := d.kv.ListKeys(ctx)
-	if err != nil {
-		return fmt.Errorf("list %s: %w", d.bus.Names.RepoIndexBucket(), err)
-	}
-	for key := range keys.Keys() {
-		if e, err := d.kv.Get(ctx, key); err == nil {
-			existing[key] = e.Value()
-		}
-	}
-	d.written = existing
-	for key := range existing {
-		if ref, ok := nip34.ParseKey(key); ok {
-			d.pending[ref] = struct{}{}
-		} else if err := d.kv.Delete(ctx, key); err != nil {
-			return fmt.Errorf("delete stale key %s: %w", key, err)
-		}
-	}
-	for _, ref := range d.index.Hosted() {
-		d.pending[ref] = struct{}{}
-	}
-	return d.flush(ctx)
+	d.metrics.observeBatch(events, n, t)
+	d.batches++
+	t.log.Info("index batch written", "batch", d.batches, "events", events, "changed_keys", n, "pending", len(t.pending))
+	return ok
 }

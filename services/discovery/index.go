@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"errors"
 	"slices"
 	"sort"
 
@@ -11,6 +12,33 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
+
+// Reasons a relay URL of an announcement is refused, the label values of
+// the refused-URL metric.
+const (
+	RefusedScheme      = "scheme"          // not ws:// or wss://
+	RefusedCredentials = "credentials"     // user:password@ in the URL
+	RefusedTooLong     = "too_long"        // longer than relayurl.MaxLength
+	RefusedMalformed   = "malformed"       // not a URL, or a bad host
+	RefusedInternal    = "private_address" // loopback, private, link-local, CGNAT, metadata…
+	RefusedTooMany     = "too_many"        // beyond the per-announcement bound
+)
+
+// refusalReason maps a relayurl error to its metric label.
+func refusalReason(err error) string {
+	switch {
+	case errors.Is(err, relayurl.ErrScheme):
+		return RefusedScheme
+	case errors.Is(err, relayurl.ErrCredentials):
+		return RefusedCredentials
+	case errors.Is(err, relayurl.ErrTooLong):
+		return RefusedTooLong
+	case errors.Is(err, relayurl.ErrPrivateAddress):
+		return RefusedInternal
+	default:
+		return RefusedMalformed
+	}
+}
 
 // RelayRules decides which relay URLs of an announcement sync may dial.
 type RelayRules struct {
@@ -27,25 +55,27 @@ type RelayRules struct {
 
 // Relays returns the normalised relay targets of an announcement: its
 // relays values plus the relay of each GRASP-style clone URL, without this
-// service and without refused URLs, sorted. refused counts what was dropped.
+// service and without refused URLs, sorted. refused counts what was dropped,
+// by reason (the Refused* constants). Clone URLs that are not GRASP-style
+// (github.com …) are not relays and are not counted as refused.
 func (r RelayRules) Relays(a nip34.Announcement) (relays []string, refused map[string]int) {
 	refused = map[string]int{}
 	seen := map[string]bool{}
 	add := func(raw string) {
 		u, err := relayurl.Normalize(raw)
 		if err != nil {
-			refused["invalid"]++
+			refused[refusalReason(err)]++
 			return
 		}
 		if seen[u] || relayurl.SameService(u, r.ServiceURL) {
 			return
 		}
 		if err := r.Guard.CheckURL(u); err != nil {
-			refused["private_address"]++
+			refused[refusalReason(err)]++
 			return
 		}
 		if r.MaxPerAnnouncement > 0 && len(relays) >= r.MaxPerAnnouncement {
-			refused["too_many"]++
+			refused[RefusedTooMany]++
 			return
 		}
 		seen[u] = true
@@ -63,21 +93,60 @@ func (r RelayRules) Relays(a nip34.Announcement) (relays []string, refused map[s
 	return relays, refused
 }
 
+// DefaultMaxTombstones bounds the deletions an index remembers for events it
+// has not seen (yet).
+const DefaultMaxTombstones = 100_000
+
 // RepoSyncIndex is discovery's view of what to sync: each hosted repository
 // with its relays and root events. It is pure state; Apply folds events in
-// and Entries renders the values written to the grasp_repo_index bucket.
+// and Entry renders the values written to the grasp_repo_index bucket.
+//
+// The result does not depend on the order events are applied in (as long as
+// fewer than MaxTombstones deletions are pending for unseen events): the
+// newest announcement version of a repository is the one in force, and the
+// repository is hosted when that version lists this service and is not
+// deleted (NIP-09, by its author: an "e" tag naming it, or an "a" tag naming
+// the coordinate with a created_at not older than it). Root events (1617,
+// 1618, 1621) attach to every repository they tag with an "a" tag, whether it
+// is hosted yet or not, unless their author deleted them.
 type RepoSyncIndex struct {
 	rules RelayRules
 	// announcements holds the newest announcement seen per repository,
-	// whether or not it lists us, so an older version never wins.
+	// whether or not it lists us or is deleted, so an older version never
+	// wins.
 	announcements map[nip34.RepoRef]*nostr.Event
-	// relays holds the targets of repositories that list this service.
-	relays map[nip34.RepoRef][]string
+	// current maps the id of each announcement in announcements to its
+	// repository, so an "e" deletion finds it without a scan.
+	current map[string]nip34.RepoRef
+	// targets holds the relay targets of the current announcement of each
+	// repository that lists this service (computed once per version).
+	targets map[nip34.RepoRef][]string
+	// hosted holds the repositories whose entry is in force.
+	hosted map[nip34.RepoRef]struct{}
 	// roots holds root event ids per repository, including repositories not
 	// (yet) hosted, so roots that arrive before their announcement attach.
 	roots map[nip34.RepoRef]map[string]struct{}
-	// Refused counts dropped relay URLs by reason, for metrics.
+	// rootRefs remembers which repositories each root tags, so a deletion
+	// can detach it.
+	rootRefs map[string]rootInfo
+	// deletedUntil is, per repository, the newest created_at of an "a"
+	// deletion by its owner: versions up to then are deleted.
+	deletedUntil map[nip34.RepoRef]nostr.Timestamp
+	// tombs holds "<id>:<author>" of events deleted by "e" tags, so a
+	// deleted event that arrives after its deletion stays deleted. Bounded;
+	// the oldest are forgotten first.
+	tombs     map[string]struct{}
+	tombOrder []string
+	// MaxTombstones bounds tombs (DefaultMaxTombstones when 0).
+	MaxTombstones int
+	// Refused counts dropped relay URLs by reason, for metrics. Each
+	// announcement version is counted once, when it comes into force.
 	Refused map[string]int
+}
+
+type rootInfo struct {
+	author string
+	refs   []nip34.RepoRef
 }
 
 // NewRepoSyncIndex returns an empty index.
@@ -85,8 +154,13 @@ func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 	return &RepoSyncIndex{
 		rules:         rules,
 		announcements: map[nip34.RepoRef]*nostr.Event{},
-		relays:        map[nip34.RepoRef][]string{},
+		current:       map[string]nip34.RepoRef{},
+		targets:       map[nip34.RepoRef][]string{},
+		hosted:        map[nip34.RepoRef]struct{}{},
 		roots:         map[nip34.RepoRef]map[string]struct{}{},
+		rootRefs:      map[string]rootInfo{},
+		deletedUntil:  map[nip34.RepoRef]nostr.Timestamp{},
+		tombs:         map[string]struct{}{},
 		Refused:       map[string]int{},
 	}
 }
@@ -96,51 +170,159 @@ func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 func (x *RepoSyncIndex) Apply(evt *nostr.Event) []nip34.RepoRef {
 	switch {
 	case evt.Kind == nip34.KindRepoAnnouncement:
-		a, err := nip34.ParseAnnouncement(evt)
-		if err != nil {
-			return nil
-		}
-		if cur, ok := x.announcements[a.Ref]; ok && !newer(evt, cur) {
-			return nil
-		}
-		x.announcements[a.Ref] = evt
-		if x.rules.ListsService != nil && !x.rules.ListsService(evt) {
-			delete(x.relays, a.Ref)
-			return []nip34.RepoRef{a.Ref}
-		}
-		relays, refused := x.rules.Relays(a)
-		for k, v := range refused {
-			x.Refused[k] += v
-		}
-		x.relays[a.Ref] = relays
-		return []nip34.RepoRef{a.Ref}
+		return x.applyAnnouncement(evt)
 	case nip34.IsRootKind(evt.Kind):
-		var changed []nip34.RepoRef
-		for _, ref := range nip34.RepoRefsOf(evt) {
-			set := x.roots[ref]
-			if set == nil {
-				set = map[string]struct{}{}
-				x.roots[ref] = set
-			}
-			if _, ok := set[evt.ID]; !ok {
-				set[evt.ID] = struct{}{}
-				changed = append(changed, ref)
-			}
-		}
-		return changed
+		return x.applyRoot(evt)
+	case evt.Kind == nip34.KindDeletion:
+		return x.applyDeletion(evt)
 	}
 	return nil
 }
 
+func (x *RepoSyncIndex) applyAnnouncement(evt *nostr.Event) []nip34.RepoRef {
+	a, err := nip34.ParseAnnouncement(evt)
+	if err != nil {
+		return nil
+	}
+	if cur, ok := x.announcements[a.Ref]; ok {
+		if !newer(evt, cur) {
+			return nil
+		}
+		delete(x.current, cur.ID)
+	}
+	x.announcements[a.Ref] = evt
+	x.current[evt.ID] = a.Ref
+	delete(x.targets, a.Ref)
+	if x.rules.ListsService == nil || x.rules.ListsService(evt) {
+		relays, refused := x.rules.Relays(a)
+		for k, v := range refused {
+			x.Refused[k] += v
+		}
+		x.targets[a.Ref] = relays
+	}
+	x.update(a.Ref)
+	return []nip34.RepoRef{a.Ref}
+}
+
+func (x *RepoSyncIndex) applyRoot(evt *nostr.Event) []nip34.RepoRef {
+	if _, ok := x.rootRefs[evt.ID]; ok || x.tombstoned(evt.ID, evt.PubKey) {
+		return nil
+	}
+	refs := nip34.RepoRefsOf(evt)
+	if len(refs) == 0 {
+		return nil
+	}
+	x.rootRefs[evt.ID] = rootInfo{author: evt.PubKey, refs: refs}
+	var changed []nip34.RepoRef
+	for _, ref := range refs {
+		set := x.roots[ref]
+		if set == nil {
+			set = map[string]struct{}{}
+			x.roots[ref] = set
+		}
+		if _, ok := set[evt.ID]; !ok {
+			set[evt.ID] = struct{}{}
+			changed = append(changed, ref)
+		}
+	}
+	return changed
+}
+
+// applyDeletion applies a NIP-09 deletion: only events (e) and coordinates
+// (a) of its own author are affected.
+func (x *RepoSyncIndex) applyDeletion(evt *nostr.Event) []nip34.RepoRef {
+	var changed []nip34.RepoRef
+	for _, tag := range evt.Tags {
+		if len(tag) < 2 {
+			continue
+		}
+		switch tag[0] {
+		case "e":
+			if !nip34.IsEventID(tag[1]) {
+				continue
+			}
+			x.tombstone(tag[1], evt.PubKey)
+			if info, ok := x.rootRefs[tag[1]]; ok && info.author == evt.PubKey {
+				delete(x.rootRefs, tag[1])
+				for _, ref := range info.refs {
+					if set := x.roots[ref]; set != nil {
+						delete(set, tag[1])
+						if len(set) == 0 {
+							delete(x.roots, ref)
+						}
+						changed = append(changed, ref)
+					}
+				}
+			}
+			if ref, ok := x.current[tag[1]]; ok && x.announcements[ref].PubKey == evt.PubKey {
+				x.update(ref)
+				changed = append(changed, ref)
+			}
+		case "a":
+			ref, ok := nip34.ParseRepoRef(tag[1])
+			if !ok || ref.PubKey != evt.PubKey {
+				continue
+			}
+			if evt.CreatedAt > x.deletedUntil[ref] {
+				x.deletedUntil[ref] = evt.CreatedAt
+				x.update(ref)
+				changed = append(changed, ref)
+			}
+		}
+	}
+	return changed
+}
+
+// update recomputes whether a repository is hosted.
+func (x *RepoSyncIndex) update(ref nip34.RepoRef) {
+	cur := x.announcements[ref]
+	_, lists := x.targets[ref]
+	if cur == nil || !lists || x.deleted(ref, cur) {
+		delete(x.hosted, ref)
+		return
+	}
+	x.hosted[ref] = struct{}{}
+}
+
+func (x *RepoSyncIndex) deleted(ref nip34.RepoRef, evt *nostr.Event) bool {
+	if until, ok := x.deletedUntil[ref]; ok && evt.CreatedAt <= until {
+		return true
+	}
+	return x.tombstoned(evt.ID, evt.PubKey)
+}
+
+func (x *RepoSyncIndex) tombstoned(id, author string) bool {
+	_, ok := x.tombs[id+":"+author]
+	return ok
+}
+
+func (x *RepoSyncIndex) tombstone(id, author string) {
+	key := id + ":" + author
+	if _, ok := x.tombs[key]; ok {
+		return
+	}
+	x.tombs[key] = struct{}{}
+	x.tombOrder = append(x.tombOrder, key)
+	limit := x.MaxTombstones
+	if limit <= 0 {
+		limit = DefaultMaxTombstones
+	}
+	for len(x.tombOrder) > limit {
+		delete(x.tombs, x.tombOrder[0])
+		x.tombOrder = x.tombOrder[1:]
+	}
+}
+
+// newer orders versions of one addressable event the way NIP-01 does: the
+// later created_at wins, and on a tie the lower id.
 func newer(a, b *nostr.Event) bool {
 	return a.CreatedAt > b.CreatedAt || (a.CreatedAt == b.CreatedAt && a.ID < b.ID)
 }
 
 // Entry returns the index value for a repository, or nil when it is not
-// hosted (no accepted announcement listing this service).
+// hosted (no announcement in force that lists this service).
 func (x *RepoSyncIndex) Entry(ref nip34.RepoRef) *graspv1.RepoSyncNeeds {
-	relays, ok := x.relays[ref]
-	if !ok {
+	if _, ok := x.hosted[ref]; !ok {
 		return nil
 	}
 	roots := make([]string, 0, len(x.roots[ref]))
@@ -150,7 +332,7 @@ func (x *RepoSyncIndex) Entry(ref nip34.RepoRef) *graspv1.RepoSyncNeeds {
 	sort.Strings(roots)
 	return &graspv1.RepoSyncNeeds{
 		RepoRef:        ref.String(),
-		Relays:         slices.Clone(relays),
+		Relays:         slices.Clone(x.targets[ref]),
 		RootEventIds:   roots,
 		AnnouncementId: x.announcements[ref].ID,
 	}
@@ -158,9 +340,34 @@ func (x *RepoSyncIndex) Entry(ref nip34.RepoRef) *graspv1.RepoSyncNeeds {
 
 // Hosted returns every hosted repository.
 func (x *RepoSyncIndex) Hosted() []nip34.RepoRef {
-	out := make([]nip34.RepoRef, 0, len(x.relays))
-	for ref := range x.relays {
+	out := make([]nip34.RepoRef, 0, len(x.hosted))
+	for ref := range x.hosted {
 		out = append(out, ref)
 	}
 	return out
+}
+
+// Stats summarises the hosted part of the index, for metrics.
+type Stats struct {
+	// Repos is the number of hosted repositories.
+	Repos int
+	// RootEvents is the number of root events attached to hosted
+	// repositories (one root tagging two repositories counts twice).
+	RootEvents int
+	// Relays is the number of distinct relays hosted repositories list.
+	Relays int
+}
+
+// Stats computes the summary; it walks every hosted repository.
+func (x *RepoSyncIndex) Stats() Stats {
+	relays := map[string]struct{}{}
+	st := Stats{Repos: len(x.hosted)}
+	for ref := range x.hosted {
+		st.RootEvents += len(x.roots[ref])
+		for _, r := range x.targets[ref] {
+			relays[r] = struct{}{}
+		}
+	}
+	st.Relays = len(relays)
+	return st
 }

@@ -1,7 +1,9 @@
 package discovery
 
 import (
+	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -50,7 +52,7 @@ func TestRepoSyncIndex(t *testing.T) {
 	if !reflect.DeepEqual(e.RootEventIds, []string{issue.ID}) {
 		t.Errorf("roots = %v, want the early issue", e.RootEventIds)
 	}
-	if x.Refused["private_address"] != 1 || x.Refused["invalid"] != 1 {
+	if x.Refused[RefusedInternal] != 1 || x.Refused[RefusedScheme] != 1 {
 		t.Errorf("refused = %v", x.Refused)
 	}
 
@@ -98,5 +100,191 @@ func TestRootTaggingSeveralRepos(t *testing.T) {
 	}
 	if again := x.Apply(patch); len(again) != 0 {
 		t.Fatalf("re-applying a root changed %v", again)
+	}
+}
+
+// TestRelayRulesRefusal is the URL refusal table as discovery applies it:
+// each raw relays value, with the relay kept (normalised) or the reason it
+// was refused.
+func TestRelayRulesRefusal(t *testing.T) {
+	rules := RelayRules{ServiceURL: service, Guard: relayurl.Guard{Allow: []string{"127.0.0.1:7000"}}, MaxPerAnnouncement: 20}
+	long := "wss://relay.example/" + strings.Repeat("a", 2000)
+	cases := []struct {
+		raw    string
+		kept   string
+		reason string
+	}{
+		{"wss://Relay.Example.COM:443/", "wss://relay.example.com", ""},
+		{"ws://relay.example.com:80", "ws://relay.example.com", ""},
+		{"wss://relay.example.com/nostr/", "wss://relay.example.com/nostr", ""},
+		{"ws://169.254.169.254", "", RefusedInternal},
+		{"ws://[::1]", "", RefusedInternal},
+		{"ws://[::1]:7000", "", RefusedInternal},
+		{"ws://10.0.0.1", "", RefusedInternal},
+		{"wss://192.168.1.1:8080", "", RefusedInternal},
+		{"ws://100.64.0.1", "", RefusedInternal},
+		{"ws://127.0.0.1", "", RefusedInternal},
+		{"ws://localhost:7777", "", RefusedInternal},
+		{"ws://[fe80::1]", "", RefusedInternal},
+		{"ws://[fd00:ec2::254]", "", RefusedInternal},
+		{"ws://127.0.0.1:7000", "ws://127.0.0.1:7000", ""}, // allowlisted
+		{"http://relay.example.com", "", RefusedScheme},
+		{"https://relay.example.com", "", RefusedScheme},
+		{"ftp://relay.example.com", "", RefusedScheme},
+		{"wss://user:pass@relay.example.com", "", RefusedCredentials},
+		{"wss://user@relay.example.com", "", RefusedCredentials},
+		{long, "", RefusedTooLong},
+		{"wss://", "", RefusedMalformed},
+		{"not a url", "", RefusedMalformed},
+		{"wss://git.example.com", "", ""},      // this service: excluded, not refused
+		{"WSS://GIT.example.com:443/", "", ""}, // same, written differently
+	}
+	for _, c := range cases {
+		relays, refused := rules.Relays(nip34.Announcement{Relays: []string{c.raw}})
+		name := c.raw
+		if len(name) > 60 {
+			name = name[:60] + "…"
+		}
+		switch {
+		case c.kept != "" && (len(relays) != 1 || relays[0] != c.kept):
+			t.Errorf("%s: relays %v, want [%s]", name, relays, c.kept)
+		case c.kept == "" && len(relays) != 0:
+			t.Errorf("%s: relays %v, want none", name, relays)
+		}
+		if c.reason != "" && (refused[c.reason] != 1 || len(refused) != 1) {
+			t.Errorf("%s: refused %v, want %s", name, refused, c.reason)
+		}
+		if c.reason == "" && len(refused) != 0 {
+			t.Errorf("%s: refused %v, want nothing refused", name, refused)
+		}
+	}
+}
+
+func TestAnnouncementSeveralTagsAndDuplicates(t *testing.T) {
+	owner := testkit.NewKey()
+	ref := nip34.RepoRef{PubKey: owner.PubKey, Identifier: "r"}
+	x := newIndex()
+	x.rules.MaxPerAnnouncement = 10
+	evt := owner.Sign(&nostr.Event{Kind: nip34.KindRepoAnnouncement, CreatedAt: 10, Tags: nostr.Tags{
+		{"d", "r"},
+		{"clone", "https://github.com/o/r.git"},
+		{"clone", testkit.GraspCloneURL(service, owner.PubKey, "r"), testkit.GraspCloneURL("wss://other.example", owner.PubKey, "r")},
+		{"relays", "wss://a.example"},
+		{"relays", service, "wss://b.example", "wss://A.example/"},
+		{"relays"},
+	}})
+	x.Apply(evt)
+	e := x.Entry(ref)
+	if e == nil {
+		t.Fatal("not indexed")
+	}
+	if want := []string{"wss://a.example", "wss://b.example", "wss://other.example"}; !reflect.DeepEqual(e.Relays, want) {
+		t.Errorf("relays = %v, want %v (tags merged, duplicates folded)", e.Relays, want)
+	}
+	if e.AnnouncementId != evt.ID || e.RepoRef != ref.String() {
+		t.Errorf("entry = %v", e)
+	}
+}
+
+func TestDeletion(t *testing.T) {
+	owner, other := testkit.NewKey(), testkit.NewKey()
+	clone := testkit.GraspCloneURL(service, owner.PubKey, "r")
+	ref := nip34.RepoRef{PubKey: owner.PubKey, Identifier: "r"}
+	ann := func(ts nostr.Timestamp) *nostr.Event {
+		return owner.Announcement("r", []string{clone}, []string{service, "wss://a.example"}, nil, testkit.At(ts))
+	}
+
+	t.Run("coordinate deletion removes versions up to it", func(t *testing.T) {
+		x := newIndex()
+		x.Apply(ann(100))
+		changed := x.Apply(owner.Deletion([]*nostr.Event{ann(100)}, testkit.At(150)))
+		if len(changed) != 1 || x.Entry(ref) != nil {
+			t.Fatalf("changed %v, entry %v: want the repo removed", changed, x.Entry(ref))
+		}
+		x.Apply(ann(120)) // older than the deletion: stays deleted
+		if x.Entry(ref) != nil {
+			t.Fatal("a version older than the deletion came back")
+		}
+		x.Apply(ann(200)) // newer: a fresh announcement
+		if x.Entry(ref) == nil {
+			t.Fatal("a version newer than the deletion is not indexed")
+		}
+	})
+	t.Run("id deletion removes that version", func(t *testing.T) {
+		x := newIndex()
+		v := ann(100)
+		x.Apply(v)
+		x.Apply(owner.Sign(&nostr.Event{Kind: 5, CreatedAt: 150, Tags: nostr.Tags{{"e", v.ID}}}))
+		if x.Entry(ref) != nil {
+			t.Fatal("deleted version still indexed")
+		}
+	})
+	t.Run("deletion before the announcement", func(t *testing.T) {
+		x := newIndex()
+		v := ann(100)
+		x.Apply(owner.Deletion([]*nostr.Event{v}, testkit.At(150)))
+		x.Apply(v)
+		if x.Entry(ref) != nil {
+			t.Fatal("announcement deleted earlier was indexed")
+		}
+	})
+	t.Run("someone else's deletion is ignored", func(t *testing.T) {
+		x := newIndex()
+		v := ann(100)
+		x.Apply(v)
+		forged := other.Sign(&nostr.Event{Kind: 5, CreatedAt: 150, Tags: nostr.Tags{{"a", ref.String()}, {"e", v.ID}}})
+		if changed := x.Apply(forged); len(changed) != 0 || x.Entry(ref) == nil {
+			t.Fatalf("another author's deletion removed the repo (changed %v)", changed)
+		}
+	})
+	t.Run("root deletion detaches the root", func(t *testing.T) {
+		x := newIndex()
+		x.Apply(ann(100))
+		issue := other.Issue(ref.String(), "bug")
+		x.Apply(issue)
+		if got := x.Entry(ref).RootEventIds; len(got) != 1 {
+			t.Fatalf("roots = %v", got)
+		}
+		x.Apply(owner.Sign(&nostr.Event{Kind: 5, Tags: nostr.Tags{{"e", issue.ID}}})) // not the author
+		if got := x.Entry(ref).RootEventIds; len(got) != 1 {
+			t.Fatalf("the repo owner deleted someone else's issue: roots = %v", got)
+		}
+		changed := x.Apply(other.Deletion([]*nostr.Event{issue}))
+		if got := x.Entry(ref).RootEventIds; len(got) != 0 || len(changed) != 1 {
+			t.Fatalf("roots after deletion = %v (changed %v)", got, changed)
+		}
+		x.Apply(issue) // arriving again: stays deleted
+		if got := x.Entry(ref).RootEventIds; len(got) != 0 {
+			t.Fatalf("deleted root came back: %v", got)
+		}
+	})
+}
+
+func TestTombstonesAreBounded(t *testing.T) {
+	k := testkit.NewKey()
+	x := newIndex()
+	x.MaxTombstones = 3
+	var first string
+	for i := range 5 {
+		n := k.Note(fmt.Sprint("note ", i))
+		if i == 0 {
+			first = n.ID
+		}
+		x.Apply(k.Sign(&nostr.Event{Kind: 5, Tags: nostr.Tags{{"e", n.ID}}}))
+	}
+	if len(x.tombs) != 3 || x.tombstoned(first, k.PubKey) {
+		t.Fatalf("%d tombstones (oldest kept: %v), want the 3 newest", len(x.tombs), x.tombstoned(first, k.PubKey))
+	}
+}
+
+func TestStats(t *testing.T) {
+	a, b := testkit.NewKey(), testkit.NewKey()
+	x := newIndex()
+	x.Apply(a.Announcement("r", []string{testkit.GraspCloneURL(service, a.PubKey, "r")}, []string{service, "wss://a.example", "wss://b.example"}, nil))
+	x.Apply(b.Announcement("r", []string{testkit.GraspCloneURL(service, b.PubKey, "r")}, []string{service, "wss://b.example"}, nil))
+	x.Apply(b.Announcement("elsewhere", []string{"https://x.example/y.git"}, []string{"wss://c.example"}, nil))
+	x.Apply(a.Issue(testkit.RepoRef(a.PubKey, "r"), "i", testkit.WithTags(nostr.Tag{"a", testkit.RepoRef(b.PubKey, "r")})))
+	if got, want := x.Stats(), (Stats{Repos: 2, RootEvents: 2, Relays: 2}); got != want {
+		t.Fatalf("Stats = %+v, want %+v", got, want)
 	}
 }

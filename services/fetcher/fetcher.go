@@ -1,22 +1,34 @@
 // Package fetcher owns the websocket connections to remote relays. It
-// executes the planner's commands for the shards it owns — connect, open live
-// subscriptions, fetch history in batches, drop — publishes every event it
-// receives to grasp.events.<shard> and every lifecycle fact to
+// executes the planner's commands for the shards it holds — connect, open
+// live subscriptions, fetch history in batches (NIP-77 with REQ+EOSE
+// fallback), drop — publishes every event it receives to
+// grasp.events.<shard> and every lifecycle fact to
 // grasp.fetch.report.<shard>. It decides nothing about what to fetch.
+//
+// Shards are leased in a KV bucket (leases.go), so a shard, and every relay
+// in it, has one live owner; the relays the planner asked for are recorded
+// per shard (<prefix>_fetcher_relays) so the replica that takes a shard
+// over reconnects them and reports new sessions.
 package fetcher
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip19"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
@@ -28,27 +40,70 @@ import (
 
 // Config is the fetcher's configuration (GRASP_* variables).
 type Config struct {
-	// ID names this replica in reports and consumer names.
+	// ID names this replica in reports, leases and logs.
 	ID string `envconfig:"FETCHER_ID"`
 	// Shards is the total shard count (equal in planner and fetchers).
 	Shards int `envconfig:"SHARDS" default:"16"`
-	// OwnedShards are the shards this replica serves; empty means all.
+	// OwnedShards, when set, are exactly the shards this replica serves;
+	// empty means the replicas split all shards among themselves.
 	OwnedShards []int `envconfig:"FETCHER_SHARDS"`
+	// LeaseTTL is how long a dead replica's shards stay orphaned.
+	LeaseTTL time.Duration `envconfig:"FETCHER_LEASE_TTL" default:"15s"`
 	// PageSize is the limit of each historic REQ page.
 	PageSize int `envconfig:"FETCHER_PAGE_SIZE" default:"500"`
+	// RelayMinCap is the smallest per-REQ result cap assumed of relays: a
+	// page with fewer events than this (and than PageSize) ends the read;
+	// a longer one may have been capped, so the next page is asked for.
+	RelayMinCap int `envconfig:"FETCHER_RELAY_MIN_CAP" default:"100"`
 	// MaxPages bounds one historic filter's pagination.
 	MaxPages int `envconfig:"FETCHER_MAX_PAGES" default:"10000"`
+	// IDsPerREQ is the chunk size of the id fetches after NIP-77.
+	IDsPerREQ int `envconfig:"FETCHER_IDS_PER_REQ" default:"100"`
+	// DisableNegentropy turns NIP-77 off: historic sync uses REQ+EOSE only.
+	DisableNegentropy bool `envconfig:"FETCHER_DISABLE_NEGENTROPY"`
+	// NegentropyFrameSize is the largest NIP-77 message we send.
+	NegentropyFrameSize int `envconfig:"FETCHER_NEGENTROPY_FRAME_SIZE" default:"60000"`
+	// NegentropyTimeout bounds the wait for each NIP-77 answer.
+	NegentropyTimeout time.Duration `envconfig:"FETCHER_NEGENTROPY_TIMEOUT" default:"30s"`
+	// PageTimeout bounds the wait for each historic REQ's EOSE.
+	PageTimeout time.Duration `envconfig:"FETCHER_PAGE_TIMEOUT" default:"2m"`
 	// ConnectTimeout bounds one connection attempt.
 	ConnectTimeout time.Duration `envconfig:"FETCHER_CONNECT_TIMEOUT" default:"10s"`
+	// PingInterval and PongTimeout are the keepalive: a relay that does
+	// not answer a ping within PongTimeout is declared dead.
+	PingInterval time.Duration `envconfig:"FETCHER_PING_INTERVAL" default:"30s"`
+	PongTimeout  time.Duration `envconfig:"FETCHER_PONG_TIMEOUT" default:"20s"`
+	// MaxMessageBytes bounds one message from a relay.
+	MaxMessageBytes int64 `envconfig:"FETCHER_MAX_MESSAGE_BYTES" default:"4194304"`
 	// BackoffBase and BackoffMax shape reconnect backoff: base × 2^(n−1),
-	// capped.
+	// capped (then one attempt per BackoffMax).
 	BackoffBase time.Duration `envconfig:"FETCHER_BACKOFF_BASE" default:"5s"`
 	BackoffMax  time.Duration `envconfig:"FETCHER_BACKOFF_MAX" default:"1h"`
+	// DeadAfter of continuous failure makes a relay Dead, retried every
+	// DeadRetry.
+	DeadAfter time.Duration `envconfig:"FETCHER_DEAD_AFTER" default:"24h"`
+	DeadRetry time.Duration `envconfig:"FETCHER_DEAD_RETRY" default:"24h"`
+	// RateLimitCooldown is the first cooldown after a rate-limit signal;
+	// repeats double it up to RateLimitMaxCooldown.
+	RateLimitCooldown    time.Duration `envconfig:"FETCHER_RATE_LIMIT_COOLDOWN" default:"65s"`
+	RateLimitMaxCooldown time.Duration `envconfig:"FETCHER_RATE_LIMIT_MAX_COOLDOWN" default:"1h"`
+	// LiveFiltersPerREQ bounds the filters of one live REQ.
+	LiveFiltersPerREQ int `envconfig:"FETCHER_LIVE_FILTERS_PER_REQ" default:"20"`
+	// MaxConcurrentBatches is how many historic batches run at once per
+	// relay; MaxPendingBatches how many may wait (more are failed).
+	MaxConcurrentBatches int `envconfig:"FETCHER_MAX_CONCURRENT_BATCHES" default:"2"`
+	MaxPendingBatches    int `envconfig:"FETCHER_MAX_PENDING_BATCHES" default:"256"`
+	// PublishWindow is how many event publishes may await acknowledgement
+	// per batch or live subscription.
+	PublishWindow int `envconfig:"FETCHER_PUBLISH_WINDOW" default:"256"`
+	// AuthKey is the service's nostr secret key (hex or nsec) used to
+	// answer NIP-42 AUTH challenges; empty: challenges are not answered.
+	AuthKey string `envconfig:"FETCHER_AUTH_KEY"`
 	// RelayAllowlist names internal hosts (or host:port) that may be dialled.
 	RelayAllowlist []string `envconfig:"RELAY_ALLOWLIST"`
 }
 
-// Validate fills defaults and checks the shard assignment.
+// Validate fills defaults and checks the values.
 func (c *Config) Validate() error {
 	if c.Shards < 1 {
 		return config.Invalid("SHARDS", c.Shards, "must be at least 1")
@@ -62,94 +117,313 @@ func (c *Config) Validate() error {
 		host, _ := os.Hostname()
 		c.ID = host + "-" + strconv.Itoa(os.Getpid())
 	}
+	if c.NegentropyFrameSize != 0 && c.NegentropyFrameSize < 4096 {
+		return config.Invalid("FETCHER_NEGENTROPY_FRAME_SIZE", c.NegentropyFrameSize, "must be at least 4096")
+	}
+	if c.AuthKey != "" {
+		if _, err := secretKey(c.AuthKey); err != nil {
+			return config.Invalid("FETCHER_AUTH_KEY", "(secret)", err.Error())
+		}
+	}
+	if c.LeaseTTL != 0 && c.LeaseTTL < time.Second {
+		return config.Invalid("FETCHER_LEASE_TTL", c.LeaseTTL, "must be at least 1s")
+	}
 	return nil
+}
+
+// withDefaults fills zero values (tests build Config literals).
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	defi := func(d *int, v int) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	defi(&c.Shards, bus.DefaultShards)
+	def(&c.LeaseTTL, 15*time.Second)
+	defi(&c.PageSize, 500)
+	defi(&c.RelayMinCap, 100)
+	defi(&c.MaxPages, 10000)
+	defi(&c.IDsPerREQ, 100)
+	defi(&c.NegentropyFrameSize, 60_000)
+	def(&c.NegentropyTimeout, 30*time.Second)
+	def(&c.PageTimeout, 2*time.Minute)
+	def(&c.ConnectTimeout, 10*time.Second)
+	def(&c.PingInterval, 30*time.Second)
+	def(&c.PongTimeout, 20*time.Second)
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = 4 << 20
+	}
+	def(&c.BackoffBase, 5*time.Second)
+	def(&c.BackoffMax, time.Hour)
+	def(&c.DeadAfter, 24*time.Hour)
+	def(&c.DeadRetry, 24*time.Hour)
+	def(&c.RateLimitCooldown, 65*time.Second)
+	def(&c.RateLimitMaxCooldown, time.Hour)
+	defi(&c.LiveFiltersPerREQ, 20)
+	defi(&c.MaxConcurrentBatches, 2)
+	defi(&c.MaxPendingBatches, 256)
+	defi(&c.PublishWindow, 256)
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	return c
+}
+
+// secretKey decodes a hex or nsec secret key.
+func secretKey(s string) (string, error) {
+	if strings.HasPrefix(s, "nsec") {
+		_, v, err := nip19.Decode(s)
+		if err != nil {
+			return "", fmt.Errorf("bad nsec: %w", err)
+		}
+		sk, _ := v.(string)
+		return sk, nil
+	}
+	if !isHex(strings.ToLower(s), 64) {
+		return "", errors.New("want 64 hex characters or an nsec")
+	}
+	if _, err := nostr.GetPublicKey(strings.ToLower(s)); err != nil {
+		return "", err
+	}
+	return strings.ToLower(s), nil
 }
 
 // Fetcher is the fetcher service.
 type Fetcher struct {
-	cfg   Config
-	bus   *bus.Bus
-	clock clock.Clock
-	log   *slog.Logger
-	guard relayurl.Guard
+	cfg     Config
+	bus     *bus.Bus
+	clock   clock.Clock
+	log     *slog.Logger
+	guard   relayurl.Guard
+	m       *metrics
+	local   LocalSet
+	authKey string
 
-	mu     sync.Mutex
-	relays map[string]*relayWorker
-	epoch  uint64
-	group  *errgroup.Group
+	mu       sync.Mutex
+	relays   map[string]*relayWorker
+	shards   map[int]*shardRun
+	epoch    uint64
+	relaysKV jetstream.KeyValue
+}
+
+// shardRun is one shard this replica serves: its command consumer and its
+// relays run under ctx, which ends when the shard is lost.
+type shardRun struct {
+	shard  int
 	ctx    context.Context
-
-	events   *prometheus.CounterVec
-	connects *prometheus.CounterVec
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // New builds a fetcher.
 func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *Fetcher {
-	f := &Fetcher{
-		cfg:    cfg,
-		bus:    b,
-		clock:  clk,
-		log:    log.With("service", "fetcher", "fetcher", cfg.ID),
-		guard:  relayurl.Guard{Allow: cfg.RelayAllowlist},
-		relays: map[string]*relayWorker{},
-		events: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "grasp_fetcher_events_received_total",
-			Help: "Events received from remote relays, by mode (live, historic).",
-		}, []string{"mode"}),
-		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "grasp_fetcher_connect_attempts_total",
-			Help: "Connection attempts to remote relays, by result.",
-		}, []string{"result"}),
+	cfg = cfg.withDefaults()
+	sk, _ := secretKey(cfg.AuthKey)
+	return &Fetcher{
+		cfg:     cfg,
+		bus:     b,
+		clock:   clk,
+		log:     log.With("service", "fetcher", "fetcher", cfg.ID),
+		guard:   relayurl.Guard{Allow: cfg.RelayAllowlist},
+		m:       newMetrics(reg),
+		authKey: sk,
+		relays:  map[string]*relayWorker{},
+		shards:  map[int]*shardRun{},
 	}
-	if reg != nil {
-		reg.MustRegister(f.events, f.connects)
-	}
+}
+
+// WithLocalSet sets what the service already holds (store ids ∪ rejected
+// ids), the local side of NIP-77. Without it the local set is empty and
+// reconciliation costs the relay's full id list.
+func (f *Fetcher) WithLocalSet(ls LocalSet) *Fetcher {
+	f.local = ls
 	return f
 }
 
-func (f *Fetcher) ownedShards() []int {
-	if len(f.cfg.OwnedShards) > 0 {
-		return f.cfg.OwnedShards
-	}
-	all := make([]int, f.cfg.Shards)
-	for i := range all {
-		all[i] = i
-	}
-	return all
+// bucketPrefix derives the deployment prefix from the bus names.
+func (f *Fetcher) bucketPrefix() string {
+	return strings.TrimSuffix(f.bus.Names.RepoIndexBucket(), "_repo_index")
 }
 
-// Run consumes the commands of the owned shards until ctx is done. Each
-// shard has its own durable consumer, so a shard's commands stay in order
-// and a shard can move between replicas whole.
+// LeaseBucket and RelayBucket name the fetcher's KV buckets.
+func (f *Fetcher) LeaseBucket() string { return f.bucketPrefix() + "_fetcher_leases" }
+
+// RelayBucket is the bucket of relays to keep connected, per shard.
+func (f *Fetcher) RelayBucket() string { return f.bucketPrefix() + "_fetcher_relays" }
+
+// Run serves the shards this replica holds until ctx is done, then releases
+// them.
 func (f *Fetcher) Run(ctx context.Context) error {
-	g, ctx := errgroup.WithContext(ctx)
-	f.mu.Lock()
-	f.group, f.ctx = g, ctx
-	f.mu.Unlock()
-	for _, shard := range f.ownedShards() {
-		g.Go(func() error {
-			return f.bus.Consume(ctx, bus.ConsumeConfig{
-				Stream: f.bus.Names.FetchCmdStream(),
-				Consumer: jetstream.ConsumerConfig{
-					Durable:       fmt.Sprintf("fetcher-shard-%d", shard),
-					FilterSubject: f.bus.Names.FetchCmdSubject(shard),
-				},
-				Log: f.log,
-			}, func(ctx context.Context, msg jetstream.Msg) error {
-				var cmd graspv1.FetchCommand
-				if err := bus.Decode(msg.Data(), msg.Headers(), &cmd); err != nil {
-					return fmt.Errorf("%w: %v", bus.ErrPermanent, err)
-				}
-				return f.handle(ctx, shard, &cmd)
-			})
-		})
+	leasesKV, err := f.bus.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: f.LeaseBucket(), Description: "fetcher shard leases and members", TTL: f.cfg.LeaseTTL, History: 1})
+	if err != nil {
+		return fmt.Errorf("lease bucket: %w", err)
 	}
-	return g.Wait()
+	relaysKV, err := f.bus.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: f.RelayBucket(), Description: "relays the planner asked fetchers to keep connected, per shard", History: 1})
+	if err != nil {
+		return fmt.Errorf("relay bucket: %w", err)
+	}
+	f.mu.Lock()
+	f.relaysKV = relaysKV
+	f.mu.Unlock()
+	leases := newShardLeases(leasesKV, f.cfg.ID, ShardLeaseConfig{TTL: f.cfg.LeaseTTL, Shards: f.cfg.Shards, Fixed: f.cfg.OwnedShards},
+		f.log, func(s int) { f.gainShard(ctx, s) }, f.loseShard)
+	leases.run(ctx)
+	return nil
+}
+
+// Shards returns the shards this replica serves now.
+func (f *Fetcher) Shards() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []int
+	for s := range f.shards {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (f *Fetcher) gainShard(parent context.Context, shard int) {
+	ctx, cancel := context.WithCancel(parent)
+	sr := &shardRun{shard: shard, ctx: ctx, cancel: cancel}
+	f.mu.Lock()
+	f.shards[shard] = sr
+	f.mu.Unlock()
+	f.m.shards.Inc()
+	f.log.Info("shard acquired", "shard", shard)
+	sr.wg.Add(1)
+	go func() {
+		defer sr.wg.Done()
+		f.resumeRelays(sr)
+		err := f.bus.Consume(ctx, bus.ConsumeConfig{
+			Stream: f.bus.Names.FetchCmdStream(),
+			Consumer: jetstream.ConsumerConfig{
+				Durable:       fmt.Sprintf("fetcher-shard-%d", shard),
+				FilterSubject: f.bus.Names.FetchCmdSubject(shard),
+			},
+			Log: f.log,
+		}, func(ctx context.Context, msg jetstream.Msg) error {
+			var cmd graspv1.FetchCommand
+			if err := bus.Decode(msg.Data(), msg.Headers(), &cmd); err != nil {
+				return fmt.Errorf("%w: %v", bus.ErrPermanent, err)
+			}
+			return f.handle(ctx, sr, &cmd)
+		})
+		if err != nil && ctx.Err() == nil {
+			f.log.Error("shard consumer stopped", "shard", shard, "err", err)
+		}
+	}()
+}
+
+// loseShard stops serving a shard: its consumer stops and its relays'
+// connections close before the lease is given up.
+func (f *Fetcher) loseShard(shard int, reason string) {
+	f.mu.Lock()
+	sr := f.shards[shard]
+	delete(f.shards, shard)
+	f.mu.Unlock()
+	if sr == nil {
+		return
+	}
+	f.log.Info("shard released", "shard", shard, "reason", reason)
+	sr.cancel()
+	sr.wg.Wait()
+	f.m.shards.Dec()
+}
+
+// relayKey is the relay bucket key of a relay: shard, then a hash of the
+// URL (KV keys allow few characters).
+func relayKey(shard int, url string) string {
+	h := sha256.Sum256([]byte(url))
+	return fmt.Sprintf("r.%d.%s", shard, hex.EncodeToString(h[:12]))
+}
+
+// resumeRelays starts a worker, wanting a connection, for every relay of
+// the shard recorded by a previous owner.
+func (f *Fetcher) resumeRelays(sr *shardRun) {
+	lister, err := f.relaysKV.ListKeysFiltered(sr.ctx, fmt.Sprintf("r.%d.*", sr.shard))
+	if err != nil {
+		f.log.Warn("relays of shard not listed", "shard", sr.shard, "err", err)
+		return
+	}
+	for k := range lister.Keys() {
+		e, err := f.relaysKV.Get(sr.ctx, k)
+		if err != nil {
+			continue
+		}
+		var rec graspv1.FetcherRelay
+		if err := proto.Unmarshal(e.Value(), &rec); err != nil || rec.GetRelayUrl() == "" {
+			continue
+		}
+		w := f.worker(sr, rec.GetRelayUrl(), true)
+		if w == nil {
+			continue
+		}
+		if rec.GetFetcherId() != f.cfg.ID {
+			w.previous = &rec
+		}
+		select {
+		case w.cmds <- &graspv1.FetchCommand{RelayUrl: rec.GetRelayUrl(),
+			Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}}:
+		case <-sr.ctx.Done():
+			return
+		}
+	}
+}
+
+// recordRelay writes (or with rec nil removes) a relay's record.
+func (f *Fetcher) recordRelay(shard int, url string, rec *graspv1.FetcherRelay) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	key := relayKey(shard, url)
+	var err error
+	if rec == nil {
+		err = f.relaysKV.Delete(ctx, key)
+	} else {
+		data, _ := proto.Marshal(rec)
+		_, err = f.relaysKV.Put(ctx, key, data)
+	}
+	if err != nil {
+		f.log.Warn("relay record not written", "relay", url, "shard", shard, "err", err)
+	}
+}
+
+// worker returns the relay's worker, starting one under the shard if
+// needed (create false: only an existing one).
+func (f *Fetcher) worker(sr *shardRun, url string, create bool) *relayWorker {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if w, ok := f.relays[url]; ok {
+		return w
+	}
+	if !create || sr.ctx.Err() != nil {
+		return nil
+	}
+	w := newRelayWorker(f, url, sr.shard)
+	f.relays[url] = w
+	sr.wg.Add(1)
+	go func() {
+		defer sr.wg.Done()
+		w.run(sr.ctx)
+		f.mu.Lock()
+		if f.relays[url] == w {
+			delete(f.relays, url)
+		}
+		f.mu.Unlock()
+	}()
+	return w
 }
 
 // handle routes a command to its relay's worker. Commands from an older
 // planner epoch are dropped.
-func (f *Fetcher) handle(ctx context.Context, shard int, cmd *graspv1.FetchCommand) error {
+func (f *Fetcher) handle(ctx context.Context, sr *shardRun, cmd *graspv1.FetchCommand) error {
 	f.mu.Lock()
 	if cmd.GetEpoch() < f.epoch {
 		f.mu.Unlock()
@@ -157,30 +431,27 @@ func (f *Fetcher) handle(ctx context.Context, shard int, cmd *graspv1.FetchComma
 		return nil
 	}
 	f.epoch = cmd.GetEpoch()
-	w, ok := f.relays[cmd.GetRelayUrl()]
-	if !ok {
-		if cmd.GetDropRelay() != nil {
-			f.mu.Unlock()
-			return nil
-		}
-		w = newRelayWorker(f, cmd.GetRelayUrl(), shard)
-		f.relays[w.url] = w
-		f.group.Go(func() error {
-			w.run(f.ctx)
-			f.mu.Lock()
-			if f.relays[w.url] == w {
-				delete(f.relays, w.url)
-			}
-			f.mu.Unlock()
-			return nil
-		})
+	f.mu.Unlock()
+	if cmd.GetRelayUrl() == "" {
+		return fmt.Errorf("%w: command without relay", bus.ErrPermanent)
 	}
-	if cmd.GetDropRelay() != nil {
+	drop := cmd.GetDropRelay() != nil
+	w := f.worker(sr, cmd.GetRelayUrl(), !drop)
+	if w == nil {
+		if drop {
+			f.recordRelay(sr.shard, cmd.GetRelayUrl(), nil)
+		}
+		return nil
+	}
+	if drop {
 		// Forget the worker now, so a command that follows the drop gets a
 		// new worker instead of one that is shutting down.
-		delete(f.relays, w.url)
+		f.mu.Lock()
+		if f.relays[w.url] == w {
+			delete(f.relays, w.url)
+		}
+		f.mu.Unlock()
 	}
-	f.mu.Unlock()
 	select {
 	case w.cmds <- cmd:
 		return nil

@@ -4,27 +4,24 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nbd-wtf/go-nostr"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
-	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
-	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 )
 
 // relayWorker owns one relay: its connection, its session, its live
 // subscriptions and its historic batches. Commands for the relay are
-// executed in order by its run goroutine.
+// executed in order by its run goroutine; everything a session started
+// (live groups, batches) runs under the session's context and is waited
+// for when the session ends.
 type relayWorker struct {
 	f     *Fetcher
 	url   string
@@ -32,60 +29,130 @@ type relayWorker struct {
 	log   *slog.Logger
 	cmds  chan *graspv1.FetchCommand
 	done  chan struct{}
+	// signals carries facts found on other goroutines (rate limits) to run,
+	// which reports them; sends never block.
+	signals chan signal
+	// cooldown outlives sessions: a relay that asked us to slow down is
+	// not hammered again by a reconnect.
+	cooldown *Cooldown
+	// previous is the session another replica held before this one took
+	// the shard over (reported once with the first Connected).
+	previous *graspv1.FetcherRelay
 
-	relay    *relayconn.Conn
-	session  string
-	failures int
-	// sessionCtx ends when the session does; live subscriptions and batches
-	// of the session run under it.
-	sessionCtx    context.Context
-	sessionCancel context.CancelFunc
-	live          []*relayconn.Subscription
-	tasks         sync.WaitGroup
+	// Owned by run.
+	want     bool
+	sess     *session
+	health   RelayHealth
+	logLimit logLimiter
+	live     map[*liveGroup]struct{}
+	tasks    sync.WaitGroup
+}
+
+type signal struct {
+	rateLimit string
+	until     time.Time
+}
+
+// session is one connection's state shared with its goroutines.
+type session struct {
+	id     string
+	conn   *relayconn.Conn
+	ctx    context.Context
+	cancel context.CancelFunc
+	// histSem bounds concurrent batches; pending counts batches started
+	// (waiting or running).
+	histSem chan struct{}
+	pending chan struct{}
+	auth    *authState
+
+	mu       sync.Mutex
+	fallback string // why NIP-77 was given up for the session ("" while not)
+}
+
+// useNegentropy reports whether NIP-77 is still worth trying this session.
+func (s *session) useNegentropy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fallback == ""
+}
+
+// fallBack remembers the fallback for the session and reports whether this
+// was the first time (so it is logged once).
+func (s *session) fallBack(reason string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fallback != "" {
+		return false
+	}
+	s.fallback = reason
+	return true
+}
+
+func (s *session) fallbackReason() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fallback
 }
 
 func newRelayWorker(f *Fetcher, url string, shard int) *relayWorker {
 	return &relayWorker{
-		f:     f,
-		url:   url,
-		shard: shard,
-		log:   f.log.With("relay", url, "shard", shard),
-		cmds:  make(chan *graspv1.FetchCommand, 64),
-		done:  make(chan struct{}),
+		f:        f,
+		url:      url,
+		shard:    shard,
+		log:      f.log.With("relay", url, "shard", shard),
+		cmds:     make(chan *graspv1.FetchCommand, 256),
+		done:     make(chan struct{}),
+		signals:  make(chan signal, 16),
+		cooldown: &Cooldown{Base: f.cfg.RateLimitCooldown, Max: f.cfg.RateLimitMaxCooldown, Clock: f.clock},
+		health: RelayHealth{Policy: HealthPolicy{Base: f.cfg.BackoffBase, Max: f.cfg.BackoffMax,
+			DeadAfter: f.cfg.DeadAfter, DeadRetry: f.cfg.DeadRetry, StableAfter: time.Minute}},
+		logLimit: logLimiter{window: 12 * time.Hour},
+		live:     map[*liveGroup]struct{}{},
 	}
 }
 
 // run connects and keeps the relay connected until dropped or ctx ends.
 func (w *relayWorker) run(ctx context.Context) {
 	defer close(w.done)
-	defer w.endSession("fetcher stopping", false)
+	defer w.f.m.forget(w.url)
 	var retry <-chan time.Time
-	want := false
 	for {
 		var lost <-chan struct{}
-		if w.relay != nil {
-			lost = w.relay.Context().Done()
+		if w.sess != nil {
+			lost = w.sess.conn.Context().Done()
 		}
 		select {
 		case <-ctx.Done():
+			w.endSession("shard released or fetcher stopping", "", true)
 			return
 		case <-retry:
 			retry = nil
-			if want && w.relay == nil {
+			if w.want && w.sess == nil {
 				retry = w.connect(ctx)
 			}
 		case <-lost:
-			w.endSession(fmt.Sprint(context.Cause(w.relay.Context())), true)
-			retry = w.f.clock.After(w.backoff())
+			cause := context.Cause(w.sess.conn.Context())
+			class := ClassifyFailure(cause)
+			w.endSession(cause.Error(), class, true)
+			retry = w.failed(cause, class, false)
+		case sig := <-w.signals:
+			w.reportRateLimit(sig)
 		case cmd := <-w.cmds:
-			if cmd.GetSessionId() != "" && cmd.GetSessionId() != w.session {
-				w.log.Debug("command for another session ignored", "session", cmd.GetSessionId(), "current", w.session)
+			session := ""
+			if w.sess != nil {
+				session = w.sess.id
+			}
+			if cmd.GetSessionId() != "" && cmd.GetSessionId() != session {
+				w.log.Debug("command for another session ignored", "session", cmd.GetSessionId(), "current", session)
 				continue
 			}
 			switch c := cmd.GetCommand().(type) {
 			case *graspv1.FetchCommand_EnsureConnected:
-				want = true
-				if w.relay != nil {
+				if !w.want {
+					w.want = true
+					w.f.recordRelay(w.shard, w.url, w.record())
+				}
+				if w.sess != nil {
 					w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{}}})
 				} else if retry == nil {
 					retry = w.connect(ctx)
@@ -97,78 +164,156 @@ func (w *relayWorker) run(ctx context.Context) {
 				w.openLive(filters.FromProtos(c.ReplaceLive.GetLiveFilters()))
 			case *graspv1.FetchCommand_DropRelay:
 				w.log.Info("relay dropped", "reason", c.DropRelay.GetReason())
+				w.endSession("dropped: "+c.DropRelay.GetReason(), "", true)
+				w.f.recordRelay(w.shard, w.url, nil)
 				return
 			}
 		}
 	}
 }
 
+// record is the relay's entry in the relay bucket.
+func (w *relayWorker) record() *graspv1.FetcherRelay {
+	rec := &graspv1.FetcherRelay{RelayUrl: w.url, Shard: uint32(w.shard), FetcherId: w.f.cfg.ID,
+		UpdatedAt: w.f.clock.Now().UnixMilli()}
+	if w.sess != nil {
+		rec.SessionId = w.sess.id
+	}
+	return rec
+}
+
 // connect makes one attempt; on failure it returns the retry timer.
 func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 	if err := w.f.guard.CheckURL(w.url); err != nil {
-		w.f.connects.WithLabelValues("refused_address").Inc()
-		w.log.Warn("relay address refused", "err", err)
-		w.failures++
-		return w.f.clock.After(w.backoff())
+		return w.failed(fmt.Errorf("%w: %v", errAddressRefused, err), ClassAddressRefused, true)
 	}
 	cctx, cancel := context.WithTimeout(ctx, w.f.cfg.ConnectTimeout)
 	defer cancel()
-	// The dialled address is vetted as it is dialled, so a name that
-	// resolves to an internal address is refused (DNS-rebinding safe).
-	r, err := relayconn.Dial(cctx, w.url, relayconn.Options{CheckDial: w.f.guard.CheckDial})
-	if err != nil {
-		w.f.connects.WithLabelValues("error").Inc()
-		w.failures++
-		d := w.backoff()
-		w.log.Warn("connect failed", "err", err, "retry_in", d.String())
-		w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_Health{Health: &graspv1.Health{
-			State:               graspv1.HealthState_HEALTH_STATE_BACKING_OFF,
-			ConsecutiveFailures: uint32(w.failures),
-			NextAttempt:         w.f.clock.Now().Add(d).UnixMilli(),
-			LastError:           err.Error(),
-		}}})
-		return w.f.clock.After(d)
+	s := &session{id: newSessionID(),
+		histSem: make(chan struct{}, w.f.cfg.MaxConcurrentBatches),
+		pending: make(chan struct{}, w.f.cfg.MaxPendingBatches)}
+	s.auth = newAuthState(w.f.authKey)
+	opts := relayconn.Options{
+		// The dialled address is vetted as it is dialled, so a name that
+		// resolves to an internal address is refused (DNS-rebinding safe).
+		CheckDial:       w.f.guard.CheckDial,
+		MaxMessageBytes: w.f.cfg.MaxMessageBytes,
+		PingInterval:    w.f.cfg.PingInterval,
+		PongTimeout:     w.f.cfg.PongTimeout,
+		OnNotice: func(msg string) {
+			if IsRateLimit(msg) {
+				w.rateLimited("NOTICE: " + msg)
+			}
+		},
+		OnMessage: func(label string, raw []byte) {
+			switch label {
+			case "AUTH":
+				s.auth.challenge(raw)
+			case "OK":
+				s.auth.ok(raw)
+				if reason := okReason(raw); IsRateLimit(reason) {
+					w.rateLimited("OK: " + reason)
+				}
+			}
+		},
 	}
-	w.f.connects.WithLabelValues("ok").Inc()
-	w.failures = 0
-	w.relay = r
-	w.session = newSessionID()
-	w.sessionCtx, w.sessionCancel = context.WithCancel(ctx)
-	w.log.Info("connected", "session", w.session)
-	w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{}}})
+	c, err := relayconn.Dial(cctx, w.url, opts)
+	if err != nil {
+		return w.failed(err, ClassifyFailure(err), true)
+	}
+	s.conn = c
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	w.sess = s
+	w.health.Connected(w.f.clock.Now())
+	w.f.m.attempts.WithLabelValues(w.url, "ok").Inc()
+	w.f.m.connected.WithLabelValues(w.url).Set(1)
+	w.f.m.health.WithLabelValues(w.url).Set(float64(graspv1.HealthState_HEALTH_STATE_HEALTHY))
+	w.f.m.failures.WithLabelValues(w.url).Set(0)
+	w.log.Info("connected", "session", s.id)
+	w.tasks.Add(1)
+	go func() {
+		defer w.tasks.Done()
+		s.auth.run(s.ctx, c, w.url, w.log)
+	}()
+	connected := &graspv1.Connected{}
+	if w.previous != nil {
+		connected.PreviousSessionId = w.previous.GetSessionId()
+		connected.PreviousFetcherId = w.previous.GetFetcherId()
+		w.previous = nil
+	}
+	w.f.recordRelay(w.shard, w.url, w.record())
+	w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_Connected{Connected: connected}})
 	return nil
 }
 
-func (w *relayWorker) backoff() time.Duration {
-	n := max(w.failures, 1)
-	d := w.f.cfg.BackoffBase
-	for i := 1; i < n && d < w.f.cfg.BackoffMax; i++ {
-		d *= 2
+// failed records a failed attempt or lost session, logs it (once per class
+// per 12 h), reports the health and returns the retry timer.
+func (w *relayWorker) failed(err error, class string, attempt bool) <-chan time.Time {
+	now := w.f.clock.Now()
+	d, state := w.health.Failed(now)
+	if attempt {
+		w.f.m.attempts.WithLabelValues(w.url, class).Inc()
 	}
-	return min(d, w.f.cfg.BackoffMax)
+	w.f.m.failureClasses.WithLabelValues(w.url, class).Inc()
+	w.f.m.health.WithLabelValues(w.url).Set(float64(state))
+	w.f.m.failures.WithLabelValues(w.url).Set(float64(w.health.Failures))
+	attrs := []any{"class", class, "err", err, "failures", w.health.Failures, "retry_in", d.String(), "state", state.String()}
+	if w.logLimit.allow(class, now) {
+		w.log.Warn("relay failure", attrs...)
+	} else {
+		w.log.Debug("relay failure (repeat)", attrs...)
+	}
+	w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_Health{Health: &graspv1.Health{
+		State:               state,
+		ConsecutiveFailures: uint32(w.health.Failures),
+		NextAttempt:         now.Add(d).UnixMilli(),
+		LastError:           err.Error(),
+		FailureClass:        class,
+	}}})
+	return w.f.clock.After(d)
 }
 
 // endSession closes the connection and everything of the session.
-func (w *relayWorker) endSession(reason string, report bool) {
-	if w.relay == nil {
+func (w *relayWorker) endSession(reason, class string, report bool) {
+	s := w.sess
+	if s == nil {
 		return
 	}
-	session := w.session
-	w.sessionCancel()
+	s.cancel()
 	w.closeLive()
-	w.relay.Close()
+	_ = s.conn.Close()
 	w.tasks.Wait()
-	w.relay = nil
-	w.session = ""
+	w.sess = nil
+	w.f.m.connected.WithLabelValues(w.url).Set(0)
+	w.f.m.bytesIn.WithLabelValues(w.url).Add(float64(s.conn.BytesIn.Load()))
 	if report {
-		w.failures++
-		w.log.Warn("disconnected", "session", session, "reason", reason)
-		w.reportFor(session, &graspv1.FetchReport{Report: &graspv1.FetchReport_Disconnected{Disconnected: &graspv1.Disconnected{Reason: reason}}})
+		w.log.Warn("disconnected", "session", s.id, "reason", reason, "class", class)
+		w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_Disconnected{
+			Disconnected: &graspv1.Disconnected{Reason: reason, FailureClass: class}}})
 	}
 }
 
+// rateLimited starts a cooldown (from any goroutine) and has run report it.
+func (w *relayWorker) rateLimited(msg string) {
+	until, started := w.cooldown.Trigger()
+	if !started {
+		return
+	}
+	select {
+	case w.signals <- signal{rateLimit: msg, until: until}:
+	default:
+	}
+}
+
+func (w *relayWorker) reportRateLimit(sig signal) {
+	w.f.m.cooldowns.WithLabelValues(w.url).Inc()
+	w.log.Warn("rate limited: cooling down", "message", sig.rateLimit, "until", sig.until)
+	w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_RateLimited{RateLimited: &graspv1.RateLimited{
+		Message: sig.rateLimit, Until: sig.until.UnixMilli()}}})
+}
+
 func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
-	if w.relay == nil {
+	if w.sess == nil {
 		return
 	}
 	w.openLive(filters.FromProtos(c.GetLiveFilters()))
@@ -179,150 +324,44 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	if c.Since != nil {
 		hist = filters.Since(hist, nostr.Timestamp(c.GetSince()))
 	}
-	relay, session, ctx := w.relay, w.session, w.sessionCtx
+	s := w.sess
+	select {
+	case s.pending <- struct{}{}:
+	default:
+		w.log.Warn("too many pending batches; batch failed", "session", s.id, "batch", c.GetBatchId())
+		w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_BatchDone{BatchDone: &graspv1.BatchDone{
+			BatchId: c.GetBatchId(), Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_FAILED, Error: "too many pending batches on this relay"}}})
+		return
+	}
 	w.tasks.Add(1)
 	go func() {
 		defer w.tasks.Done()
-		w.runBatch(ctx, relay, session, c.GetBatchId(), hist)
+		defer func() { <-s.pending }()
+		w.runBatch(s, c.GetBatchId(), hist)
 	}()
 }
 
-// runBatch fetches a batch's history with REQ+EOSE and until pagination and
-// reports it done.
-func (w *relayWorker) runBatch(ctx context.Context, r *relayconn.Conn, session, batch string, hist []nostr.Filter) {
-	var received, bytes uint64
-	var err error
-	for _, f := range hist {
-		f.Limit = w.f.cfg.PageSize
-		_, err = history.Read(ctx, r, f, w.f.cfg.MaxPages, func(evts []*nostr.Event) error {
-			for _, e := range evts {
-				n, err := w.publish(ctx, e, session, batch, "historic")
-				if err != nil {
-					return err
-				}
-				received++
-				bytes += uint64(n)
-			}
-			return nil
-		})
-		if err != nil {
-			break
-		}
+func (w *relayWorker) report(r *graspv1.FetchReport) {
+	session := ""
+	if w.sess != nil {
+		session = w.sess.id
 	}
-	if ctx.Err() != nil {
-		return // the session ended: its batches die with it, unreported
-	}
-	done := &graspv1.BatchDone{BatchId: batch, Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_OK,
-		Method: graspv1.SyncMethod_SYNC_METHOD_REQ, EventsReceived: received, BytesReceived: bytes}
-	if err != nil {
-		done.Outcome = graspv1.BatchOutcome_BATCH_OUTCOME_FAILED
-		done.Error = err.Error()
-	}
-	w.log.Info("batch done", "session", session, "batch", batch, "events", received, "err", err)
-	w.reportFor(session, &graspv1.FetchReport{Report: &graspv1.FetchReport_BatchDone{BatchDone: done}})
+	w.reportFor(session, r)
 }
 
-func (w *relayWorker) openLive(fs []nostr.Filter) {
-	if w.relay == nil || len(fs) == 0 {
-		return
-	}
-	sub, err := w.relay.Subscribe(w.sessionCtx, nostr.Filters(fs))
-	if err != nil {
-		w.log.Warn("live subscription failed", "err", err)
-		return
-	}
-	w.live = append(w.live, sub)
-	session, ctx := w.session, w.sessionCtx
-	w.tasks.Add(1)
-	go func() {
-		defer w.tasks.Done()
-		for {
-			select {
-			case evt := <-sub.Events():
-				if _, err := w.publish(ctx, evt, session, "", "live"); err != nil && ctx.Err() == nil {
-					w.log.Warn("publish live event", "id", evt.ID, "err", err)
-				}
-			case reason := <-sub.Closed():
-				w.log.Warn("live subscription closed by relay", "reason", reason)
-				return
-			case <-sub.Done():
-				return
-			}
-		}
-	}()
-}
-
-func (w *relayWorker) closeLive() {
-	for _, sub := range w.live {
-		sub.Close()
-	}
-	w.live = nil
-}
-
-// publish checks an event's structure and id (the signature is the
-// ingester's job) and publishes it for the ingesters. Nats-Msg-Id = event id,
-// so the same event from many relays is ingested once.
-func (w *relayWorker) publish(ctx context.Context, evt *nostr.Event, session, batch, mode string) (int, error) {
-	if !evt.CheckID() {
-		w.log.Debug("event with wrong id dropped", "id", evt.ID)
-		return 0, nil
-	}
-	data, err := json.Marshal(evt)
-	if err != nil {
-		return 0, err
-	}
-	msg := nats.NewMsg(w.f.bus.Names.EventsSubject(w.shard))
-	msg.Data = data
-	msg.Header.Set(nats.MsgIdHdr, evt.ID)
-	msg.Header.Set(bus.HeaderRelay, w.url)
-	msg.Header.Set(bus.HeaderSession, session)
-	msg.Header.Set(bus.HeaderMode, mode)
-	if batch != "" {
-		msg.Header.Set(bus.HeaderBatch, batch)
-	}
-	if err := w.f.publishEvent(ctx, msg); err != nil {
-		return 0, err
-	}
-	w.f.events.WithLabelValues(mode).Inc()
-	return len(data), nil
-}
-
-func (w *relayWorker) report(r *graspv1.FetchReport) { w.reportFor(w.session, r) }
-
+// reportFor publishes a report for a session (safe from any goroutine).
 func (w *relayWorker) reportFor(session string, r *graspv1.FetchReport) {
 	r.RelayUrl = w.url
 	r.SessionId = session
 	r.Shard = uint32(w.shard)
 	r.FetcherId = w.f.cfg.ID
 	r.At = w.f.clock.Now().UnixMilli()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := w.f.bus.Publish(ctx, w.f.bus.Names.FetchReportSubject(w.shard), r); err != nil {
-		w.log.Error("report lost", "err", err)
+		w.log.Error("report lost", "session", session, "err", err)
 	}
 }
-
-// publishEvent publishes asynchronously with a bounded window: when the
-// window is full it waits for acknowledgements instead of queueing more.
-func (f *Fetcher) publishEvent(ctx context.Context, msg *nats.Msg) error {
-	for {
-		_, err := f.bus.JS.PublishMsgAsync(msg)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, nats.ErrTooManyStalledMsgs) && !errors.Is(err, errStalled) {
-			return fmt.Errorf("publish event: %w", err)
-		}
-		select {
-		case <-f.bus.JS.PublishAsyncComplete():
-		case <-time.After(time.Second):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-var errStalled = errors.New("stalled")
 
 func newSessionID() string {
 	b := make([]byte, 8)

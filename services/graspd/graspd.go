@@ -52,7 +52,8 @@ type Config struct {
 	// MetricsAddr serves /metrics, /healthz and /readyz.
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`
 	// Prefix namespaces subjects, streams and buckets.
-	Prefix   string `envconfig:"PREFIX" default:"grasp"`
+	Prefix string `envconfig:"PREFIX" default:"grasp"`
+	// LogLevel is debug, info, warn or error (JSON logs on stderr).
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 	// Services lists the services to run (all by default).
 	Services []string `envconfig:"SERVICES" default:"relay,discovery,planner,fetcher,ingester"`
@@ -257,6 +258,7 @@ func (a *App) Run(parent context.Context) error {
 		switch name {
 		case "relay":
 			r := relay.New(a.cfg.Relay, a.store, b, log)
+			a.registry.MustRegister(r.Collectors()...)
 			ln := a.relayLn
 			g.Go(func() error { return r.Run(ctx, ln) })
 		case "discovery":
@@ -267,7 +269,8 @@ func (a *App) Run(parent context.Context) error {
 			p := planner.New(a.cfg.Planner, b, a.clock, log, a.registry)
 			g.Go(func() error { return p.Run(ctx) })
 		case "fetcher":
-			f := fetcher.New(a.cfg.Fetcher, b, a.clock, log, a.registry)
+			// The local side of NIP-77 reconciliation is what the store holds.
+			f := fetcher.New(a.cfg.Fetcher, b, a.clock, log, a.registry).WithLocalSet(fetcher.QueryLocalSet{Store: a.store})
 			g.Go(func() error { return f.Run(ctx) })
 		case "ingester":
 			i := ingester.New(a.cfg.Ingester, b, a.store, a.cfg.Relay.PublicURL, log, a.registry)

@@ -15,8 +15,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
@@ -30,6 +33,9 @@ type Config struct {
 	MaxDeliver int `envconfig:"INGESTER_MAX_DELIVER" default:"20"`
 	// AckWait is how long one event may take before it is redelivered.
 	AckWait time.Duration `envconfig:"INGESTER_ACK_WAIT" default:"30s"`
+	// Parking bounds the lot of events waiting for what they reference
+	// (GRASP_PARKING_*).
+	parking.Config
 }
 
 // Ingester consumes grasp.events.* and stores what the policy accepts.
@@ -40,6 +46,9 @@ type Ingester struct {
 	policy  *policy.Policy
 	log     *slog.Logger
 	outcome *prometheus.CounterVec
+	reg     prometheus.Registerer
+	// lot holds parked events; set by Run.
+	lot *parking.Lot
 }
 
 // New builds an ingester. serviceURL is this GRASP server's public relay URL,
@@ -59,11 +68,27 @@ func New(cfg Config, b *bus.Bus, st *store.Store, serviceURL string, log *slog.L
 	if reg != nil {
 		reg.MustRegister(i.outcome)
 	}
+	i.reg = reg
 	return i
 }
 
-// Run consumes events until ctx is done.
+// Run consumes events until ctx is done, parking events that wait for
+// something not stored yet and re-evaluating them as it arrives.
 func (i *Ingester) Run(ctx context.Context) error {
+	lot, err := parking.Open(ctx, i.bus, i.cfg.Config, clock.Real{}, i.log, i.reg)
+	if err != nil {
+		return fmt.Errorf("ingester: %w", err)
+	}
+	i.lot = lot
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return i.consume(gctx) })
+	g.Go(func() error { return i.wake(gctx) })
+	g.Go(func() error { return lot.Run(gctx) })
+	return g.Wait()
+}
+
+// consume runs the durable consumer on the events stream.
+func (i *Ingester) consume(ctx context.Context) error {
 	return i.bus.Consume(ctx, bus.ConsumeConfig{
 		Stream: i.bus.Names.EventsStream(),
 		Consumer: jetstream.ConsumerConfig{
@@ -91,31 +116,43 @@ func (i *Ingester) handle(ctx context.Context, msg jetstream.Msg) error {
 		i.outcome.WithLabelValues(string(d.Reason)).Inc()
 		i.log.Debug("event refused", "id", evt.ID, "kind", evt.Kind, "reason", string(d.Reason),
 			"relay", msg.Headers().Get(bus.HeaderRelay))
+		if d.Parkable() {
+			return i.park(ctx, &evt, d, msg.Headers().Get(bus.HeaderRelay))
+		}
 		return nil
 	}
-	stored, err := i.store.Save(ctx, &evt)
+	_, err := i.storeAccepted(ctx, &evt, msg.Data())
+	return err
+}
+
+// storeAccepted stores an event the policy accepted, applies it if it is a
+// deletion, and publishes it on grasp.stored.<kind>. data is its JSON.
+// stored is false for a duplicate.
+func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []byte) (stored bool, err error) {
+	evt := *evtp
+	stored, err = i.store.Save(ctx, &evt)
 	if err != nil {
-		return fmt.Errorf("store %s: %w", evt.ID, err)
+		return false, fmt.Errorf("store %s: %w", evt.ID, err)
 	}
 	if !stored {
 		i.outcome.WithLabelValues(string(policy.ReasonDuplicate)).Inc()
-		return nil
+		return false, nil
 	}
 	if evt.Kind == 5 {
 		if err := i.applyDeletion(ctx, &evt); err != nil {
-			return err
+			return true, err
 		}
 	}
 	i.outcome.WithLabelValues(string(policy.ReasonAccepted)).Inc()
 	out := nats.NewMsg(i.bus.Names.StoredSubject(evt.Kind))
-	out.Data = msg.Data()
+	out.Data = data
 	out.Header.Set(bus.HeaderOrigin, "ingester")
 	if err := i.bus.Conn.PublishMsg(out); err != nil {
 		// Stored is stored: the broadcast is best effort, redelivery would
 		// only find a duplicate.
 		i.log.Warn("publish stored event", "id", evt.ID, "err", err)
 	}
-	return nil
+	return true, nil
 }
 
 // applyDeletion removes the deletion author's own events it names (NIP-09).

@@ -1,186 +1,278 @@
 package planner
 
 import (
-	"sort"
+	"slices"
 	"time"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 )
 
-// RelayTarget is what one relay should be synced for: the repositories that
-// list it and the root events of those repositories.
-type RelayTarget struct {
-	Repos map[string]struct{}
-	Roots map[string]struct{}
+// PairState is what one relay has confirmed and has in flight for one
+// repository that lists it. Root slices are sorted, disjoint, and subsets of
+// the repository's current roots (the lifecycle prunes them when the index
+// shrinks), so "nothing missing" is a length comparison.
+type PairState struct {
+	// RepoConfirmed: the repository's own history (layer 2, its 30618
+	// state) has been fetched from the relay.
+	RepoConfirmed bool
+	// RepoPending: a batch fetching the repository's own history is in
+	// flight.
+	RepoPending bool
+	Confirmed   []RootID
+	Pending     []RootID
 }
 
-// DeriveRelayTargets inverts the RepoSyncIndex (repo → relays, roots) into
-// relay → {repos, roots}. Bootstrap relays get an empty target, so they stay
-// connected for layer 1.
-func DeriveRelayTargets(index map[string]*graspv1.RepoSyncNeeds, bootstrap []string) map[string]*RelayTarget {
-	out := map[string]*RelayTarget{}
-	get := func(relay string) *RelayTarget {
-		t := out[relay]
-		if t == nil {
-			t = &RelayTarget{Repos: map[string]struct{}{}, Roots: map[string]struct{}{}}
-			out[relay] = t
-		}
-		return t
+// BatchKind says what a PendingBatch fetches.
+type BatchKind int
+
+// Batch kinds.
+const (
+	// BatchLayer1 is the per-connection announcements batch, in full; when
+	// it completes the relay's announcements are synced.
+	BatchLayer1 BatchKind = iota + 1
+	// BatchCatchUp re-reads layer 1 and the confirmed items from a since
+	// (quick reconnect, resume after a planner restart, a live subscription
+	// the relay closed); it confirms nothing new.
+	BatchCatchUp
+	// BatchItems fetches the full history of new items.
+	BatchItems
+)
+
+func (k BatchKind) String() string {
+	switch k {
+	case BatchLayer1:
+		return "layer1"
+	case BatchCatchUp:
+		return "catch_up"
+	case BatchItems:
+		return "items"
 	}
-	for _, b := range bootstrap {
-		get(b)
-	}
-	for _, needs := range index {
-		for _, relay := range needs.GetRelays() {
-			t := get(relay)
-			t.Repos[needs.GetRepoRef()] = struct{}{}
-			for _, root := range needs.GetRootEventIds() {
-				t.Roots[root] = struct{}{}
-			}
-		}
-	}
-	return out
+	return "unknown"
 }
 
-// PendingBatch is a historic fetch in flight on one relay session.
+// BatchItem is one repository's share of a batch: its own history (NeedRepo)
+// and/or some of its roots.
+type BatchItem struct {
+	Repo     RepoID
+	NeedRepo bool
+	Roots    []RootID
+}
+
+// PendingBatch is a historic fetch in flight on one relay session. It is
+// confirmed only when the fetcher reports every part done: the fetcher
+// tracks the parts (filters, pages, negentropy rounds) and reports the method
+// it used in BatchDone.
 type PendingBatch struct {
 	ID      string
-	Layer1  bool
-	Repos   []string
-	Roots   []string
+	Session string
+	Kind    BatchKind
+	Items   []BatchItem
+	Since   int64
 	Started time.Time
+	// catchUpGen is the relay's catch-up generation a catch-up was issued
+	// for; only that generation's completion ends the catch-up.
+	catchUpGen int
 }
 
-// RelayState is the planner's observed state of one relay.
+// RelayState is the planner's knowledge of one relay: connection lifecycle
+// (RelaySyncIndex) and batches in flight (PendingSyncIndex).
 type RelayState struct {
-	URL            string
-	Status         graspv1.RelayStatus
-	Session        string
-	Bootstrap      bool
-	ConfirmedRepos map[string]struct{}
-	ConfirmedRoots map[string]struct{}
-	Pending        map[string]*PendingBatch
+	ID        RelayID
+	URL       string
+	Status    graspv1.RelayStatus
+	Session   string
+	Bootstrap bool
+	Pairs     map[RepoID]*PairState
+	// Batches in flight on Session, in start order.
+	Batches []*PendingBatch
+
 	LastConnected  time.Time
 	DisconnectedAt time.Time
-	// BatchFailures counts failed batches of the current session.
-	BatchFailures int
+	// LastSeen is the last time the current session showed it was alive.
+	LastSeen            time.Time
+	AnnouncementsSynced bool
+	// LiveFilters is how many live filters are open on the session.
+	LiveFilters int
+	// CatchUpSince is the since of a catch-up that has not completed (unix
+	// seconds; 0 none).
+	CatchUpSince int64
+	// catchUpGen counts changes of CatchUpSince: a catch-up issued before
+	// the latest change does not end the catch-up.
+	catchUpGen int
+	NextResync time.Time
+	// QuietAt is when the relay counts as synced if no batch starts before.
+	QuietAt time.Time
+	// HoldUntil delays retries after a failed batch.
+	HoldUntil time.Time
+	// Failures counts failed batches since the relay was last fully synced.
+	Failures int
+	Dead     bool
+
+	// restored: loaded from grasp_relay_state by a new planner; the first
+	// Connected decides between resume (same session) and reconnect.
+	restored      bool
+	resumeSession string
+	// liveStale: the session's live subscriptions are not what this planner
+	// would open (daily resync, resume after restart): the next emission
+	// replaces them all. needsReplace: items were removed, consolidate.
+	liveStale    bool
+	needsReplace bool
+	// minLo ≤ (size of the minimal live set) ≤ minHi when minKnown: kept
+	// as bounds so the exact size, which costs a pass over every pair, is
+	// computed about once per consolidation instead of once per batch.
+	minLo, minHi int
+	minKnown     bool
 }
 
 // NewRelayState returns the state of a relay the planner has just learned of.
-func NewRelayState(url string) *RelayState {
+func NewRelayState(id RelayID, url string) *RelayState {
 	return &RelayState{
-		URL:            url,
-		Status:         graspv1.RelayStatus_RELAY_STATUS_DISCONNECTED,
-		ConfirmedRepos: map[string]struct{}{},
-		ConfirmedRoots: map[string]struct{}{},
-		Pending:        map[string]*PendingBatch{},
+		ID:     id,
+		URL:    url,
+		Status: graspv1.RelayStatus_RELAY_STATUS_DISCONNECTED,
+		Pairs:  map[RepoID]*PairState{},
 	}
 }
 
-// connected reports whether the relay has a live session to send filters on.
-func (s *RelayState) connected() bool {
+// Connected reports whether the relay has a live session to send filters on.
+func (s *RelayState) Connected() bool {
 	switch s.Status {
 	case graspv1.RelayStatus_RELAY_STATUS_SYNCING, graspv1.RelayStatus_RELAY_STATUS_CONNECTED,
-		graspv1.RelayStatus_RELAY_STATUS_CONNECTED_HISTORIC_SYNC_FAILURES:
+		graspv1.RelayStatus_RELAY_STATUS_CONNECTED_HISTORIC_SYNC_FAILURES,
+		graspv1.RelayStatus_RELAY_STATUS_DISCONNECTING:
 		return s.Session != ""
 	}
 	return false
 }
 
-func (s *RelayState) pendingItems() (repos, roots map[string]struct{}) {
-	repos, roots = map[string]struct{}{}, map[string]struct{}{}
-	for _, b := range s.Pending {
-		for _, r := range b.Repos {
-			repos[r] = struct{}{}
-		}
-		for _, r := range b.Roots {
-			roots[r] = struct{}{}
-		}
+func (s *RelayState) pair(repo RepoID) *PairState {
+	p := s.Pairs[repo]
+	if p == nil {
+		p = &PairState{}
+		s.Pairs[repo] = p
 	}
-	return repos, roots
+	return p
 }
 
-// ActionKind says what an Action asks the fetcher to do.
+func (s *RelayState) hasBatch(kind BatchKind) bool {
+	for _, b := range s.Batches {
+		if b.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// Counts returns confirmed and pending repositories and roots (pairs; a
+// root shared by two repositories counts twice).
+func (s *RelayState) Counts() (repos, roots, pendRepos, pendRoots int) {
+	for _, p := range s.Pairs {
+		if p.RepoConfirmed {
+			repos++
+		}
+		if p.RepoPending {
+			pendRepos++
+		}
+		roots += len(p.Confirmed)
+		pendRoots += len(p.Pending)
+	}
+	return
+}
+
+// ActionKind says what an Action asks for.
 type ActionKind int
 
 // Action kinds.
 const (
+	// ActionEnsureConnected: a target relay the planner does not track yet.
 	ActionEnsureConnected ActionKind = iota + 1
+	// ActionAddFilters: a connected relay has target items neither pending
+	// nor confirmed.
 	ActionAddFilters
+	// ActionDropRelay: a tracked relay that is no longer a target and has
+	// nothing in flight.
 	ActionDropRelay
+	// ActionDisconnectLater: no longer a target, but batches are in flight;
+	// it is dropped once they end.
+	ActionDisconnectLater
 )
 
 // Action is one decision of ComputeActions.
 type Action struct {
 	Kind  ActionKind
-	Relay string
-	// Repos and Roots are the new items to fetch (ActionAddFilters).
-	Repos []string
-	Roots []string
+	Relay RelayID
+	// Items are the new items to fetch (ActionAddFilters), sorted by repo.
+	Items []BatchItem
 }
 
-// ComputeActions is the reconcile step: for each relay, target − pending −
-// confirmed. It is pure: it reads the targets and relay states and returns
-// decisions, changing nothing.
-//
-//   - a target relay the planner does not track yet → EnsureConnected;
-//   - a connected relay with target items neither pending nor confirmed →
-//     AddFilters with exactly those items (relays that are not connected get
-//     theirs when they connect);
-//   - a tracked relay that is no longer a target → DropRelay, unless it is a
-//     bootstrap relay or its first batches are still pending.
-func ComputeActions(targets map[string]*RelayTarget, relays map[string]*RelayState) []Action {
-	var actions []Action
-	for _, url := range sortedKeys(targets) {
-		t := targets[url]
-		s, ok := relays[url]
-		if !ok {
-			actions = append(actions, Action{Kind: ActionEnsureConnected, Relay: url})
-			continue
+// ComputeActions is the reconcile step, target − pending − confirmed per
+// relay, over the relays in scope (nil: every target and tracked relay). It
+// is pure: it reads the index and relay states and returns decisions,
+// changing nothing. Relays that are not connected get their items when they
+// connect; relays held back after a failed batch (now < HoldUntil) get them
+// when the hold ends.
+func ComputeActions(idx *Index, relays map[RelayID]*RelayState, scope []RelayID, now time.Time) []Action {
+	if scope == nil {
+		scope = idx.TargetRelays()
+		for id := range relays {
+			scope = append(scope, id)
 		}
-		if !s.connected() {
-			continue
-		}
-		pendRepos, pendRoots := s.pendingItems()
-		repos := missing(t.Repos, pendRepos, s.ConfirmedRepos)
-		roots := missing(t.Roots, pendRoots, s.ConfirmedRoots)
-		if len(repos) > 0 || len(roots) > 0 {
-			actions = append(actions, Action{Kind: ActionAddFilters, Relay: url, Repos: repos, Roots: roots})
-		}
+		slices.Sort(scope)
+		scope = slices.Compact(scope)
 	}
-	for _, url := range sortedKeys(relays) {
-		s := relays[url]
-		if _, ok := targets[url]; ok || s.Bootstrap {
+	var actions []Action
+	for _, id := range scope {
+		s, tracked := relays[id]
+		if !idx.IsTarget(id) {
+			if !tracked {
+				continue
+			}
+			if s.Connected() && len(s.Batches) > 0 {
+				if s.Status != graspv1.RelayStatus_RELAY_STATUS_DISCONNECTING {
+					actions = append(actions, Action{Kind: ActionDisconnectLater, Relay: id})
+				}
+				continue
+			}
+			actions = append(actions, Action{Kind: ActionDropRelay, Relay: id})
 			continue
 		}
-		if s.connected() && len(s.ConfirmedRepos) == 0 && len(s.Pending) > 0 {
-			continue // never drop a relay whose first batches are pending
+		if !tracked {
+			actions = append(actions, Action{Kind: ActionEnsureConnected, Relay: id})
+			continue
 		}
-		actions = append(actions, Action{Kind: ActionDropRelay, Relay: url})
+		if !s.Connected() || now.Before(s.HoldUntil) {
+			continue
+		}
+		if items := MissingItems(idx, s); len(items) > 0 {
+			actions = append(actions, Action{Kind: ActionAddFilters, Relay: id, Items: items})
+		}
 	}
 	return actions
 }
 
-func missing(target, pending, confirmed map[string]struct{}) []string {
-	var out []string
-	for item := range target {
-		if _, ok := pending[item]; ok {
+// MissingItems is the three-way diff for one relay: for each repository
+// listing it, the repository itself and its roots that are neither pending
+// nor confirmed.
+func MissingItems(idx *Index, s *RelayState) []BatchItem {
+	targets := idx.TargetRepos(s.ID)
+	repos := make([]RepoID, 0, len(targets))
+	for r := range targets {
+		repos = append(repos, r)
+	}
+	slices.Sort(repos)
+	var items []BatchItem
+	for _, r := range repos {
+		roots := idx.Repo(r).Roots
+		p := s.Pairs[r]
+		if p == nil {
+			items = append(items, BatchItem{Repo: r, NeedRepo: true, Roots: slices.Clone(roots)})
 			continue
 		}
-		if _, ok := confirmed[item]; ok {
-			continue
+		need := !p.RepoConfirmed && !p.RepoPending
+		miss := missing(roots, p.Confirmed, p.Pending)
+		if need || len(miss) > 0 {
+			items = append(items, BatchItem{Repo: r, NeedRepo: need, Roots: miss})
 		}
-		out = append(out, item)
 	}
-	sort.Strings(out)
-	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return items
 }

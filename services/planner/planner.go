@@ -3,19 +3,26 @@
 // per discovery batch, follows each relay's lifecycle from fetcher reports,
 // and sends fetch commands to the fetcher owning the relay's shard. It is the
 // only place that decides what to subscribe to.
+//
+// The decisions live in Machine, a pure state machine (index changes,
+// reports and the time in; commands and changed relay records out). This
+// file is its I/O: the KV watch, the report consumer, command publishing,
+// persistence of relay records in grasp_relay_state, leadership and metrics.
 package planner
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nbd-wtf/go-nostr"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
@@ -23,56 +30,94 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
-	"github.com/grasp-sync/grasp-sync/pkg/filters"
-	"github.com/grasp-sync/grasp-sync/pkg/nip34"
+	"github.com/grasp-sync/grasp-sync/pkg/leader"
 )
 
 // Config is the planner's configuration (GRASP_* variables).
 type Config struct {
+	// ID names this planner instance in the leadership lease.
+	ID string `envconfig:"PLANNER_ID"`
 	// Shards must equal the fetchers' shard count.
 	Shards int `envconfig:"SHARDS" default:"16"`
 	// RecomputeDelay coalesces the KV updates of one discovery batch into one
 	// recompute: the recompute runs once updates have been quiet this long.
 	RecomputeDelay time.Duration `envconfig:"PLANNER_RECOMPUTE_DELAY" default:"250ms"`
 	// BootstrapRelays are kept connected whether or not a repository lists
-	// them.
+	// them (union with the list discovery publishes in the index bucket).
 	BootstrapRelays []string `envconfig:"BOOTSTRAP_RELAYS"`
 	// Consumer is the durable name of the planner's report consumer.
 	Consumer string `envconfig:"PLANNER_CONSUMER" default:"planner"`
+	// LeaseKey is the leadership role name in the lease bucket.
+	LeaseKey string `envconfig:"PLANNER_LEASE_KEY" default:"planner"`
+	// Rules are the lifecycle constants.
+	Rules
 }
 
-// Planner is the planner service. All state is owned by the Run goroutine.
+// Validate fills defaults and checks values.
+func (c *Config) Validate() error {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if c.Shards < 1 {
+		return fmt.Errorf("GRASP_SHARDS=%d: must be at least 1", c.Shards)
+	}
+	if c.ResyncMax < c.ResyncMin {
+		return fmt.Errorf("GRASP_PLANNER_RESYNC_MAX=%s: must not be below GRASP_PLANNER_RESYNC_MIN=%s", c.ResyncMax, c.ResyncMin)
+	}
+	return nil
+}
+
+// Planner is the planner service. All decision state is owned by the
+// goroutine running the current leadership term.
 type Planner struct {
-	cfg   Config
-	bus   *bus.Bus
-	clock clock.Clock
-	log   *slog.Logger
-	epoch uint64
-
-	index  map[string]*graspv1.RepoSyncNeeds
-	relays map[string]*RelayState
-
-	commands *prometheus.CounterVec
+	cfg     Config
+	bus     *bus.Bus
+	clock   clock.Clock
+	log     *slog.Logger
+	metrics *Metrics
 }
 
-// New builds a planner.
+// New builds a planner. Zero rules are replaced by DefaultRules.
 func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *Planner {
-	p := &Planner{
-		cfg:    cfg,
-		bus:    b,
-		clock:  clk,
-		log:    log.With("service", "planner"),
-		index:  map[string]*graspv1.RepoSyncNeeds{},
-		relays: map[string]*RelayState{},
-		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "grasp_planner_commands_total",
-			Help: "Fetch commands sent, by command.",
-		}, []string{"command"}),
+	if cfg.Rules == (Rules{}) {
+		cfg.Rules = DefaultRules()
 	}
-	if reg != nil {
-		reg.MustRegister(p.commands)
+	if cfg.Shards == 0 {
+		cfg.Shards = bus.DefaultShards
 	}
-	return p
+	if cfg.Consumer == "" {
+		cfg.Consumer = "planner"
+	}
+	if cfg.LeaseKey == "" {
+		cfg.LeaseKey = "planner"
+	}
+	if cfg.ID == "" {
+		_ = cfg.Validate()
+	}
+	return &Planner{cfg: cfg, bus: b, clock: clk, log: log.With("service", "planner", "planner", cfg.ID), metrics: NewMetrics(reg)}
+}
+
+// Run campaigns for leadership and plans while leading, until ctx is done.
+// Only one planner is active; standbys take over when its lease lapses.
+func (p *Planner) Run(ctx context.Context) error {
+	kv, err := p.bus.JS.KeyValue(ctx, p.bus.Names.LeaseBucket())
+	if err != nil {
+		return fmt.Errorf("open lease bucket %s: %w", p.bus.Names.LeaseBucket(), err)
+	}
+	for {
+		err := leader.Run(ctx, leader.Config{KV: kv, Key: p.cfg.LeaseKey, ID: p.cfg.ID, Clock: clock.Real{}, Log: p.log}, p.lead)
+		if ctx.Err() != nil {
+			return nil
+		}
+		// A failed term (NATS trouble) is not fatal: campaign again.
+		p.log.Error("planner term failed; campaigning again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.clock.After(time.Second):
+		}
+	}
 }
 
 type report struct {
@@ -80,36 +125,88 @@ type report struct {
 	done chan error
 }
 
-// Run plans until ctx is done.
-func (p *Planner) Run(ctx context.Context) error {
-	epoch, err := p.nextEpoch(ctx)
-	if err != nil {
-		return err
-	}
-	p.epoch = epoch
-	p.log.Info("planner started", "epoch", epoch)
+// term is one leadership term's I/O around a fresh Machine.
+type term struct {
+	p        *Planner
+	m        *Machine
+	epoch    uint64
+	log      *slog.Logger
+	stateKV  jetstream.KeyValue
+	bootKV   []string
+	lastSave map[string]time.Time
+}
 
-	kv, err := p.bus.JS.KeyValue(ctx, p.bus.Names.RepoIndexBucket())
+// lead plans for one leadership term. The machine starts from the persisted
+// relay records, so a new leader resumes where the previous one stopped.
+func (p *Planner) lead(ctx context.Context, epoch uint64) error {
+	log := p.log.With("epoch", epoch)
+	p.metrics.leader.Set(1)
+	p.metrics.epoch.Set(float64(epoch))
+	defer p.metrics.forget()
+
+	indexKV, err := p.bus.JS.KeyValue(ctx, p.bus.Names.RepoIndexBucket())
 	if err != nil {
 		return fmt.Errorf("open %s: %w", p.bus.Names.RepoIndexBucket(), err)
 	}
-	w, err := kv.WatchAll(ctx)
+	stateKV, err := p.bus.JS.KeyValue(ctx, p.bus.Names.RelayStateBucket())
+	if err != nil {
+		return fmt.Errorf("open %s: %w", p.bus.Names.RelayStateBucket(), err)
+	}
+	w, err := indexKV.WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", p.bus.Names.RepoIndexBucket(), err)
 	}
-	defer w.Stop()
+	defer func() { _ = w.Stop() }()
+
+	t := &term{p: p, epoch: epoch, log: log, stateKV: stateKV, lastSave: map[string]time.Time{}}
+	t.m = NewMachine(p.cfg.Rules, NewIndex(), epoch, rand.Float64, p.metrics)
+
+	// The index's current values, up to the nil marker, before anything is
+	// decided: restoring confirmed state needs the roots it refers to.
+	var n int
+	for initial := true; initial; {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("index watch ended")
+			}
+			if e == nil {
+				initial = false
+				break
+			}
+			t.applyIndex(e)
+			n++
+		}
+	}
+	t.m.SetBootstrap(t.bootstrap())
+	states, err := t.loadStates(ctx)
+	if err != nil {
+		return err
+	}
+	mismatched := t.m.Restore(states)
+	log.Info("leading", "repos", n, "relays_restored", len(states), "confirmed_sets_changed", mismatched)
+	start := p.clock.Now()
+	t.m.Recompute(start, true)
+	p.metrics.recompute.Observe(time.Since(start).Seconds())
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
 
 	reports := make(chan report)
 	consumeErr := make(chan error, 1)
+	cctx, cancelConsume := context.WithCancel(ctx)
+	defer cancelConsume()
 	go func() {
-		consumeErr <- p.bus.Consume(ctx, bus.ConsumeConfig{
+		consumeErr <- p.bus.Consume(cctx, bus.ConsumeConfig{
 			Stream: p.bus.Names.FetchReportStream(),
 			Consumer: jetstream.ConsumerConfig{
 				Durable:       p.cfg.Consumer,
 				FilterSubject: p.bus.Names.FetchReportSubjects(),
 				DeliverPolicy: jetstream.DeliverNewPolicy,
 			},
-			Log: p.log,
+			Log: log,
 		}, func(ctx context.Context, msg jetstream.Msg) error {
 			var r graspv1.FetchReport
 			if err := bus.Decode(msg.Data(), msg.Headers(), &r); err != nil {
@@ -121,17 +218,34 @@ func (p *Planner) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-			return <-done
+			// Acked only after the resulting commands were sent and state
+			// was persisted, so a successor never misses its effect.
+			select {
+			case err := <-done:
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		})
 	}()
+	defer func() { cancelConsume(); <-consumeErr }()
 
 	var recompute <-chan time.Time
+	var timer <-chan time.Time
+	var timerAt time.Time
 	for {
+		if next := t.m.NextDeadline(); !next.Equal(timerAt) {
+			timerAt = next
+			timer = nil
+			if !next.IsZero() {
+				timer = p.clock.After(next.Sub(p.clock.Now()))
+			}
+		}
 		select {
 		case <-ctx.Done():
-			<-consumeErr
 			return nil
 		case err := <-consumeErr:
+			consumeErr <- err // for the deferred wait
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -140,245 +254,155 @@ func (p *Planner) Run(ctx context.Context) error {
 			if !ok {
 				return errors.New("index watch ended")
 			}
-			if e != nil {
-				p.applyIndex(e)
-			}
-			// nil marks the end of the initial values: plan right away.
 			if e == nil {
-				recompute = p.clock.After(0)
-			} else if recompute == nil {
+				continue
+			}
+			if t.applyIndex(e) {
+				t.m.SetBootstrap(t.bootstrap())
+			}
+			if recompute == nil {
 				recompute = p.clock.After(p.cfg.RecomputeDelay)
 			}
 		case <-recompute:
 			recompute = nil
-			p.recompute(ctx)
+			start := time.Now()
+			t.m.Recompute(p.clock.Now(), false)
+			p.metrics.recompute.Observe(time.Since(start).Seconds())
+			if err := t.flush(ctx); err != nil {
+				return err
+			}
+		case <-timer:
+			timer, timerAt = nil, time.Time{}
+			t.m.Tick(p.clock.Now())
+			if err := t.flush(ctx); err != nil {
+				return err
+			}
 		case rep := <-reports:
-			rep.done <- p.handleReport(ctx, rep.r)
-		}
-	}
-}
-
-func (p *Planner) applyIndex(e jetstream.KeyValueEntry) {
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(p.index, e.Key())
-		return
-	}
-	var needs graspv1.RepoSyncNeeds
-	if err := proto.Unmarshal(e.Value(), &needs); err != nil {
-		p.log.Warn("undecodable index entry", "key", e.Key(), "err", err)
-		return
-	}
-	p.index[e.Key()] = &needs
-}
-
-// recompute runs ComputeActions over the whole index and sends the commands.
-func (p *Planner) recompute(ctx context.Context) {
-	targets := DeriveRelayTargets(p.index, p.cfg.BootstrapRelays)
-	for _, a := range ComputeActions(targets, p.relays) {
-		if err := p.execute(ctx, a); err != nil {
-			p.log.Error("command failed", "relay", a.Relay, "err", err)
-		}
-	}
-}
-
-func (p *Planner) execute(ctx context.Context, a Action) error {
-	switch a.Kind {
-	case ActionEnsureConnected:
-		s := NewRelayState(a.Relay)
-		s.Status = graspv1.RelayStatus_RELAY_STATUS_CONNECTING
-		for _, b := range p.cfg.BootstrapRelays {
-			s.Bootstrap = s.Bootstrap || b == a.Relay
-		}
-		p.relays[a.Relay] = s
-		return p.send(ctx, &graspv1.FetchCommand{RelayUrl: a.Relay, Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
-	case ActionAddFilters:
-		return p.addItems(ctx, p.relays[a.Relay], a.Repos, a.Roots)
-	case ActionDropRelay:
-		delete(p.relays, a.Relay)
-		return p.send(ctx, &graspv1.FetchCommand{RelayUrl: a.Relay, Command: &graspv1.FetchCommand_DropRelay{DropRelay: &graspv1.DropRelay{Reason: "no repository lists this relay"}}})
-	}
-	return fmt.Errorf("unknown action %d", a.Kind)
-}
-
-// addItems starts one PendingBatch for new repositories and roots: live
-// subscriptions plus their history.
-func (p *Planner) addItems(ctx context.Context, s *RelayState, repos, roots []string) error {
-	var fs []nostr.Filter
-	fs = append(fs, filters.Layer2(repos)...)
-	fs = append(fs, filters.States(identifiers(repos))...)
-	fs = append(fs, filters.Layer3(roots)...)
-	b := &PendingBatch{ID: newBatchID(), Repos: repos, Roots: roots, Started: p.clock.Now()}
-	s.Pending[b.ID] = b
-	return p.send(ctx, &graspv1.FetchCommand{
-		RelayUrl:  s.URL,
-		SessionId: s.Session,
-		Command: &graspv1.FetchCommand_AddFilters{AddFilters: &graspv1.AddFilters{
-			BatchId:         b.ID,
-			RepoRefs:        repos,
-			RootEventIds:    roots,
-			LiveFilters:     filters.ToProtos(filters.Live(fs)),
-			HistoricFilters: filters.ToProtos(fs),
-		}},
-	})
-}
-
-func identifiers(repoRefs []string) []string {
-	var out []string
-	for _, r := range repoRefs {
-		if ref, ok := nip34.ParseRepoRef(r); ok {
-			out = append(out, ref.Identifier)
-		}
-	}
-	return out
-}
-
-func (p *Planner) send(ctx context.Context, cmd *graspv1.FetchCommand) error {
-	cmd.Epoch = p.epoch
-	subject := p.bus.Names.FetchCmdSubject(bus.ShardOf(cmd.RelayUrl, p.cfg.Shards))
-	if err := p.bus.Publish(ctx, subject, cmd); err != nil {
-		return err
-	}
-	name := string(cmd.ProtoReflect().WhichOneof(cmd.ProtoReflect().Descriptor().Oneofs().ByName("command")).Name())
-	p.commands.WithLabelValues(name).Inc()
-	p.log.Debug("command sent", "relay", cmd.RelayUrl, "session", cmd.SessionId, "command", name)
-	return nil
-}
-
-// handleReport advances a relay's lifecycle. Reports for a session other
-// than the relay's current one are ignored: an EOSE from a dead connection
-// must not confirm a batch whose subscriptions no longer exist.
-func (p *Planner) handleReport(ctx context.Context, r *graspv1.FetchReport) error {
-	s, ok := p.relays[r.GetRelayUrl()]
-	if !ok {
-		return nil
-	}
-	log := p.log.With("relay", s.URL, "session", r.GetSessionId())
-	switch rep := r.GetReport().(type) {
-	case *graspv1.FetchReport_Connected:
-		return p.freshStart(ctx, s, r.GetSessionId())
-	case *graspv1.FetchReport_Disconnected:
-		if r.GetSessionId() != s.Session {
-			return nil
-		}
-		log.Info("relay disconnected", "reason", rep.Disconnected.GetReason())
-		s.Status = graspv1.RelayStatus_RELAY_STATUS_DISCONNECTED
-		s.Session = ""
-		s.DisconnectedAt = p.clock.Now()
-		clear(s.Pending)
-	case *graspv1.FetchReport_BatchDone:
-		if r.GetSessionId() != s.Session {
-			return nil
-		}
-		b, ok := s.Pending[rep.BatchDone.GetBatchId()]
-		if !ok {
-			return nil
-		}
-		delete(s.Pending, b.ID)
-		if rep.BatchDone.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
-			s.BatchFailures++
-			log.Warn("batch failed", "batch", b.ID, "err", rep.BatchDone.GetError())
-		} else {
-			for _, r := range b.Repos {
-				s.ConfirmedRepos[r] = struct{}{}
-			}
-			for _, r := range b.Roots {
-				s.ConfirmedRoots[r] = struct{}{}
-			}
-		}
-		log.Info("batch done", "batch", b.ID, "outcome", rep.BatchDone.GetOutcome().String(),
-			"events", rep.BatchDone.GetEventsReceived(), "pending", len(s.Pending))
-		if len(s.Pending) == 0 {
-			s.Status = graspv1.RelayStatus_RELAY_STATUS_CONNECTED
-			if s.BatchFailures > 0 {
-				s.Status = graspv1.RelayStatus_RELAY_STATUS_CONNECTED_HISTORIC_SYNC_FAILURES
-			}
-		}
-	}
-	return nil
-}
-
-// freshStart begins a relay's sync from nothing on a new session: layer 1
-// live and historic, then everything its target needs.
-func (p *Planner) freshStart(ctx context.Context, s *RelayState, session string) error {
-	if session == s.Session && s.connected() {
-		return nil // the same session reported again
-	}
-	p.log.Info("relay connected: fresh start", "relay", s.URL, "session", session)
-	*s = *NewRelayState(s.URL)
-	s.Session = session
-	s.Status = graspv1.RelayStatus_RELAY_STATUS_SYNCING
-	s.LastConnected = p.clock.Now()
-
-	targets := DeriveRelayTargets(p.index, p.cfg.BootstrapRelays)
-	var ids []string
-	if t := targets[s.URL]; t != nil {
-		for r := range t.Repos {
-			ids = append(ids, r)
-		}
-	}
-	l1 := filters.Layer1(identifiers(ids))
-	b := &PendingBatch{ID: newBatchID(), Layer1: true, Started: p.clock.Now()}
-	s.Pending[b.ID] = b
-	if err := p.send(ctx, &graspv1.FetchCommand{
-		RelayUrl:  s.URL,
-		SessionId: session,
-		Command: &graspv1.FetchCommand_AddFilters{AddFilters: &graspv1.AddFilters{
-			BatchId:         b.ID,
-			Layer1:          true,
-			LiveFilters:     filters.ToProtos(filters.Live(l1)),
-			HistoricFilters: filters.ToProtos(l1),
-		}},
-	}); err != nil {
-		return err
-	}
-	for _, a := range ComputeActions(map[string]*RelayTarget{s.URL: targets[s.URL]}, map[string]*RelayState{s.URL: s}) {
-		if a.Kind == ActionAddFilters {
-			if err := p.addItems(ctx, s, a.Repos, a.Roots); err != nil {
+			t.m.HandleReport(p.clock.Now(), rep.r)
+			err := t.flush(ctx)
+			rep.done <- err
+			if err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// applyIndex applies one KV entry to the machine's index; it reports
+// whether the entry was the bootstrap relay list.
+func (t *term) applyIndex(e jetstream.KeyValueEntry) (bootstrap bool) {
+	idx := t.m.Index()
+	if e.Key() == bus.BootstrapRelaysKey {
+		t.bootKV = nil
+		if e.Operation() == jetstream.KeyValuePut {
+			var b graspv1.BootstrapRelays
+			if err := proto.Unmarshal(e.Value(), &b); err != nil {
+				t.log.Warn("undecodable bootstrap relay list", "err", err)
+			} else {
+				t.bootKV = b.GetRelays()
+			}
+		}
+		return true
+	}
+	if e.Operation() != jetstream.KeyValuePut {
+		t.m.ApplyIndex([]IndexChange{idx.Delete(e.Key())})
+		return false
+	}
+	var needs graspv1.RepoSyncNeeds
+	if err := proto.Unmarshal(e.Value(), &needs); err != nil {
+		t.log.Warn("undecodable index entry", "key", e.Key(), "err", err)
+		return false
+	}
+	t.m.ApplyIndex([]IndexChange{idx.Put(e.Key(), &needs)})
+	return false
+}
+
+func (t *term) bootstrap() []string {
+	all := append(slices.Clone(t.p.cfg.BootstrapRelays), t.bootKV...)
+	slices.Sort(all)
+	return slices.Compact(all)
+}
+
+func (t *term) loadStates(ctx context.Context) ([]*graspv1.RelayState, error) {
+	lister, err := t.stateKV.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list relay states: %w", err)
+	}
+	var out []*graspv1.RelayState
+	for key := range lister.Keys() {
+		if !strings.HasPrefix(key, RelayStateKeyPrefix) {
+			continue
+		}
+		e, err := t.stateKV.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read relay state %s: %w", key, err)
+		}
+		var st graspv1.RelayState
+		if err := proto.Unmarshal(e.Value(), &st); err != nil {
+			t.log.Warn("undecodable relay state ignored", "key", key, "err", err)
+			continue
+		}
+		out = append(out, &st)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// flush sends the machine's commands in order, then persists the relay
+// records that changed. Commands first: a record never claims more than
+// what was asked of the fetchers.
+func (t *term) flush(ctx context.Context) error {
+	for _, cmd := range t.m.Drain() {
+		subject := t.p.bus.Names.FetchCmdSubject(bus.ShardOf(cmd.GetRelayUrl(), t.p.cfg.Shards))
+		if err := t.p.bus.Publish(ctx, subject, cmd); err != nil {
+			return fmt.Errorf("send command to %s: %w", cmd.GetRelayUrl(), err)
+		}
+		name := commandName(cmd)
+		t.p.metrics.commands.WithLabelValues(name).Inc()
+		attrs := []any{"relay", cmd.GetRelayUrl(), "session", cmd.GetSessionId(), "command", name}
+		if add := cmd.GetAddFilters(); add != nil {
+			attrs = append(attrs, "batch", add.GetBatchId(), "repos", len(add.GetRepoRefs()), "roots", len(add.GetRootEventIds()),
+				"live", len(add.GetLiveFilters()), "historic", len(add.GetHistoricFilters()), "since", add.GetSince())
+		}
+		if rl := cmd.GetReplaceLive(); rl != nil {
+			attrs = append(attrs, "live", len(rl.GetLiveFilters()))
+		}
+		t.log.Debug("command sent", attrs...)
+	}
+	changed, dropped := t.m.TakeDirty()
+	now := t.p.clock.Now()
+	for _, s := range changed {
+		data, err := proto.Marshal(t.m.Snapshot(s, now))
+		if err != nil {
+			return fmt.Errorf("encode relay state %s: %w", s.URL, err)
+		}
+		if _, err := t.stateKV.Put(ctx, RelayStateKey(s.URL), data); err != nil {
+			return fmt.Errorf("persist relay state %s: %w", s.URL, err)
+		}
+		t.p.metrics.relayChanged(s)
+	}
+	for _, url := range dropped {
+		if err := t.stateKV.Delete(ctx, RelayStateKey(url)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("delete relay state %s: %w", url, err)
+		}
+		t.p.metrics.relayDropped(url)
+		t.log.Info("relay dropped", "relay", url)
+	}
+	if len(changed) > 0 || len(dropped) > 0 {
+		t.p.metrics.totals(t.m.Relays())
+	}
 	return nil
 }
 
-// nextEpoch increments the planner epoch in KV (compare-and-set), so every
-// command of this planner instance carries an epoch newer than any before.
-func (p *Planner) nextEpoch(ctx context.Context) (uint64, error) {
-	kv, err := p.bus.JS.KeyValue(ctx, p.bus.Names.RelayStateBucket())
-	if err != nil {
-		return 0, fmt.Errorf("open %s: %w", p.bus.Names.RelayStateBucket(), err)
+func commandName(cmd *graspv1.FetchCommand) string {
+	r := cmd.ProtoReflect()
+	if f := r.WhichOneof(r.Descriptor().Oneofs().ByName("command")); f != nil {
+		return string(f.Name())
 	}
-	const key = "planner-epoch"
-	for range 10 {
-		e, err := kv.Get(ctx, key)
-		var rec graspv1.PlannerEpoch
-		var rev uint64
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-		case err != nil:
-			return 0, fmt.Errorf("read planner epoch: %w", err)
-		default:
-			rev = e.Revision()
-			if err := proto.Unmarshal(e.Value(), &rec); err != nil {
-				return 0, fmt.Errorf("decode planner epoch: %w", err)
-			}
-		}
-		rec.Epoch++
-		data, _ := proto.Marshal(&rec)
-		if rev == 0 {
-			_, err = kv.Create(ctx, key, data)
-		} else {
-			_, err = kv.Update(ctx, key, data, rev)
-		}
-		if err == nil {
-			return rec.Epoch, nil
-		}
-	}
-	return 0, errors.New("planner epoch: too many concurrent updates")
-}
-
-func newBatchID() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+	return "unknown"
 }

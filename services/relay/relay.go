@@ -1,33 +1,46 @@
 // Package relay is the own relay: the GRASP server's nostr relay (khatru)
 // over the shared event store. It applies the GRASP write policy to client
-// events, tells other writers' replicas what it stored, and broadcasts what
-// they stored (grasp.stored.*) to its own live subscribers.
+// events (NIP-09 deletions only once the policy accepted them), tells other
+// writers' replicas what it stored, and broadcasts what they stored
+// (grasp.stored.*) to its own live subscribers. It serves NIP-11 with
+// supported_grasps and NIP-77 negentropy, caps REQ results (clients page
+// with until), and enforces per-connection and per-address limits through a
+// websocket frame guard in front of khatru (guard.go), which also sends
+// NIP-77 errors as the standard NEG-ERR.
 package relay
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/fiatjaf/eventstore"
 	"github.com/fiatjaf/khatru"
 	"github.com/nats-io/nats.go"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip11"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/khatrulock"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
 
-// Config is the relay's configuration (GRASP_* variables).
+// Config is the relay's configuration (GRASP_* variables). Zero numeric
+// fields take the defaults below (New applies them), so a Config built in
+// code needs only Addr and PublicURL.
 type Config struct {
 	// Addr is where the relay listens (HTTP and websocket).
 	Addr string `envconfig:"RELAY_ADDR" default:"127.0.0.1:7777"`
@@ -37,11 +50,78 @@ type Config struct {
 	PublicURL   string `envconfig:"PUBLIC_URL"`
 	Name        string `envconfig:"RELAY_NAME" default:"grasp-sync"`
 	Description string `envconfig:"RELAY_DESCRIPTION" default:"GRASP relay with proactive sync (GRASP-02)"`
-	// MaxMessageBytes bounds one websocket message from a client.
+	// PubKey is the operator's hex public key, shown in NIP-11.
+	PubKey string `envconfig:"RELAY_PUBKEY"`
+	// Contact is the operator's contact, shown in NIP-11.
+	Contact string `envconfig:"RELAY_CONTACT"`
+	// MaxMessageBytes bounds one websocket message from a client; a bigger
+	// EVENT is refused with "invalid:" and the connection stays open.
 	MaxMessageBytes int64 `envconfig:"RELAY_MAX_MESSAGE_BYTES" default:"512000"`
+	// MaxEventBytes, MaxTags and MaxTagValueBytes bound accepted events
+	// (the policy's limits).
+	MaxEventBytes    int `envconfig:"RELAY_MAX_EVENT_BYTES" default:"262144"`
+	MaxTags          int `envconfig:"RELAY_MAX_TAGS" default:"2000"`
+	MaxTagValueBytes int `envconfig:"RELAY_MAX_TAG_VALUE_BYTES" default:"65536"`
+	// MaxFilters bounds the filters of one REQ.
+	MaxFilters int `envconfig:"RELAY_MAX_FILTERS" default:"20"`
+	// MaxSubscriptions bounds the open subscriptions of one connection.
+	MaxSubscriptions int `envconfig:"RELAY_MAX_SUBSCRIPTIONS" default:"200"`
+	// MaxLimit caps the stored events one REQ filter returns (newest
+	// first; clients page further with until). Negentropy is not capped.
+	MaxLimit int `envconfig:"RELAY_MAX_LIMIT" default:"500"`
+	// EventRate and EventBurst bound the EVENTs per second per client
+	// address.
+	EventRate  float64 `envconfig:"RELAY_EVENT_RATE" default:"20"`
+	EventBurst int     `envconfig:"RELAY_EVENT_BURST" default:"200"`
+	// ConnectRate and ConnectBurst bound new connections per second per
+	// client address; MaxConnsPerAddr bounds its open connections.
+	ConnectRate     float64 `envconfig:"RELAY_CONNECT_RATE" default:"2"`
+	ConnectBurst    int     `envconfig:"RELAY_CONNECT_BURST" default:"30"`
+	MaxConnsPerAddr int     `envconfig:"RELAY_MAX_CONNS_PER_ADDR" default:"50"`
+	// TrustedAddresses (IPs and CIDR networks, comma-separated) are exempt
+	// from rate and connection limits: our own services, the operator.
+	TrustedAddresses string `envconfig:"RELAY_TRUSTED_ADDRESSES" default:"127.0.0.1,::1"`
+	// TrustedProxies (IPs and CIDR networks) may name the client in
+	// X-Forwarded-For; other peers are taken at their TCP address.
+	TrustedProxies string `envconfig:"RELAY_TRUSTED_PROXIES"`
 }
 
-// Validate fills defaults that depend on other fields and checks URLs.
+// withDefaults fills zero fields with the documented defaults.
+func (c Config) withDefaults() Config {
+	setInt := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	if c.Name == "" {
+		c.Name = "grasp-sync"
+	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = 512000
+	}
+	setInt(&c.MaxEventBytes, 256<<10)
+	setInt(&c.MaxTags, 2000)
+	setInt(&c.MaxTagValueBytes, 64<<10)
+	setInt(&c.MaxFilters, 20)
+	setInt(&c.MaxSubscriptions, 200)
+	setInt(&c.MaxLimit, 500)
+	setInt(&c.EventBurst, 200)
+	setInt(&c.ConnectBurst, 30)
+	setInt(&c.MaxConnsPerAddr, 50)
+	if c.EventRate <= 0 {
+		c.EventRate = 20
+	}
+	if c.ConnectRate <= 0 {
+		c.ConnectRate = 2
+	}
+	if c.PublicURL == "" {
+		c.PublicURL = "ws://" + c.Addr
+	}
+	return c
+}
+
+// Validate fills defaults that depend on other fields and checks URLs and
+// address lists.
 func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return config.Invalid("RELAY_ADDR", c.Addr, "want host:port")
@@ -53,11 +133,26 @@ func (c *Config) Validate() error {
 	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
 		return config.Invalid("PUBLIC_URL", c.PublicURL, "want a ws:// or wss:// URL")
 	}
+	if _, err := parsePrefixes(c.TrustedAddresses); err != nil {
+		return config.Invalid("RELAY_TRUSTED_ADDRESSES", c.TrustedAddresses, "want IPs or CIDR networks, comma-separated: "+err.Error())
+	}
+	if _, err := parsePrefixes(c.TrustedProxies); err != nil {
+		return config.Invalid("RELAY_TRUSTED_PROXIES", c.TrustedProxies, "want IPs or CIDR networks, comma-separated: "+err.Error())
+	}
+	if c.PubKey != "" && !nostr.IsValid32ByteHex(c.PubKey) {
+		return config.Invalid("RELAY_PUBKEY", c.PubKey, "want a 64-character hex public key")
+	}
+	if c.MaxEventBytes > 0 && c.MaxMessageBytes > 0 && int64(c.MaxEventBytes) > c.MaxMessageBytes {
+		return config.Invalid("RELAY_MAX_EVENT_BYTES", c.MaxEventBytes, "must not exceed GRASP_RELAY_MAX_MESSAGE_BYTES")
+	}
 	return nil
 }
 
 // SupportedGrasps is what NIP-11 advertises under supported_grasps.
 var SupportedGrasps = []string{"GRASP-01", "GRASP-02"}
+
+// SupportedNIPs is what NIP-11 advertises under supported_nips.
+var SupportedNIPs = []any{1, 9, 11, 34, 40, 77}
 
 // Relay is the own relay.
 type Relay struct {
@@ -68,56 +163,186 @@ type Relay struct {
 	log    *slog.Logger
 	origin string
 	khatru *khatru.Relay
-	// listenersMu is khatru's own clients lock (see clientsMutex).
+	// listenersMu is khatru's own clients lock (see pkg/khatrulock).
 	listenersMu *sync.Mutex
+
+	trusted  prefixList
+	proxies  prefixList
+	events   *addrLimiter
+	connects *addrLimiter
+	conns    *connCounter
+
+	refused *prometheus.CounterVec
+	stored  prometheus.Counter
 }
 
 // New builds the relay over a store. b may be nil for a relay that neither
 // publishes nor receives stored-event broadcasts (tests of the relay alone).
+// cfg should have passed Validate; zero limits take their defaults.
 func New(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger) *Relay {
+	return newRelay(cfg, st, b, log, time.Now)
+}
+
+// newRelay is New with the clock of the rate limiters injected (tests).
+func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now func() time.Time) *Relay {
+	cfg = cfg.withDefaults()
 	r := &Relay{
 		cfg:    cfg,
 		store:  st,
 		bus:    b,
 		log:    log.With("service", "relay"),
 		origin: nostr.GeneratePrivateKey()[:16],
-		policy: &policy.Policy{ServiceURL: cfg.PublicURL, Store: st, Limits: policy.DefaultLimits()},
+		policy: &policy.Policy{ServiceURL: cfg.PublicURL, Store: st, Limits: policy.Limits{
+			MaxEventBytes: cfg.MaxEventBytes, MaxTags: cfg.MaxTags, MaxTagValueBytes: cfg.MaxTagValueBytes,
+		}},
+		events:   newAddrLimiter(cfg.EventRate, cfg.EventBurst, now),
+		connects: newAddrLimiter(cfg.ConnectRate, cfg.ConnectBurst, now),
+		conns:    &connCounter{max: cfg.MaxConnsPerAddr, count: map[netip.Addr]int{}},
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_relay_refused_total",
+			Help: "Client messages and events the relay refused, by reason (policy reasons, rate and size limits).",
+		}, []string{"reason"}),
+		stored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "grasp_relay_stored_total", Help: "Client events the relay stored.",
+		}),
 	}
+	// Validate has checked the lists; a Config built in code gets what
+	// parses.
+	r.trusted, _ = parsePrefixes(cfg.TrustedAddresses)
+	r.proxies, _ = parsePrefixes(cfg.TrustedProxies)
+
 	k := khatru.NewRelay()
 	k.Info.Name = cfg.Name
 	k.Info.Description = cfg.Description
+	k.Info.PubKey = cfg.PubKey
+	k.Info.Contact = cfg.Contact
 	k.Info.Software = "https://github.com/grasp-sync/grasp-sync"
-	k.Info.SupportedNIPs = []any{1, 9, 11, 34}
-	k.MaxMessageSize = cfg.MaxMessageBytes
+	k.Info.SupportedNIPs = SupportedNIPs
+	// The guard refuses bigger messages first (with an answer); khatru's
+	// own limit, which closes the connection, is only a backstop.
+	k.MaxMessageSize = cfg.MaxMessageBytes + 1024
 	k.Negentropy = true
 	k.Log.SetOutput(obs.LineWriter(r.log, "khatru"))
 
 	k.RejectEvent = append(k.RejectEvent, r.rejectEvent)
-	k.StoreEvent = append(k.StoreEvent, func(ctx context.Context, evt *nostr.Event) error {
-		_, err := st.Save(ctx, evt)
-		return err
-	})
-	k.ReplaceEvent = append(k.ReplaceEvent, func(ctx context.Context, evt *nostr.Event) error {
-		_, err := st.Save(ctx, evt)
-		return err
-	})
+	k.RejectFilter = append(k.RejectFilter, rejectFilter)
+	k.OverwriteFilter = append(k.OverwriteFilter, r.capLimit)
+	k.StoreEvent = append(k.StoreEvent, r.save)
+	k.ReplaceEvent = append(k.ReplaceEvent, r.save)
 	k.QueryEvents = append(k.QueryEvents, st.QueryEvents)
-	k.DeleteEvent = append(k.DeleteEvent, st.Delete)
-	k.OnEventSaved = append(k.OnEventSaved, r.announceStored, r.syncWithListeners)
+	k.DeleteEvent = append(k.DeleteEvent, r.deleteEvent)
+	// khatru applies a client's deletion request before the write policy
+	// has seen it, and refuses it by itself when a target is someone
+	// else's. Both are the policy's call: khatru's outcome is always
+	// "accept", its deletes from a client request are skipped
+	// (deleteEvent), and an accepted, stored deletion is applied in
+	// applyDeletion.
+	k.OverwriteDeletionOutcome = append(k.OverwriteDeletionOutcome, func(context.Context, *nostr.Event, *nostr.Event) (bool, string) {
+		return true, ""
+	})
+	k.OnEventSaved = append(k.OnEventSaved, r.applyDeletion, r.announceStored, r.syncWithListeners)
 	r.khatru = k
-	r.listenersMu = clientsMutex(k)
+	r.listenersMu = khatrulock.ClientsMutex(k)
 	if r.listenersMu == nil {
 		r.log.Warn("khatru's clients lock not found: broadcasts of other writers' events race with disconnects")
 	}
 	return r
 }
 
+// Collectors returns the relay's metrics, for the process registry.
+func (r *Relay) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{r.refused, r.stored}
+}
+
+// save stores a client event (khatru's store and replace hooks). A
+// duplicate or an outdated version is reported as khatru's ErrDupEvent, so
+// the client gets OK true and nothing is broadcast twice.
+func (r *Relay) save(ctx context.Context, evt *nostr.Event) error {
+	stored, err := r.store.Save(ctx, evt)
+	if err != nil {
+		if errors.Is(err, store.ErrUnstorable) {
+			r.refused.WithLabelValues("unstorable").Inc()
+			return fmt.Errorf("invalid: this relay cannot store this event: %w", err)
+		}
+		r.log.Error("store client event", "id", evt.ID, "kind", evt.Kind, "err", err)
+		return errors.New("error: could not store the event")
+	}
+	if !stored {
+		return eventstore.ErrDupEvent
+	}
+	r.stored.Inc()
+	return nil
+}
+
+// deleteEvent is khatru's delete hook. Deletes khatru makes while handling a
+// client's deletion request (an internal call on a client connection) are
+// skipped: applyDeletion does them once the policy has accepted the request.
+// Other deletes (NIP-40 expiry) go through.
+func (r *Relay) deleteEvent(ctx context.Context, evt *nostr.Event) error {
+	if khatru.IsInternalCall(ctx) && khatru.GetConnection(ctx) != nil {
+		return nil
+	}
+	return r.store.Delete(ctx, evt)
+}
+
+// applyDeletion removes what an accepted, stored NIP-09 deletion request
+// names: only its author's events, coordinates up to its created_at.
+func (r *Relay) applyDeletion(ctx context.Context, del *nostr.Event) {
+	if del.Kind != 5 {
+		return
+	}
+	for _, f := range policy.DeletionFilters(del) {
+		targets, err := r.store.Query(ctx, f)
+		if err != nil {
+			r.log.Error("find deletion targets", "deletion", del.ID, "err", err)
+			continue
+		}
+		for _, t := range targets {
+			if !policy.Deletes(del, t) {
+				continue
+			}
+			if err := r.store.Delete(ctx, t); err != nil {
+				r.log.Error("apply deletion", "deletion", del.ID, "target", t.ID, "err", err)
+			}
+		}
+	}
+}
+
+// capLimit caps every REQ filter at MaxLimit results (a filter without a
+// limit gets MaxLimit). The store returns the newest first, so a client
+// that pages with until = the oldest created_at it got sees everything.
+// Negentropy sessions are exempt: reconciliation needs the complete set.
+func (r *Relay) capLimit(ctx context.Context, f *nostr.Filter) {
+	if f.LimitZero || eventstore.IsNegentropySession(ctx) {
+		return
+	}
+	if f.Limit <= 0 || f.Limit > r.cfg.MaxLimit {
+		f.Limit = r.cfg.MaxLimit
+	}
+}
+
+// rejectFilter refuses what the store cannot answer.
+func rejectFilter(_ context.Context, f nostr.Filter) (bool, string) {
+	if f.Search != "" {
+		return true, "unsupported: full-text search (NIP-50) is not offered here"
+	}
+	return false, ""
+}
+
+// rejectEvent applies the write policy to a client's event. Duplicates are
+// let through to the store, which reports them to khatru as such, so the
+// client gets NIP-01's OK true for an event the relay already has.
 func (r *Relay) rejectEvent(ctx context.Context, evt *nostr.Event) (bool, string) {
 	d := r.policy.Evaluate(ctx, evt)
-	if d.Accept {
+	if d.Accept || d.Reason == policy.ReasonDuplicate {
 		return false, ""
 	}
-	r.log.Debug("client event refused", "id", evt.ID, "kind", evt.Kind, "reason", string(d.Reason))
+	r.refused.WithLabelValues(string(d.Reason)).Inc()
+	if d.Err != nil {
+		r.log.Error("client event refused: store error", "id", evt.ID, "kind", evt.Kind, "err", d.Err)
+	} else {
+		r.log.Debug("client event refused", "id", evt.ID, "kind", evt.Kind, "reason", string(d.Reason))
+	}
 	return true, d.Message
 }
 
@@ -137,7 +362,7 @@ func (r *Relay) announceStored(ctx context.Context, evt *nostr.Event) {
 
 // syncWithListeners runs right before khatru notifies live subscribers of a
 // client's event, on the same goroutine. khatru reads its listener list
-// there without its lock (see clientsMutex); taking and releasing the lock
+// there without its lock (see pkg/khatrulock); taking and releasing the lock
 // first orders every earlier subscription change before the read, leaving
 // only changes that happen during the notification itself unordered.
 func (r *Relay) syncWithListeners(context.Context, *nostr.Event) {
@@ -147,11 +372,15 @@ func (r *Relay) syncWithListeners(context.Context, *nostr.Event) {
 	}
 }
 
-// Handler serves NIP-11 (with supported_grasps), the websocket and a plain
-// page.
+// Handler serves NIP-11 (with supported_grasps), the websocket (through
+// the connection limits and the guard) and a plain page.
 func (r *Relay) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Header.Get("Upgrade") == "" && req.Header.Get("Accept") == "application/nostr+json" {
+		if strings.EqualFold(req.Header.Get("Upgrade"), "websocket") {
+			r.serveWebsocket(w, req)
+			return
+		}
+		if req.Header.Get("Accept") == "application/nostr+json" {
 			r.serveNIP11(w)
 			return
 		}
@@ -159,7 +388,71 @@ func (r *Relay) Handler() http.Handler {
 	})
 }
 
-type infoDocument struct {
+// serveWebsocket applies the per-address connection limits, then hands the
+// connection to khatru behind the guard.
+func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
+	addr := clientAddr(req, r.proxies)
+	trusted := addr.IsValid() && r.trusted.contains(addr)
+	if !trusted {
+		if !r.connects.allow(addr) {
+			r.refused.WithLabelValues("connect-rate").Inc()
+			r.log.Info("connection refused: rate limited", "addr", addr.String())
+			http.Error(w, "rate-limited: too many connections from your address", http.StatusTooManyRequests)
+			return
+		}
+		if !r.conns.acquire(addr) {
+			r.refused.WithLabelValues("connections").Inc()
+			r.log.Info("connection refused: too many open", "addr", addr.String())
+			http.Error(w, "rate-limited: too many open connections from your address", http.StatusTooManyRequests)
+			return
+		}
+	}
+	lim := connLimits{
+		maxMessage:  int(r.cfg.MaxMessageBytes),
+		maxFilters:  r.cfg.MaxFilters,
+		maxSubs:     r.cfg.MaxSubscriptions,
+		maxSubIDLen: 64,
+	}
+	var eventAllowed func() bool
+	if !trusted {
+		eventAllowed = func() bool { return r.events.allow(addr) }
+	}
+	onRefuse := func(what string) { r.refused.WithLabelValues("guard-" + what).Inc() }
+	wrap := func(c net.Conn) net.Conn {
+		g := newGuardConn(c, lim, eventAllowed, onRefuse)
+		if trusted {
+			return g
+		}
+		return &releasingConn{guardConn: g, release: func() { r.conns.release(addr) }}
+	}
+	hijacked := false
+	r.khatru.HandleWebsocket(guardWriter{ResponseWriter: w, wrap: func(c net.Conn) net.Conn {
+		hijacked = true
+		return wrap(c)
+	}}, req)
+	if !hijacked && !trusted {
+		r.conns.release(addr) // the upgrade failed before taking the connection
+	}
+}
+
+// releasingConn gives back a connection slot when khatru closes the
+// connection (khatru may close it more than once).
+type releasingConn struct {
+	*guardConn
+	once    sync.Once
+	release func()
+}
+
+// Close closes the connection and releases its slot once.
+func (c *releasingConn) Close() error {
+	err := c.guardConn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// InfoDocument is the relay's NIP-11 document: the standard fields plus
+// GRASP's supported_grasps.
+type InfoDocument struct {
 	nip11.RelayInformationDocument
 	SupportedGrasps []string `json:"supported_grasps"`
 }
@@ -167,9 +460,25 @@ type infoDocument struct {
 func (r *Relay) serveNIP11(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "application/nostr+json")
 	w.Header().Set("Access-Control-Allow-Origin", "*")
+	_ = json.NewEncoder(w).Encode(r.Info())
+}
+
+// Info is the NIP-11 document the relay serves.
+func (r *Relay) Info() InfoDocument {
 	info := *r.khatru.Info
-	info.SupportedNIPs = []any{1, 9, 11, 34, 77}
-	_ = json.NewEncoder(w).Encode(infoDocument{RelayInformationDocument: info, SupportedGrasps: SupportedGrasps})
+	info.SupportedNIPs = SupportedNIPs
+	info.Limitation = &nip11.RelayLimitationDocument{
+		MaxMessageLength:    int(r.cfg.MaxMessageBytes),
+		MaxSubscriptions:    r.cfg.MaxSubscriptions,
+		MaxLimit:            r.cfg.MaxLimit,
+		DefaultLimit:        r.cfg.MaxLimit,
+		MaxSubidLength:      64,
+		MaxEventTags:        r.cfg.MaxTags,
+		MaxContentLength:    r.cfg.MaxEventBytes,
+		CreatedAtUpperLimit: int64(policy.DefaultLimits().MaxFutureSkew / time.Second),
+		RestrictedWrites:    true, // the GRASP write policy
+	}
+	return InfoDocument{RelayInformationDocument: info, SupportedGrasps: SupportedGrasps}
 }
 
 // Run serves on ln and relays other writers' stored events to live

@@ -109,10 +109,14 @@ func (x *RepoSyncNeeds) GetUpdatedAt() int64 {
 }
 
 // BootstrapRelays lists relays the planner keeps connected whether or not any
-// repository lists them. Stored under a reserved key of grasp_repo_index.
+// repository lists them (GRASP_BOOTSTRAP_RELAYS). Discovery stores it under the
+// reserved key "bootstrap-relays" of grasp_repo_index (bus.BootstrapRelaysKey),
+// which no repository key can equal, and rewrites it whenever it becomes the
+// active instance; an empty list means none.
 type BootstrapRelays struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Relays        []string               `protobuf:"bytes,1,rep,name=relays,proto3" json:"relays,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// relays are normalised relay URLs (ws:// or wss://).
+	Relays        []string `protobuf:"bytes,1,rep,name=relays,proto3" json:"relays,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

@@ -193,6 +193,7 @@ type FetchReport struct {
 	//	*FetchReport_BatchDone
 	//	*FetchReport_RateLimited
 	//	*FetchReport_Health
+	//	*FetchReport_SubscriptionClosed
 	Report        isFetchReport_Report `protobuf_oneof:"report"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -315,6 +316,15 @@ func (x *FetchReport) GetHealth() *Health {
 	return nil
 }
 
+func (x *FetchReport) GetSubscriptionClosed() *SubscriptionClosed {
+	if x != nil {
+		if x, ok := x.Report.(*FetchReport_SubscriptionClosed); ok {
+			return x.SubscriptionClosed
+		}
+	}
+	return nil
+}
+
 type isFetchReport_Report interface {
 	isFetchReport_Report()
 }
@@ -339,6 +349,10 @@ type FetchReport_Health struct {
 	Health *Health `protobuf:"bytes,14,opt,name=health,proto3,oneof"`
 }
 
+type FetchReport_SubscriptionClosed struct {
+	SubscriptionClosed *SubscriptionClosed `protobuf:"bytes,15,opt,name=subscription_closed,json=subscriptionClosed,proto3,oneof"`
+}
+
 func (*FetchReport_Connected) isFetchReport_Report() {}
 
 func (*FetchReport_Disconnected) isFetchReport_Report() {}
@@ -349,13 +363,21 @@ func (*FetchReport_RateLimited) isFetchReport_Report() {}
 
 func (*FetchReport_Health) isFetchReport_Report() {}
 
+func (*FetchReport_SubscriptionClosed) isFetchReport_Report() {}
+
 // Connected reports a new connection session.
 type Connected struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// supports_negentropy is what the relay's NIP-11 document says, if known.
 	SupportsNegentropy bool `protobuf:"varint,1,opt,name=supports_negentropy,json=supportsNegentropy,proto3" json:"supports_negentropy,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// previous_session_id, when set, is the session another fetcher replica
+	// held for this relay before this replica took its shard over: that
+	// session is gone (treat it as disconnected now).
+	PreviousSessionId string `protobuf:"bytes,2,opt,name=previous_session_id,json=previousSessionId,proto3" json:"previous_session_id,omitempty"`
+	// previous_fetcher_id names the replica that held previous_session_id.
+	PreviousFetcherId string `protobuf:"bytes,3,opt,name=previous_fetcher_id,json=previousFetcherId,proto3" json:"previous_fetcher_id,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Connected) Reset() {
@@ -393,6 +415,20 @@ func (x *Connected) GetSupportsNegentropy() bool {
 		return x.SupportsNegentropy
 	}
 	return false
+}
+
+func (x *Connected) GetPreviousSessionId() string {
+	if x != nil {
+		return x.PreviousSessionId
+	}
+	return ""
+}
+
+func (x *Connected) GetPreviousFetcherId() string {
+	if x != nil {
+		return x.PreviousFetcherId
+	}
+	return ""
 }
 
 // Disconnected reports that a session ended.
@@ -460,8 +496,13 @@ type BatchDone struct {
 	EventsReceived uint64 `protobuf:"varint,4,opt,name=events_received,json=eventsReceived,proto3" json:"events_received,omitempty"`
 	BytesReceived  uint64 `protobuf:"varint,5,opt,name=bytes_received,json=bytesReceived,proto3" json:"bytes_received,omitempty"`
 	Error          string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// fallback_reason, when set, says why NIP-77 was given up for this
+	// session and REQ+EOSE used instead.
+	FallbackReason string `protobuf:"bytes,7,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
+	// pages counts the REQs the batch sent (history pages and id fetches).
+	Pages         uint32 `protobuf:"varint,8,opt,name=pages,proto3" json:"pages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchDone) Reset() {
@@ -536,6 +577,20 @@ func (x *BatchDone) GetError() string {
 	return ""
 }
 
+func (x *BatchDone) GetFallbackReason() string {
+	if x != nil {
+		return x.FallbackReason
+	}
+	return ""
+}
+
+func (x *BatchDone) GetPages() uint32 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
 // RateLimited reports that the relay asked us to slow down.
 type RateLimited struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -596,8 +651,11 @@ type Health struct {
 	State               HealthState            `protobuf:"varint,1,opt,name=state,proto3,enum=grasp.v1.HealthState" json:"state,omitempty"`
 	ConsecutiveFailures uint32                 `protobuf:"varint,2,opt,name=consecutive_failures,json=consecutiveFailures,proto3" json:"consecutive_failures,omitempty"`
 	// next_attempt is when the fetcher will try again (unix milliseconds).
-	NextAttempt   int64  `protobuf:"varint,3,opt,name=next_attempt,json=nextAttempt,proto3" json:"next_attempt,omitempty"`
-	LastError     string `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	NextAttempt int64  `protobuf:"varint,3,opt,name=next_attempt,json=nextAttempt,proto3" json:"next_attempt,omitempty"`
+	LastError   string `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// failure_class: dns, tls, refused, timeout, protocol, http_status,
+	// closed, address_refused.
+	FailureClass  string `protobuf:"bytes,5,opt,name=failure_class,json=failureClass,proto3" json:"failure_class,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -660,11 +718,173 @@ func (x *Health) GetLastError() string {
 	return ""
 }
 
+func (x *Health) GetFailureClass() string {
+	if x != nil {
+		return x.FailureClass
+	}
+	return ""
+}
+
+// SubscriptionClosed reports that the relay closed one subscription (CLOSED)
+// while the connection stayed up. Live subscriptions are reopened after
+// retry_at if the planner still wants them; a historic batch is retried or
+// reported failed.
+type SubscriptionClosed struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Reason string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	Live   bool                   `protobuf:"varint,2,opt,name=live,proto3" json:"live,omitempty"`
+	// batch_id is set for a historic subscription.
+	BatchId string `protobuf:"bytes,3,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// retry_at is when the fetcher reopens it (unix milliseconds), 0 if never.
+	RetryAt       int64 `protobuf:"varint,4,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscriptionClosed) Reset() {
+	*x = SubscriptionClosed{}
+	mi := &file_grasp_v1_report_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscriptionClosed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscriptionClosed) ProtoMessage() {}
+
+func (x *SubscriptionClosed) ProtoReflect() protoreflect.Message {
+	mi := &file_grasp_v1_report_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscriptionClosed.ProtoReflect.Descriptor instead.
+func (*SubscriptionClosed) Descriptor() ([]byte, []int) {
+	return file_grasp_v1_report_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SubscriptionClosed) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SubscriptionClosed) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
+func (x *SubscriptionClosed) GetBatchId() string {
+	if x != nil {
+		return x.BatchId
+	}
+	return ""
+}
+
+func (x *SubscriptionClosed) GetRetryAt() int64 {
+	if x != nil {
+		return x.RetryAt
+	}
+	return 0
+}
+
+// FetcherRelay is the value of one key of the fetcher's relay bucket
+// (<prefix>_fetcher_relays): a relay the planner asked a fetcher to keep
+// connected, so the replica that takes a shard over reconnects its relays.
+type FetcherRelay struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RelayUrl string                 `protobuf:"bytes,1,opt,name=relay_url,json=relayUrl,proto3" json:"relay_url,omitempty"`
+	Shard    uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	// session_id and fetcher_id describe the current connection, if any.
+	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	FetcherId string `protobuf:"bytes,4,opt,name=fetcher_id,json=fetcherId,proto3" json:"fetcher_id,omitempty"`
+	// updated_at is unix milliseconds.
+	UpdatedAt     int64 `protobuf:"varint,5,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetcherRelay) Reset() {
+	*x = FetcherRelay{}
+	mi := &file_grasp_v1_report_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetcherRelay) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetcherRelay) ProtoMessage() {}
+
+func (x *FetcherRelay) ProtoReflect() protoreflect.Message {
+	mi := &file_grasp_v1_report_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetcherRelay.ProtoReflect.Descriptor instead.
+func (*FetcherRelay) Descriptor() ([]byte, []int) {
+	return file_grasp_v1_report_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *FetcherRelay) GetRelayUrl() string {
+	if x != nil {
+		return x.RelayUrl
+	}
+	return ""
+}
+
+func (x *FetcherRelay) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *FetcherRelay) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *FetcherRelay) GetFetcherId() string {
+	if x != nil {
+		return x.FetcherId
+	}
+	return ""
+}
+
+func (x *FetcherRelay) GetUpdatedAt() int64 {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return 0
+}
+
 var File_grasp_v1_report_proto protoreflect.FileDescriptor
 
 const file_grasp_v1_report_proto_rawDesc = "" +
 	"\n" +
-	"\x15grasp/v1/report.proto\x12\bgrasp.v1\"\xa9\x03\n" +
+	"\x15grasp/v1/report.proto\x12\bgrasp.v1\"\xfa\x03\n" +
 	"\vFetchReport\x12\x1b\n" +
 	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x12\x1d\n" +
 	"\n" +
@@ -679,29 +899,49 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\n" +
 	"batch_done\x18\f \x01(\v2\x13.grasp.v1.BatchDoneH\x00R\tbatchDone\x12:\n" +
 	"\frate_limited\x18\r \x01(\v2\x15.grasp.v1.RateLimitedH\x00R\vrateLimited\x12*\n" +
-	"\x06health\x18\x0e \x01(\v2\x10.grasp.v1.HealthH\x00R\x06healthB\b\n" +
-	"\x06report\"<\n" +
+	"\x06health\x18\x0e \x01(\v2\x10.grasp.v1.HealthH\x00R\x06health\x12O\n" +
+	"\x13subscription_closed\x18\x0f \x01(\v2\x1c.grasp.v1.SubscriptionClosedH\x00R\x12subscriptionClosedB\b\n" +
+	"\x06report\"\x9c\x01\n" +
 	"\tConnected\x12/\n" +
-	"\x13supports_negentropy\x18\x01 \x01(\bR\x12supportsNegentropy\"K\n" +
+	"\x13supports_negentropy\x18\x01 \x01(\bR\x12supportsNegentropy\x12.\n" +
+	"\x13previous_session_id\x18\x02 \x01(\tR\x11previousSessionId\x12.\n" +
+	"\x13previous_fetcher_id\x18\x03 \x01(\tR\x11previousFetcherId\"K\n" +
 	"\fDisconnected\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12#\n" +
-	"\rfailure_class\x18\x02 \x01(\tR\ffailureClass\"\xec\x01\n" +
+	"\rfailure_class\x18\x02 \x01(\tR\ffailureClass\"\xab\x02\n" +
 	"\tBatchDone\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x120\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x16.grasp.v1.BatchOutcomeR\aoutcome\x12,\n" +
 	"\x06method\x18\x03 \x01(\x0e2\x14.grasp.v1.SyncMethodR\x06method\x12'\n" +
 	"\x0fevents_received\x18\x04 \x01(\x04R\x0eeventsReceived\x12%\n" +
 	"\x0ebytes_received\x18\x05 \x01(\x04R\rbytesReceived\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"=\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12'\n" +
+	"\x0ffallback_reason\x18\a \x01(\tR\x0efallbackReason\x12\x14\n" +
+	"\x05pages\x18\b \x01(\rR\x05pages\"=\n" +
 	"\vRateLimited\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x14\n" +
-	"\x05until\x18\x02 \x01(\x03R\x05until\"\xaa\x01\n" +
+	"\x05until\x18\x02 \x01(\x03R\x05until\"\xcf\x01\n" +
 	"\x06Health\x12+\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x15.grasp.v1.HealthStateR\x05state\x121\n" +
 	"\x14consecutive_failures\x18\x02 \x01(\rR\x13consecutiveFailures\x12!\n" +
 	"\fnext_attempt\x18\x03 \x01(\x03R\vnextAttempt\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x04 \x01(\tR\tlastError*]\n" +
+	"last_error\x18\x04 \x01(\tR\tlastError\x12#\n" +
+	"\rfailure_class\x18\x05 \x01(\tR\ffailureClass\"v\n" +
+	"\x12SubscriptionClosed\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x12\n" +
+	"\x04live\x18\x02 \x01(\bR\x04live\x12\x19\n" +
+	"\bbatch_id\x18\x03 \x01(\tR\abatchId\x12\x19\n" +
+	"\bretry_at\x18\x04 \x01(\x03R\aretryAt\"\x9e\x01\n" +
+	"\fFetcherRelay\x12\x1b\n" +
+	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x1d\n" +
+	"\n" +
+	"fetcher_id\x18\x04 \x01(\tR\tfetcherId\x12\x1d\n" +
+	"\n" +
+	"updated_at\x18\x05 \x01(\x03R\tupdatedAt*]\n" +
 	"\fBatchOutcome\x12\x1d\n" +
 	"\x19BATCH_OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10BATCH_OUTCOME_OK\x10\x01\x12\x18\n" +
@@ -730,17 +970,19 @@ func file_grasp_v1_report_proto_rawDescGZIP() []byte {
 }
 
 var file_grasp_v1_report_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_grasp_v1_report_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_grasp_v1_report_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_grasp_v1_report_proto_goTypes = []any{
-	(BatchOutcome)(0),    // 0: grasp.v1.BatchOutcome
-	(SyncMethod)(0),      // 1: grasp.v1.SyncMethod
-	(HealthState)(0),     // 2: grasp.v1.HealthState
-	(*FetchReport)(nil),  // 3: grasp.v1.FetchReport
-	(*Connected)(nil),    // 4: grasp.v1.Connected
-	(*Disconnected)(nil), // 5: grasp.v1.Disconnected
-	(*BatchDone)(nil),    // 6: grasp.v1.BatchDone
-	(*RateLimited)(nil),  // 7: grasp.v1.RateLimited
-	(*Health)(nil),       // 8: grasp.v1.Health
+	(BatchOutcome)(0),          // 0: grasp.v1.BatchOutcome
+	(SyncMethod)(0),            // 1: grasp.v1.SyncMethod
+	(HealthState)(0),           // 2: grasp.v1.HealthState
+	(*FetchReport)(nil),        // 3: grasp.v1.FetchReport
+	(*Connected)(nil),          // 4: grasp.v1.Connected
+	(*Disconnected)(nil),       // 5: grasp.v1.Disconnected
+	(*BatchDone)(nil),          // 6: grasp.v1.BatchDone
+	(*RateLimited)(nil),        // 7: grasp.v1.RateLimited
+	(*Health)(nil),             // 8: grasp.v1.Health
+	(*SubscriptionClosed)(nil), // 9: grasp.v1.SubscriptionClosed
+	(*FetcherRelay)(nil),       // 10: grasp.v1.FetcherRelay
 }
 var file_grasp_v1_report_proto_depIdxs = []int32{
 	4, // 0: grasp.v1.FetchReport.connected:type_name -> grasp.v1.Connected
@@ -748,14 +990,15 @@ var file_grasp_v1_report_proto_depIdxs = []int32{
 	6, // 2: grasp.v1.FetchReport.batch_done:type_name -> grasp.v1.BatchDone
 	7, // 3: grasp.v1.FetchReport.rate_limited:type_name -> grasp.v1.RateLimited
 	8, // 4: grasp.v1.FetchReport.health:type_name -> grasp.v1.Health
-	0, // 5: grasp.v1.BatchDone.outcome:type_name -> grasp.v1.BatchOutcome
-	1, // 6: grasp.v1.BatchDone.method:type_name -> grasp.v1.SyncMethod
-	2, // 7: grasp.v1.Health.state:type_name -> grasp.v1.HealthState
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	9, // 5: grasp.v1.FetchReport.subscription_closed:type_name -> grasp.v1.SubscriptionClosed
+	0, // 6: grasp.v1.BatchDone.outcome:type_name -> grasp.v1.BatchOutcome
+	1, // 7: grasp.v1.BatchDone.method:type_name -> grasp.v1.SyncMethod
+	2, // 8: grasp.v1.Health.state:type_name -> grasp.v1.HealthState
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_grasp_v1_report_proto_init() }
@@ -769,6 +1012,7 @@ func file_grasp_v1_report_proto_init() {
 		(*FetchReport_BatchDone)(nil),
 		(*FetchReport_RateLimited)(nil),
 		(*FetchReport_Health)(nil),
+		(*FetchReport_SubscriptionClosed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -776,7 +1020,7 @@ func file_grasp_v1_report_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grasp_v1_report_proto_rawDesc), len(file_grasp_v1_report_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -94,8 +94,11 @@ type RelayState struct {
 	Status    RelayStatus            `protobuf:"varint,2,opt,name=status,proto3,enum=grasp.v1.RelayStatus" json:"status,omitempty"`
 	SessionId string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Bootstrap bool                   `protobuf:"varint,4,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
-	// confirmed_repo_refs and confirmed_root_event_ids are the items whose
-	// history has been fetched from this relay.
+	// confirmed_repo_refs are the repositories whose layer-2 history has been
+	// fetched from this relay. confirmed_root_event_ids is left empty by the
+	// planner: at design scale a relay confirms hundreds of thousands of roots,
+	// more than one KV value holds; the compact per-repository form in
+	// `confirmed` carries them.
 	ConfirmedRepoRefs     []string `protobuf:"bytes,5,rep,name=confirmed_repo_refs,json=confirmedRepoRefs,proto3" json:"confirmed_repo_refs,omitempty"`
 	ConfirmedRootEventIds []string `protobuf:"bytes,6,rep,name=confirmed_root_event_ids,json=confirmedRootEventIds,proto3" json:"confirmed_root_event_ids,omitempty"`
 	// last_connected and disconnected_at are unix seconds; 0 when never.
@@ -103,8 +106,34 @@ type RelayState struct {
 	DisconnectedAt      int64  `protobuf:"varint,8,opt,name=disconnected_at,json=disconnectedAt,proto3" json:"disconnected_at,omitempty"`
 	AnnouncementsSynced bool   `protobuf:"varint,9,opt,name=announcements_synced,json=announcementsSynced,proto3" json:"announcements_synced,omitempty"`
 	LiveFilterCount     uint32 `protobuf:"varint,10,opt,name=live_filter_count,json=liveFilterCount,proto3" json:"live_filter_count,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// confirmed is the confirmed state per repository listed by this relay.
+	Confirmed []*ConfirmedRepo `protobuf:"bytes,11,rep,name=confirmed,proto3" json:"confirmed,omitempty"`
+	// last_seen is when the current session last showed it was alive (unix
+	// seconds): the disconnect time assumed when a session ends unreported.
+	LastSeen int64 `protobuf:"varint,12,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	// catch_up_since, when set, is the since of a catch-up that has not
+	// completed yet (unix seconds): the next reconnect reads from here at the
+	// latest, so an interrupted catch-up leaves no gap.
+	CatchUpSince int64 `protobuf:"varint,13,opt,name=catch_up_since,json=catchUpSince,proto3" json:"catch_up_since,omitempty"`
+	// next_resync is when the daily full resync of this relay is due (unix
+	// seconds).
+	NextResync int64 `protobuf:"varint,14,opt,name=next_resync,json=nextResync,proto3" json:"next_resync,omitempty"`
+	// historic_failures counts failed batches since the relay was last fully
+	// synced.
+	HistoricFailures uint32 `protobuf:"varint,15,opt,name=historic_failures,json=historicFailures,proto3" json:"historic_failures,omitempty"`
+	// pending_batches, pending_repos and pending_roots describe the batches in
+	// flight when the state was written (operators' view; not restored).
+	PendingBatches uint32 `protobuf:"varint,16,opt,name=pending_batches,json=pendingBatches,proto3" json:"pending_batches,omitempty"`
+	PendingRepos   uint32 `protobuf:"varint,17,opt,name=pending_repos,json=pendingRepos,proto3" json:"pending_repos,omitempty"`
+	PendingRoots   uint32 `protobuf:"varint,18,opt,name=pending_roots,json=pendingRoots,proto3" json:"pending_roots,omitempty"`
+	// confirmed_roots counts the confirmed root events.
+	ConfirmedRoots uint32 `protobuf:"varint,19,opt,name=confirmed_roots,json=confirmedRoots,proto3" json:"confirmed_roots,omitempty"`
+	// updated_at is when the planner wrote this record (unix seconds).
+	UpdatedAt int64 `protobuf:"varint,20,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// epoch is the planner leadership epoch that wrote this record.
+	Epoch         uint64 `protobuf:"varint,21,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RelayState) Reset() {
@@ -207,6 +236,177 @@ func (x *RelayState) GetLiveFilterCount() uint32 {
 	return 0
 }
 
+func (x *RelayState) GetConfirmed() []*ConfirmedRepo {
+	if x != nil {
+		return x.Confirmed
+	}
+	return nil
+}
+
+func (x *RelayState) GetLastSeen() int64 {
+	if x != nil {
+		return x.LastSeen
+	}
+	return 0
+}
+
+func (x *RelayState) GetCatchUpSince() int64 {
+	if x != nil {
+		return x.CatchUpSince
+	}
+	return 0
+}
+
+func (x *RelayState) GetNextResync() int64 {
+	if x != nil {
+		return x.NextResync
+	}
+	return 0
+}
+
+func (x *RelayState) GetHistoricFailures() uint32 {
+	if x != nil {
+		return x.HistoricFailures
+	}
+	return 0
+}
+
+func (x *RelayState) GetPendingBatches() uint32 {
+	if x != nil {
+		return x.PendingBatches
+	}
+	return 0
+}
+
+func (x *RelayState) GetPendingRepos() uint32 {
+	if x != nil {
+		return x.PendingRepos
+	}
+	return 0
+}
+
+func (x *RelayState) GetPendingRoots() uint32 {
+	if x != nil {
+		return x.PendingRoots
+	}
+	return 0
+}
+
+func (x *RelayState) GetConfirmedRoots() uint32 {
+	if x != nil {
+		return x.ConfirmedRoots
+	}
+	return 0
+}
+
+func (x *RelayState) GetUpdatedAt() int64 {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return 0
+}
+
+func (x *RelayState) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// ConfirmedRepo is the confirmed state of one repository on one relay, in a
+// form small enough for 25 M relay x root pairs.
+type ConfirmedRepo struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RepoRef string                 `protobuf:"bytes,1,opt,name=repo_ref,json=repoRef,proto3" json:"repo_ref,omitempty"`
+	// repo_confirmed says the repository's own history (layer 2 and its 30618
+	// state) has been fetched.
+	RepoConfirmed bool `protobuf:"varint,2,opt,name=repo_confirmed,json=repoConfirmed,proto3" json:"repo_confirmed,omitempty"`
+	// all_roots says every root the repository had when the record was written
+	// is confirmed; root_count and roots_digest identify that set (digest: sum
+	// of the roots' first 8 bytes, big endian, mod 2^64). A restarted planner
+	// trusts it only when the index still lists exactly that set.
+	AllRoots    bool   `protobuf:"varint,3,opt,name=all_roots,json=allRoots,proto3" json:"all_roots,omitempty"`
+	RootCount   uint32 `protobuf:"varint,4,opt,name=root_count,json=rootCount,proto3" json:"root_count,omitempty"`
+	RootsDigest uint64 `protobuf:"fixed64,5,opt,name=roots_digest,json=rootsDigest,proto3" json:"roots_digest,omitempty"`
+	// root_prefixes, when all_roots is false, lists the confirmed roots by
+	// their first 8 bytes (concatenated).
+	RootPrefixes  []byte `protobuf:"bytes,6,opt,name=root_prefixes,json=rootPrefixes,proto3" json:"root_prefixes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfirmedRepo) Reset() {
+	*x = ConfirmedRepo{}
+	mi := &file_grasp_v1_state_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfirmedRepo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfirmedRepo) ProtoMessage() {}
+
+func (x *ConfirmedRepo) ProtoReflect() protoreflect.Message {
+	mi := &file_grasp_v1_state_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfirmedRepo.ProtoReflect.Descriptor instead.
+func (*ConfirmedRepo) Descriptor() ([]byte, []int) {
+	return file_grasp_v1_state_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ConfirmedRepo) GetRepoRef() string {
+	if x != nil {
+		return x.RepoRef
+	}
+	return ""
+}
+
+func (x *ConfirmedRepo) GetRepoConfirmed() bool {
+	if x != nil {
+		return x.RepoConfirmed
+	}
+	return false
+}
+
+func (x *ConfirmedRepo) GetAllRoots() bool {
+	if x != nil {
+		return x.AllRoots
+	}
+	return false
+}
+
+func (x *ConfirmedRepo) GetRootCount() uint32 {
+	if x != nil {
+		return x.RootCount
+	}
+	return 0
+}
+
+func (x *ConfirmedRepo) GetRootsDigest() uint64 {
+	if x != nil {
+		return x.RootsDigest
+	}
+	return 0
+}
+
+func (x *ConfirmedRepo) GetRootPrefixes() []byte {
+	if x != nil {
+		return x.RootPrefixes
+	}
+	return nil
+}
+
 // PlannerEpoch is the planner leadership epoch record.
 type PlannerEpoch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -218,7 +418,7 @@ type PlannerEpoch struct {
 
 func (x *PlannerEpoch) Reset() {
 	*x = PlannerEpoch{}
-	mi := &file_grasp_v1_state_proto_msgTypes[1]
+	mi := &file_grasp_v1_state_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -230,7 +430,7 @@ func (x *PlannerEpoch) String() string {
 func (*PlannerEpoch) ProtoMessage() {}
 
 func (x *PlannerEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_grasp_v1_state_proto_msgTypes[1]
+	mi := &file_grasp_v1_state_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -243,7 +443,7 @@ func (x *PlannerEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlannerEpoch.ProtoReflect.Descriptor instead.
 func (*PlannerEpoch) Descriptor() ([]byte, []int) {
-	return file_grasp_v1_state_proto_rawDescGZIP(), []int{1}
+	return file_grasp_v1_state_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PlannerEpoch) GetEpoch() uint64 {
@@ -264,7 +464,7 @@ var File_grasp_v1_state_proto protoreflect.FileDescriptor
 
 const file_grasp_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x14grasp/v1/state.proto\x12\bgrasp.v1\"\xad\x03\n" +
+	"\x14grasp/v1/state.proto\x12\bgrasp.v1\"\xc6\x06\n" +
 	"\n" +
 	"RelayState\x12\x1b\n" +
 	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x12-\n" +
@@ -278,7 +478,28 @@ const file_grasp_v1_state_proto_rawDesc = "" +
 	"\x0fdisconnected_at\x18\b \x01(\x03R\x0edisconnectedAt\x121\n" +
 	"\x14announcements_synced\x18\t \x01(\bR\x13announcementsSynced\x12*\n" +
 	"\x11live_filter_count\x18\n" +
-	" \x01(\rR\x0fliveFilterCount\"<\n" +
+	" \x01(\rR\x0fliveFilterCount\x125\n" +
+	"\tconfirmed\x18\v \x03(\v2\x17.grasp.v1.ConfirmedRepoR\tconfirmed\x12\x1b\n" +
+	"\tlast_seen\x18\f \x01(\x03R\blastSeen\x12$\n" +
+	"\x0ecatch_up_since\x18\r \x01(\x03R\fcatchUpSince\x12\x1f\n" +
+	"\vnext_resync\x18\x0e \x01(\x03R\n" +
+	"nextResync\x12+\n" +
+	"\x11historic_failures\x18\x0f \x01(\rR\x10historicFailures\x12'\n" +
+	"\x0fpending_batches\x18\x10 \x01(\rR\x0ependingBatches\x12#\n" +
+	"\rpending_repos\x18\x11 \x01(\rR\fpendingRepos\x12#\n" +
+	"\rpending_roots\x18\x12 \x01(\rR\fpendingRoots\x12'\n" +
+	"\x0fconfirmed_roots\x18\x13 \x01(\rR\x0econfirmedRoots\x12\x1d\n" +
+	"\n" +
+	"updated_at\x18\x14 \x01(\x03R\tupdatedAt\x12\x14\n" +
+	"\x05epoch\x18\x15 \x01(\x04R\x05epoch\"\xd5\x01\n" +
+	"\rConfirmedRepo\x12\x19\n" +
+	"\brepo_ref\x18\x01 \x01(\tR\arepoRef\x12%\n" +
+	"\x0erepo_confirmed\x18\x02 \x01(\bR\rrepoConfirmed\x12\x1b\n" +
+	"\tall_roots\x18\x03 \x01(\bR\ballRoots\x12\x1d\n" +
+	"\n" +
+	"root_count\x18\x04 \x01(\rR\trootCount\x12!\n" +
+	"\froots_digest\x18\x05 \x01(\x06R\vrootsDigest\x12#\n" +
+	"\rroot_prefixes\x18\x06 \x01(\fR\frootPrefixes\"<\n" +
 	"\fPlannerEpoch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder*\xf0\x01\n" +
@@ -304,19 +525,21 @@ func file_grasp_v1_state_proto_rawDescGZIP() []byte {
 }
 
 var file_grasp_v1_state_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_grasp_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_grasp_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_grasp_v1_state_proto_goTypes = []any{
-	(RelayStatus)(0),     // 0: grasp.v1.RelayStatus
-	(*RelayState)(nil),   // 1: grasp.v1.RelayState
-	(*PlannerEpoch)(nil), // 2: grasp.v1.PlannerEpoch
+	(RelayStatus)(0),      // 0: grasp.v1.RelayStatus
+	(*RelayState)(nil),    // 1: grasp.v1.RelayState
+	(*ConfirmedRepo)(nil), // 2: grasp.v1.ConfirmedRepo
+	(*PlannerEpoch)(nil),  // 3: grasp.v1.PlannerEpoch
 }
 var file_grasp_v1_state_proto_depIdxs = []int32{
 	0, // 0: grasp.v1.RelayState.status:type_name -> grasp.v1.RelayStatus
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 1: grasp.v1.RelayState.confirmed:type_name -> grasp.v1.ConfirmedRepo
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_grasp_v1_state_proto_init() }
@@ -330,7 +553,7 @@ func file_grasp_v1_state_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grasp_v1_state_proto_rawDesc), len(file_grasp_v1_state_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -7,6 +7,7 @@ import (
 	stdlog "log"
 	"os"
 
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 )
@@ -34,6 +35,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	// Logged once start-up succeeded, so a start-up mistake stays one line.
+	log.Info("configuration", "version", obs.Version, "commit", obs.Commit, "config", config.Effective(&cfg))
 	defer app.Close()
 	fmt.Fprintf(os.Stderr, "graspd: relay %s (NIP-11 at %s), public URL %s, NATS %s, metrics http://%s/metrics\n",
 		app.RelayURL(), "http"+app.RelayURL()[2:], app.PublicURL(), app.NATSURL(), app.MetricsAddr())

@@ -28,6 +28,8 @@ func main() {
 		if err != nil {
 			return fmt.Errorf("GRASP_RELAY_ADDR=%s: cannot listen: %w", c.Addr, err)
 		}
-		return relay.New(c.Config, st, env.Bus, env.Log).Run(ctx, ln)
+		r := relay.New(c.Config, st, env.Bus, env.Log)
+		env.Registry.MustRegister(r.Collectors()...)
+		return r.Run(ctx, ln)
 	})
 }

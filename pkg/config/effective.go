@@ -1,0 +1,67 @@
+package config
+
+import (
+	"fmt"
+	"net/url"
+	"reflect"
+	"strings"
+)
+
+// Effective returns the values a loaded configuration struct holds, keyed by
+// variable name (GRASP_…), with secrets masked: fields whose name says key,
+// secret, password or token, and passwords inside URLs. Services log it at
+// start so an operator sees what is in force.
+func Effective(spec any) map[string]string {
+	out := map[string]string{}
+	walk(reflect.ValueOf(spec), out)
+	return out
+}
+
+func walk(v reflect.Value, out map[string]string) {
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			return
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct {
+		return
+	}
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, ok := f.Tag.Lookup("envconfig")
+		if !ok || name == "" {
+			walk(v.Field(i), out)
+			continue
+		}
+		out[Prefix+"_"+name] = mask(f.Name, v.Field(i))
+	}
+}
+
+func mask(field string, v reflect.Value) string {
+	s := fmt.Sprint(v.Interface())
+	if v.Kind() == reflect.Slice {
+		parts := make([]string, v.Len())
+		for i := range parts {
+			parts[i] = fmt.Sprint(v.Index(i).Interface())
+		}
+		s = strings.Join(parts, ",")
+	}
+	lower := strings.ToLower(field)
+	for _, secret := range []string{"key", "secret", "password", "token"} {
+		if strings.Contains(lower, secret) && s != "" {
+			return "***"
+		}
+	}
+	if u, err := url.Parse(s); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			return u.String()
+		}
+	}
+	return s
+}

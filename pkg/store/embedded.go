@@ -1,0 +1,255 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"os"
+	"sync"
+	"time"
+
+	dgbadger "github.com/dgraph-io/badger/v4"
+	"github.com/fiatjaf/eventstore"
+	"github.com/fiatjaf/eventstore/badger"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// embedded adapts one of eventstore's single-process backends and adds what
+// they do not guarantee themselves (spec/dependencies.md): LMDB stores the
+// same id twice and sqlite3's ReplaceEvent keeps the newest arrival, so
+// every write here is check-then-write under a lock striped by id or
+// replaceable key. One process only: badger locks its directory; lmdb and
+// sqlite3 do not, and two processes on them lose writes.
+type embedded struct {
+	name string
+	es   eventstore.Store
+	lim  queryLimits
+	// maxLimit is the most events one backend query may return.
+	maxLimit int
+	// binaryCaps: badger and lmdb share eventstore's binary encoding, which
+	// caps content at 65,535 bytes and more; checked before writing so the
+	// caller gets ErrUnstorable instead of an opaque failure.
+	binaryCaps bool
+	// deleteMu serialises deletes where the backend's delete path is not
+	// safe for concurrent use (badger: an unsynchronised package counter).
+	deleteMu *sync.Mutex
+	stripes  [64]sync.Mutex
+	// inflight counts backend queries being read, so close waits for them.
+	inflight sync.WaitGroup
+	// closeGrace is how long close waits after the last query was read
+	// before closing the backend. lmdb's query goroutine closes its channel
+	// inside its read transaction and ends the transaction after that; an
+	// environment closed in between crashes the process (SIGSEGV in
+	// mdb_txn_commit, seen under -race). There is no hook to wait on.
+	closeGrace time.Duration
+}
+
+// badgerDeleteMu guards eventstore/badger's package-level serialDelete
+// counter, shared by every badger store in the process (a data race under
+// -race otherwise).
+var badgerDeleteMu sync.Mutex
+
+// cgoBackends holds the openers of backends that need cgo (lmdb, sqlite3);
+// files built only with cgo register them.
+var cgoBackends = map[string]func(path string, o options) (*embedded, error){}
+
+func openEmbedded(scheme, path string, o options) (*embedded, error) {
+	if path == "" {
+		return nil, fmt.Errorf("store %s://: empty path", scheme)
+	}
+	if scheme == "badger" {
+		return openBadger(path, o)
+	}
+	open, ok := cgoBackends[scheme]
+	if !ok {
+		return nil, fmt.Errorf("store %s://%s: this binary was built without cgo, which %s needs (build with CGO_ENABLED=1)", scheme, path, scheme)
+	}
+	return open(path, o)
+}
+
+func openBadger(dir string, o options) (*embedded, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("store badger://%s: %w", dir, err)
+	}
+	b := &badger.BadgerBackend{
+		Path:     dir,
+		MaxLimit: o.maxLimit,
+		BadgerOptionsModifier: func(opts dgbadger.Options) dgbadger.Options {
+			return opts.WithLogger(nil) // badger's INFO lines are not structured; errors surface as errors
+		},
+	}
+	if err := b.Init(); err != nil {
+		return nil, fmt.Errorf("open badger store %s: %w", dir, err)
+	}
+	return &embedded{name: "badger", es: b, maxLimit: o.maxLimit, binaryCaps: true, deleteMu: &badgerDeleteMu,
+		// Badger answers one index scan per id or author; bounded so one
+		// query's fan-out stays modest.
+		lim: queryLimits{IDs: 500, Authors: 500},
+	}, nil
+}
+
+func (e *embedded) stripe(key string) *sync.Mutex {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return &e.stripes[h.Sum32()%uint32(len(e.stripes))]
+}
+
+func (e *embedded) limits() queryLimits { return e.lim }
+
+func (e *embedded) close() error {
+	e.inflight.Wait()
+	if e.closeGrace > 0 {
+		time.Sleep(e.closeGrace)
+	}
+	e.es.Close()
+	return nil
+}
+
+// checkBinary reports why eventstore's binary encoding cannot hold evt.
+func checkBinary(evt *nostr.Event) error {
+	switch {
+	case len(evt.Content) > math.MaxUint16:
+		return fmt.Errorf("%w: content is %d bytes, more than %d", ErrUnstorable, len(evt.Content), math.MaxUint16)
+	case evt.Kind < 0 || evt.Kind > math.MaxUint16:
+		return fmt.Errorf("%w: kind %d out of range", ErrUnstorable, evt.Kind)
+	case evt.CreatedAt > math.MaxUint32:
+		return fmt.Errorf("%w: created_at %d out of range", ErrUnstorable, evt.CreatedAt)
+	case len(evt.Tags) > math.MaxUint16:
+		return fmt.Errorf("%w: %d tags", ErrUnstorable, len(evt.Tags))
+	}
+	for _, t := range evt.Tags {
+		if len(t) > math.MaxUint8 {
+			return fmt.Errorf("%w: a tag with %d items", ErrUnstorable, len(t))
+		}
+		for _, item := range t {
+			if len(item) > math.MaxUint16 {
+				return fmt.Errorf("%w: a tag item of %d bytes", ErrUnstorable, len(item))
+			}
+		}
+	}
+	return nil
+}
+
+// drain collects a backend result channel. It always reads to the end:
+// badger's and lmdb's query goroutines do not watch ctx and would block
+// forever on an abandoned channel.
+func drain(ch chan *nostr.Event) []*nostr.Event {
+	var out []*nostr.Event
+	for evt := range ch {
+		out = append(out, evt)
+	}
+	return out
+}
+
+func (e *embedded) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
+	e.inflight.Add(1)
+	defer e.inflight.Done()
+	ch, err := e.es.QueryEvents(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	return drain(ch), ctx.Err()
+}
+
+func (e *embedded) has(ctx context.Context, id string) (bool, error) {
+	evts, err := e.query(ctx, nostr.Filter{IDs: []string{id}, Limit: 1})
+	return len(evts) > 0, err
+}
+
+func (e *embedded) insert(ctx context.Context, evt *nostr.Event) (bool, error) {
+	if e.binaryCaps {
+		if err := checkBinary(evt); err != nil {
+			return false, err
+		}
+	}
+	mu := e.stripe(evt.ID)
+	mu.Lock()
+	defer mu.Unlock()
+	if has, err := e.has(ctx, evt.ID); err != nil || has {
+		return false, err
+	}
+	if err := e.es.SaveEvent(ctx, evt); err != nil {
+		if errors.Is(err, eventstore.ErrDupEvent) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// maxIndexedTagLen is the longest tag value badger and lmdb index; a filter
+// on a longer value finds nothing there.
+const maxIndexedTagLen = 100
+
+// versions returns every stored version of evt's replaceable key. The d tag
+// narrows the lookup only when the backend indexes it (badger and lmdb skip
+// empty values and values over 100 bytes); otherwise all of the author's
+// events of that kind are read and compared by key.
+func (e *embedded) versions(ctx context.Context, evt *nostr.Event) ([]*nostr.Event, error) {
+	f := nostr.Filter{Kinds: []int{evt.Kind}, Authors: []string{evt.PubKey}, Limit: e.maxLimit}
+	if d := evt.Tags.GetD(); nostr.IsAddressableKind(evt.Kind) && d != "" && len(d) <= maxIndexedTagLen {
+		f.Tags = nostr.TagMap{"d": {d}}
+	}
+	all, err := e.query(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	key := ReplaceKey(evt)
+	out := all[:0]
+	for _, v := range all {
+		if ReplaceKey(v) == key {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+func (e *embedded) replace(ctx context.Context, evt *nostr.Event) (bool, error) {
+	if e.binaryCaps {
+		if err := checkBinary(evt); err != nil {
+			return false, err
+		}
+	}
+	mu := e.stripe(ReplaceKey(evt))
+	mu.Lock()
+	defer mu.Unlock()
+	if has, err := e.has(ctx, evt.ID); err != nil || has {
+		return false, err
+	}
+	old, err := e.versions(ctx, evt)
+	if err != nil {
+		return false, fmt.Errorf("read stored versions: %w", err)
+	}
+	for _, v := range old {
+		if !Supersedes(evt, v) {
+			return false, nil
+		}
+	}
+	// Not the backend's ReplaceEvent: badger's and lmdb's look old versions
+	// up through their own index, where an empty or long d tag matches
+	// versions of other keys (and then refuses a valid write) or none.
+	// Save first, then remove what it supersedes: a crash in between leaves
+	// two versions, which the next write to the key cleans up, never none.
+	if err := e.es.SaveEvent(ctx, evt); err != nil {
+		if errors.Is(err, eventstore.ErrDupEvent) {
+			return false, nil
+		}
+		return false, err
+	}
+	for _, v := range old {
+		if err := e.delete(ctx, v); err != nil {
+			return true, fmt.Errorf("remove superseded version %s: %w", v.ID, err)
+		}
+	}
+	return true, nil
+}
+
+func (e *embedded) delete(ctx context.Context, evt *nostr.Event) error {
+	if e.deleteMu != nil {
+		e.deleteMu.Lock()
+		defer e.deleteMu.Unlock()
+	}
+	return e.es.DeleteEvent(ctx, evt)
+}

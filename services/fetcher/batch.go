@@ -1,0 +1,295 @@
+package fetcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/history"
+	"github.com/grasp-sync/grasp-sync/pkg/negsync"
+)
+
+// batchRun accumulates one historic batch's facts.
+type batchRun struct {
+	w        *relayWorker
+	s        *session
+	id       string
+	pub      *windowPublisher
+	received uint64
+	bytes    uint64
+	pages    int
+	usedReq  bool
+}
+
+// errNoIDs means a relay answered an id fetch with none of the ids its
+// NIP-77 set claimed: its reconciliation cannot be trusted.
+var errNoIDs = errors.New("id fetch returned none of the ids asked for")
+
+// runBatch fetches a batch's history, every filter completely, and
+// reports it done. A batch whose session ends first dies with it,
+// unreported: the planner redoes it for the next session.
+func (w *relayWorker) runBatch(s *session, batch string, hist []nostr.Filter) {
+	select {
+	case s.histSem <- struct{}{}:
+		defer func() { <-s.histSem }()
+	case <-s.ctx.Done():
+		return
+	}
+	b := &batchRun{w: w, s: s, id: batch, pub: &windowPublisher{js: w.f.bus.JS, window: w.f.cfg.PublishWindow}}
+	var err error
+	for _, f := range hist {
+		if err = b.part(f); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = b.pub.flush(s.ctx)
+	}
+	if s.ctx.Err() != nil || s.conn.Context().Err() != nil {
+		return // the session ended (or is ending): the batch dies with it
+	}
+	method := graspv1.SyncMethod_SYNC_METHOD_NEGENTROPY
+	if b.usedReq || w.f.cfg.DisableNegentropy {
+		method = graspv1.SyncMethod_SYNC_METHOD_REQ
+	}
+	done := &graspv1.BatchDone{BatchId: batch, Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_OK, Method: method,
+		EventsReceived: b.received, BytesReceived: b.bytes, Pages: uint32(b.pages), FallbackReason: s.fallbackReason()}
+	if err != nil {
+		done.Outcome = graspv1.BatchOutcome_BATCH_OUTCOME_FAILED
+		done.Error = err.Error()
+	}
+	w.f.m.pages.Observe(float64(b.pages))
+	w.f.m.batches.WithLabelValues(strings.TrimPrefix(done.Outcome.String(), "BATCH_OUTCOME_"), strings.TrimPrefix(method.String(), "SYNC_METHOD_")).Inc()
+	w.log.Info("batch done", "session", s.id, "batch", batch, "outcome", done.Outcome.String(), "method", method.String(),
+		"events", b.received, "bytes", b.bytes, "pages", b.pages, "err", err)
+	w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_BatchDone{BatchDone: done}})
+}
+
+// part fetches one historic filter: NIP-77 while the session allows it,
+// REQ+EOSE otherwise or when NIP-77 fails in a way that says the relay
+// cannot do it.
+func (b *batchRun) part(f nostr.Filter) error {
+	w := b.w
+	if !w.f.cfg.DisableNegentropy && b.s.useNegentropy() {
+		err := b.negentropy(f)
+		if err != nil && strings.Contains(err.Error(), "auth-required:") && b.s.auth.sk != "" {
+			// Asked before our NIP-42 answer was accepted: once more.
+			actx, cancel := context.WithTimeout(b.s.ctx, w.f.cfg.NegentropyTimeout)
+			ok := b.s.auth.wait(actx)
+			cancel()
+			if ok {
+				err = b.negentropy(f)
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, negsync.ErrUnsupported) && !errors.Is(err, errNoIDs) {
+			return err
+		}
+		reason := err.Error()
+		if b.s.fallBack(reason) {
+			w.f.m.fallbacks.WithLabelValues(fallbackClass(err)).Inc()
+			w.log.Info("NIP-77 given up for this session; using REQ+EOSE", "session", b.s.id, "batch", b.id, "reason", reason)
+		}
+	}
+	b.usedReq = true
+	return b.req(f)
+}
+
+func fallbackClass(err error) string {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, errNoIDs):
+		return "no_ids"
+	case strings.Contains(msg, "NEG-ERR"):
+		return "neg_err"
+	case strings.Contains(msg, "NOTICE"):
+		return "notice"
+	case strings.Contains(msg, "no answer"):
+		return "timeout"
+	default:
+		return "protocol"
+	}
+}
+
+// negentropy reconciles f with the local set and fetches what we lack by
+// id, re-requesting missing ids while the relay makes progress.
+func (b *batchRun) negentropy(f nostr.Filter) error {
+	w := b.w
+	if err := w.cooldown.Wait(b.s.ctx); err != nil {
+		return err
+	}
+	var local []negsync.Item
+	if w.f.local != nil {
+		items, err := w.f.local.Items(b.s.ctx, f)
+		if err != nil {
+			return fmt.Errorf("local set: %w", err)
+		}
+		local = items
+	}
+	nf := f
+	nf.Limit, nf.LimitZero = 0, false
+	res, err := negsync.Reconcile(b.s.ctx, b.s.conn, nf, local, negsync.Options{
+		FrameSize: w.f.cfg.NegentropyFrameSize, RoundTimeout: w.f.cfg.NegentropyTimeout})
+	b.bytes += res.BytesIn
+	w.f.m.historicBytes.WithLabelValues("negentropy").Add(float64(res.BytesIn))
+	if err != nil {
+		return err
+	}
+	missing := map[string]struct{}{}
+	for _, id := range res.Need {
+		missing[id] = struct{}{}
+	}
+	for len(missing) > 0 {
+		ids := make([]string, 0, len(missing))
+		for id := range missing {
+			ids = append(ids, id)
+		}
+		got := 0
+		for start := 0; start < len(ids); start += w.f.cfg.IDsPerREQ {
+			chunk := ids[start:min(start+w.f.cfg.IDsPerREQ, len(ids))]
+			idf := nostr.Filter{IDs: chunk, Limit: len(chunk)}
+			page, n, err := b.page(idf)
+			b.bytes += n
+			w.f.m.historicBytes.WithLabelValues("negentropy").Add(float64(n))
+			if err != nil {
+				return err
+			}
+			for _, evt := range page {
+				if _, want := missing[evt.ID]; !want {
+					continue
+				}
+				if err := b.emit(evt, nostr.Filters{idf}); err != nil {
+					return err
+				}
+				delete(missing, evt.ID)
+				got++
+			}
+		}
+		if got == 0 {
+			return fmt.Errorf("%w (%d ids)", errNoIDs, len(missing))
+		}
+	}
+	return nil
+}
+
+// req reads f completely with REQ+EOSE, paginating with until while pages
+// may have been capped; history.Cursor makes it terminate even when more
+// events than a page share one created_at.
+func (b *batchRun) req(f nostr.Filter) error {
+	w := b.w
+	f.Limit, f.LimitZero = w.f.cfg.PageSize, false
+	full := min(w.f.cfg.PageSize, w.f.cfg.RelayMinCap)
+	c := &history.Cursor{}
+	first := true
+	for pages := 0; ; pages++ {
+		if pages >= w.f.cfg.MaxPages {
+			return fmt.Errorf("%s: %w after %d pages", w.url, history.ErrTooDeep, pages)
+		}
+		pf := f
+		if !first {
+			pf.Until = c.Until()
+		}
+		page, n, err := b.page(pf)
+		b.bytes += n
+		w.f.m.historicBytes.WithLabelValues("req").Add(float64(n))
+		if err != nil {
+			return err
+		}
+		first = false // the first page starts at the filter's own until
+		fresh := c.Next(page)
+		for _, evt := range fresh {
+			if err := b.emit(evt, nostr.Filters{f}); err != nil {
+				return err
+			}
+		}
+		// A page shorter than any cap a relay applies is the whole rest.
+		if c.Done() || len(page) < full {
+			return nil
+		}
+	}
+}
+
+// emit publishes one historic event.
+func (b *batchRun) emit(evt *nostr.Event, fs nostr.Filters) error {
+	b.received++
+	return b.w.publish(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic")
+}
+
+// page sends one REQ and returns what the relay sends before EOSE and the
+// bytes it took. Rate limiting waits out the cooldown and asks again;
+// "auth-required:" waits for our NIP-42 answer and asks again; any other
+// CLOSED, a timeout or a lost connection is an error, never a silently short
+// result.
+func (b *batchRun) page(f nostr.Filter) ([]*nostr.Event, uint64, error) {
+	w := b.w
+	var bytes uint64
+	for attempt := 0; ; attempt++ {
+		if err := w.cooldown.Wait(b.s.ctx); err != nil {
+			return nil, bytes, err
+		}
+		b.pages++
+		evts, n, reason, err := b.pageOnce(f)
+		bytes += n
+		if err != nil || reason == "" {
+			return evts, bytes, err
+		}
+		w.f.m.subClosed.WithLabelValues("historic").Inc()
+		switch {
+		case IsRateLimit(reason) && attempt < 20:
+			w.rateLimited("CLOSED: " + reason)
+			w.reportFor(b.s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_SubscriptionClosed{SubscriptionClosed: &graspv1.SubscriptionClosed{
+				Reason: reason, BatchId: b.id, RetryAt: w.cooldown.Until().UnixMilli()}}})
+			continue
+		case strings.HasPrefix(reason, "auth-required:") && attempt < 3 && b.s.auth.sk != "":
+			actx, cancel := context.WithTimeout(b.s.ctx, w.f.cfg.PageTimeout)
+			ok := b.s.auth.wait(actx)
+			cancel()
+			if ok {
+				continue
+			}
+		}
+		return evts, bytes, fmt.Errorf("REQ to %s closed: %s", w.url, reason)
+	}
+}
+
+func (b *batchRun) pageOnce(f nostr.Filter) (out []*nostr.Event, bytes uint64, closedReason string, err error) {
+	ctx := b.s.ctx
+	sub, err := b.s.conn.Subscribe(ctx, nostr.Filters{f})
+	if err != nil {
+		return nil, 0, "", fmt.Errorf("REQ: %w", err)
+	}
+	defer func() { bytes = sub.Bytes() }()
+	defer sub.Close()
+	timeout := b.w.f.clock.After(b.w.f.cfg.PageTimeout)
+	for {
+		select {
+		case evt := <-sub.Events():
+			out = append(out, evt)
+		case <-sub.EOSE():
+			// Events before EOSE are delivered in order; drain the buffer.
+			for {
+				select {
+				case evt := <-sub.Events():
+					out = append(out, evt)
+				default:
+					return out, 0, "", nil
+				}
+			}
+		case reason := <-sub.Closed():
+			return out, 0, reason, nil
+		case <-b.s.conn.Context().Done():
+			return out, 0, "", fmt.Errorf("REQ to %s: %w", b.w.url, context.Cause(b.s.conn.Context()))
+		case <-timeout:
+			return out, 0, "", fmt.Errorf("REQ to %s: no EOSE within %s", b.w.url, b.w.f.cfg.PageTimeout)
+		case <-ctx.Done():
+			return out, 0, "", ctx.Err()
+		}
+	}
+}

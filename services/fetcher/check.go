@@ -1,0 +1,140 @@
+package fetcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// Reasons an event is dropped before publishing.
+const (
+	DropShape    = "shape"
+	DropBadID    = "bad_id"
+	DropNoMatch  = "no_match"
+	DropTooLarge = "too_large"
+)
+
+// CheckEvent runs the cheap structural checks an event must pass before it
+// is published for the ingesters: hex fields of the right length, a sane
+// kind, id = hash of the content, and a match with what was asked for. The
+// signature is the ingester's job (expensive, and it must check anyway).
+// It returns "" for a good event, else the drop reason.
+func CheckEvent(evt *nostr.Event, fs nostr.Filters) string {
+	if !isHex(evt.ID, 64) || !isHex(evt.PubKey, 64) || !isHex(evt.Sig, 128) || evt.Kind < 0 || evt.Kind > 65535 {
+		return DropShape
+	}
+	for _, tag := range evt.Tags {
+		if len(tag) == 0 {
+			return DropShape
+		}
+	}
+	if !evt.CheckID() {
+		return DropBadID
+	}
+	if len(fs) > 0 && !matchesIgnoringLimit(fs, evt) {
+		return DropNoMatch
+	}
+	return ""
+}
+
+func matchesIgnoringLimit(fs nostr.Filters, evt *nostr.Event) bool {
+	for _, f := range fs {
+		if f.Matches(evt) {
+			return true
+		}
+	}
+	return false
+}
+
+func isHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// windowPublisher publishes events asynchronously with at most Window
+// acknowledgements outstanding: when the window is full it waits for the
+// oldest, so a slow stream pushes back on the relay read instead of filling
+// memory. A publish that fails is retried synchronously; Flush reports a
+// loss, so a batch is never confirmed with an event missing.
+type windowPublisher struct {
+	js      jetstream.JetStream
+	window  int
+	pending []jetstream.PubAckFuture
+}
+
+func (p *windowPublisher) publish(ctx context.Context, msg *nats.Msg) error {
+	for len(p.pending) >= p.window {
+		if err := p.settle(ctx, p.pending[0]); err != nil {
+			return err
+		}
+		p.pending = p.pending[1:]
+	}
+	for {
+		fut, err := p.js.PublishMsgAsync(msg)
+		if err == nil {
+			p.pending = append(p.pending, fut)
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			return fmt.Errorf("publish event: %w", err)
+		}
+		// The connection-wide window is full (other relays): wait.
+		select {
+		case <-p.js.PublishAsyncComplete():
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// settle waits for one acknowledgement and retries its message on failure.
+func (p *windowPublisher) settle(ctx context.Context, fut jetstream.PubAckFuture) error {
+	select {
+	case <-fut.Ok():
+		return nil
+	case err := <-fut.Err():
+		var last error = err
+		for attempt := range 3 {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := p.js.PublishMsg(pctx, fut.Msg())
+			cancel()
+			if err == nil {
+				return nil
+			}
+			last = err
+			select {
+			case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return fmt.Errorf("publish event %s: %w", fut.Msg().Header.Get(nats.MsgIdHdr), last)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// flush waits for every outstanding acknowledgement.
+func (p *windowPublisher) flush(ctx context.Context) error {
+	for len(p.pending) > 0 {
+		if err := p.settle(ctx, p.pending[0]); err != nil {
+			return err
+		}
+		p.pending = p.pending[1:]
+	}
+	return nil
+}

@@ -1,0 +1,175 @@
+package fetcher
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nbd-wtf/go-nostr"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
+)
+
+// liveGroup is one live REQ the planner asked for. It is its own
+// goroutine: it waits out a rate-limit cooldown before subscribing, and
+// when the relay closes the subscription (CLOSED) it reports that and
+// reopens it with backoff for as long as the group exists. ReplaceLive and
+// DropRelay cancel exactly the groups that existed, pending reopens
+// included.
+type liveGroup struct {
+	filters nostr.Filters
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// liveReopenMax caps the backoff of a live subscription the relay keeps
+// closing.
+const liveReopenMax = 10 * time.Minute
+
+// openLive starts live groups for fs, LiveFiltersPerREQ filters per REQ,
+// each with limit 0 (only new events).
+func (w *relayWorker) openLive(fs []nostr.Filter) {
+	if w.sess == nil || len(fs) == 0 {
+		return
+	}
+	n := w.f.cfg.LiveFiltersPerREQ
+	for start := 0; start < len(fs); start += n {
+		chunk := make(nostr.Filters, 0, n)
+		for _, f := range fs[start:min(start+n, len(fs))] {
+			f.Limit, f.LimitZero = 0, true
+			chunk = append(chunk, f)
+		}
+		ctx, cancel := context.WithCancel(w.sess.ctx)
+		g := &liveGroup{filters: chunk, cancel: cancel, done: make(chan struct{})}
+		w.live[g] = struct{}{}
+		s := w.sess
+		w.tasks.Add(1)
+		go func() {
+			defer w.tasks.Done()
+			defer close(g.done)
+			w.runLive(ctx, s, g)
+		}()
+	}
+}
+
+// closeLive cancels every live group and waits for them to close their
+// subscriptions.
+func (w *relayWorker) closeLive() {
+	for g := range w.live {
+		g.cancel()
+	}
+	for g := range w.live {
+		<-g.done
+	}
+	w.live = map[*liveGroup]struct{}{}
+}
+
+func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
+	pub := &windowPublisher{js: w.f.bus.JS, window: w.f.cfg.PublishWindow}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := pub.flush(fctx); err != nil {
+			w.log.Warn("live events not acknowledged", "session", s.id, "err", err)
+		}
+	}()
+	closes := 0
+	for {
+		if err := w.cooldown.Wait(ctx); err != nil {
+			return
+		}
+		sub, err := s.conn.Subscribe(ctx, g.filters)
+		if err != nil {
+			return // the connection is gone: the session ends
+		}
+		w.f.m.liveSubs.WithLabelValues(w.url).Inc()
+		reason, closed := w.readLive(ctx, s, g, sub, pub)
+		w.f.m.liveSubs.WithLabelValues(w.url).Dec()
+		if !closed {
+			sub.Close()
+			return
+		}
+		// The relay closed this subscription: the connection lives on.
+		w.f.m.subClosed.WithLabelValues("live").Inc()
+		closes++
+		var wait time.Duration
+		switch {
+		case IsRateLimit(reason):
+			w.rateLimited("CLOSED: " + reason)
+			wait = w.cooldown.Until().Sub(w.f.clock.Now()) // cooldown.Wait does the waiting; this is for the report
+		case strings.HasPrefix(reason, "auth-required:") && s.auth.sk != "":
+			actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			ok := s.auth.wait(actx)
+			cancel()
+			if ok && closes <= 3 {
+				closes-- // an authentication retry is not the relay refusing us
+				continue
+			}
+			wait = Backoff(w.f.cfg.BackoffBase, liveReopenMax, closes)
+		default:
+			wait = Backoff(w.f.cfg.BackoffBase, liveReopenMax, closes)
+		}
+		retryAt := w.f.clock.Now().Add(max(wait, 0))
+		w.log.Warn("live subscription closed by relay", "session", s.id, "reason", reason, "retry_at", retryAt)
+		w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_SubscriptionClosed{SubscriptionClosed: &graspv1.SubscriptionClosed{
+			Reason: reason, Live: true, RetryAt: retryAt.UnixMilli()}}})
+		if !IsRateLimit(reason) {
+			select {
+			case <-w.f.clock.After(wait):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// readLive publishes the subscription's events until it ends; closed says
+// whether the relay closed it (with reason).
+func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, sub *relayconn.Subscription, pub *windowPublisher) (reason string, closed bool) {
+	for {
+		select {
+		case evt := <-sub.Events():
+			if err := w.publish(ctx, pub, evt, g.filters, s.id, "", "live"); err != nil && ctx.Err() == nil {
+				w.log.Warn("live event not published", "session", s.id, "id", evt.ID, "err", err)
+			}
+		case reason := <-sub.Closed():
+			return reason, true
+		case <-sub.Done():
+			select {
+			case reason := <-sub.Closed():
+				return reason, true
+			default:
+				return "", false
+			}
+		case <-ctx.Done():
+			return "", false
+		}
+	}
+}
+
+// publish checks an event and publishes it for the ingesters: subject
+// grasp.events.<shard>, Nats-Msg-Id = event id (the same event from many
+// relays is ingested once), headers naming relay, session, batch and mode.
+// It returns false for an event dropped by the checks.
+func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode string) error {
+	w.f.m.events.WithLabelValues(w.url, mode).Inc()
+	if reason := CheckEvent(evt, fs); reason != "" {
+		w.f.m.dropped.WithLabelValues(reason).Inc()
+		w.log.Debug("event dropped", "id", evt.ID, "reason", reason, "session", session, "batch", batch)
+		return nil
+	}
+	msg := nats.NewMsg(w.f.bus.Names.EventsSubject(w.shard))
+	msg.Data = []byte(evt.String())
+	msg.Header.Set(nats.MsgIdHdr, evt.ID)
+	msg.Header.Set(bus.HeaderRelay, w.url)
+	msg.Header.Set(bus.HeaderSession, session)
+	msg.Header.Set(bus.HeaderMode, mode)
+	if batch != "" {
+		msg.Header.Set(bus.HeaderBatch, batch)
+	}
+	return pub.publish(ctx, msg)
+}

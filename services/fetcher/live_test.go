@@ -1,0 +1,151 @@
+package fetcher_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+)
+
+// Live subscriptions deliver new events; ReplaceLive closes exactly the old
+// set (events matching only the old filters stop coming) and opens the new
+// one.
+func TestLiveReplace(t *testing.T) {
+	e := newEnv(t)
+	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	f := e.start(baseConfig("a"), nil)
+	s := e.connectRelay(r.URL)
+	k := testkit.NewKey()
+	e.addFilters(0, r.URL, s, "", nil, []nostr.Filter{{Kinds: []int{1}}, {Kinds: []int{7}}})
+	e.waitFor("live subscription open", func() bool {
+		return metric(t, f.reg, "grasp_fetcher_live_subscriptions", map[string]string{"relay": r.URL}) == 1
+	})
+	n1 := e.publishUntilSeen(r, func(i int) *nostr.Event { return k.Note(fmt.Sprintf("live %d", i)) })
+	if e.header(n1.ID).Get("Grasp-Mode") != "live" {
+		t.Fatalf("mode %q", e.header(n1.ID).Get("Grasp-Mode"))
+	}
+	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL, SessionId: s, Command: &graspv1.FetchCommand_ReplaceLive{
+		ReplaceLive: &graspv1.ReplaceLive{LiveFilters: nil}}})
+	e.addFilters(0, r.URL, s, "", nil, []nostr.Filter{{Kinds: []int{7}}})
+	reqs := r.REQs()
+	e.waitFor("replacement open", func() bool { return r.REQs() > reqs })
+	e.waitFor("one live subscription", func() bool {
+		return metric(t, f.reg, "grasp_fetcher_live_subscriptions", map[string]string{"relay": r.URL}) == 1
+	})
+	old := k.Note("only the old filter matches")
+	if err := testkit.Publish(e.ctx, r.Relay.URL, old); err != nil {
+		t.Fatal(err)
+	}
+	// Written to our socket before anything published after it.
+	e.publishUntilSeen(r, func(i int) *nostr.Event { return k.Sign(&nostr.Event{Kind: 7, Content: fmt.Sprint(i)}) })
+	if e.has(old.ID) {
+		t.Fatal("an event of the replaced subscription still arrived")
+	}
+}
+
+// A CLOSED on one live subscription is reported and the subscription is
+// reopened after its backoff; the connection is not treated as lost.
+func TestLiveClosedReopened(t *testing.T) {
+	e := newEnv(t)
+	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	e.start(baseConfig("a"), nil)
+	s := e.connectRelay(r.URL)
+	r.Set(testkit.Faults{RateLimitREQs: 1, RateLimitReason: "error: shutting down subscriptions"})
+	e.addFilters(0, r.URL, s, "", nil, kind1)
+	sc := e.report(r.URL, func(r *graspv1.FetchReport) bool { return r.GetSubscriptionClosed() != nil }).GetSubscriptionClosed()
+	if !sc.GetLive() || sc.GetRetryAt() != e.clock.Now().Add(5*time.Second).UnixMilli() {
+		t.Fatalf("subscription closed %v", sc)
+	}
+	reqs := r.REQs()
+	e.advanceUntil("reopen", time.Second, func() bool { return r.REQs() > reqs })
+	k := testkit.NewKey()
+	e.publishUntilSeen(r, func(i int) *nostr.Event { return k.Note(fmt.Sprintf("after reopen %d", i)) })
+	if len(e.reportsMatching(r.URL, disconnected(s))) != 0 {
+		t.Fatal("a CLOSED was treated as a disconnect")
+	}
+}
+
+// CLOSED "rate-limited:" on a history page starts a 65 s cooldown: it is
+// reported, the page waits (without blocking another relay's batch), live
+// subscriptions stay open, and the batch completes after the cooldown.
+func TestRateLimitClosed(t *testing.T) {
+	e := newEnv(t)
+	limited := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	other := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	evts := notes(testkit.NewKey(), 20, 1, 1000)
+	limited.Add(t, evts...)
+	other.Add(t, evts...)
+	cfg := baseConfig("a")
+	cfg.DisableNegentropy = true
+	f := e.start(cfg, nil)
+	s := e.connectRelay(limited.URL)
+	so := e.connectRelay(other.URL)
+	e.addFilters(0, limited.URL, s, "", nil, []nostr.Filter{{Kinds: []int{7}}})
+	e.waitFor("live REQ at the relay", func() bool { return limited.REQs() == 1 })
+	limited.Set(testkit.Faults{RateLimitREQs: 1})
+	e.addFilters(0, limited.URL, s, "b1", kind1, nil)
+	rl := e.report(limited.URL, func(r *graspv1.FetchReport) bool { return r.GetRateLimited() != nil }).GetRateLimited()
+	if rl.GetUntil() != e.clock.Now().Add(65*time.Second).UnixMilli() {
+		t.Fatalf("rate limited %v", rl)
+	}
+	// Another relay is not held up by this one's cooldown.
+	e.addFilters(0, other.URL, so, "b-other", kind1, nil)
+	if d := e.batchDone(other.URL, "b-other"); d.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+		t.Fatalf("other relay's batch %v", d)
+	}
+	if len(e.reportsMatching(limited.URL, func(r *graspv1.FetchReport) bool { return r.GetBatchDone() != nil })) != 0 {
+		t.Fatalf("batch finished during the cooldown: %v", e.reportsMatching(limited.URL, func(r *graspv1.FetchReport) bool { return r.GetBatchDone() != nil }))
+	}
+	if metric(t, f.reg, "grasp_fetcher_live_subscriptions", map[string]string{"relay": limited.URL}) != 1 {
+		t.Fatal("live subscription dropped by the cooldown")
+	}
+	e.clock.Advance(65 * time.Second)
+	if d := e.batchDone(limited.URL, "b1"); d.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || d.GetEventsReceived() != 20 {
+		t.Fatalf("batch after cooldown %v", d)
+	}
+	if got := metric(t, f.reg, "grasp_fetcher_rate_limit_cooldowns_total", map[string]string{"relay": limited.URL}); got != 1 {
+		t.Fatalf("cooldowns metric %v", got)
+	}
+}
+
+// A rate-limit NOTICE starts a cooldown too, and is reported.
+func TestRateLimitNotice(t *testing.T) {
+	e := newEnv(t)
+	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r.Add(t, notes(testkit.NewKey(), 5, 1, 1000)...)
+	e.start(baseConfig("a"), nil)
+	s := e.connectRelay(r.URL)
+	r.Set(testkit.Faults{NoticeOnREQ: "ERROR: too many concurrent REQs"})
+	e.addFilters(0, r.URL, s, "", nil, kind1)
+	rl := e.report(r.URL, func(r *graspv1.FetchReport) bool { return r.GetRateLimited() != nil }).GetRateLimited()
+	if rl.GetUntil() != e.clock.Now().Add(65*time.Second).UnixMilli() {
+		t.Fatalf("rate limited %v", rl)
+	}
+}
+
+// publishUntilSeen publishes fresh events (over websocket, khatru's own path)
+// to the relay behind r until one comes out of the fetcher: a live REQ is
+// registered by the relay some time after we send it.
+func (e *env) publishUntilSeen(r *testkit.FaultRelay, next func(i int) *nostr.Event) *nostr.Event {
+	e.t.Helper()
+	for i := 0; ; i++ {
+		evt := next(i)
+		if err := testkit.Publish(e.ctx, r.Relay.URL, evt); err != nil {
+			e.t.Fatal(err)
+		}
+		for range 20 {
+			if e.has(evt.ID) {
+				return evt
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if e.ctx.Err() != nil {
+			e.t.Fatal("live event never delivered")
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package fetcher
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the fetcher's Prometheus series. Per-relay series are removed
+// when the relay is dropped or its shard moves, so cardinality follows the
+// relays this replica serves.
+type metrics struct {
+	connected      *prometheus.GaugeVec
+	health         *prometheus.GaugeVec
+	failures       *prometheus.GaugeVec
+	attempts       *prometheus.CounterVec
+	failureClasses *prometheus.CounterVec
+	liveSubs       *prometheus.GaugeVec
+	events         *prometheus.CounterVec
+	dropped        *prometheus.CounterVec
+	bytesIn        *prometheus.CounterVec
+	historicBytes  *prometheus.CounterVec
+	cooldowns      *prometheus.CounterVec
+	pages          prometheus.Histogram
+	fallbacks      *prometheus.CounterVec
+	batches        *prometheus.CounterVec
+	subClosed      *prometheus.CounterVec
+	shards         prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grasp_fetcher_relay_connected",
+			Help: "1 while the relay has a connection session on this replica."}, []string{"relay"}),
+		health: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grasp_fetcher_relay_health_state",
+			Help: "Relay health: 1 healthy, 2 backing off, 3 dead (grasp.v1.HealthState)."}, []string{"relay"}),
+		failures: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grasp_fetcher_relay_consecutive_failures",
+			Help: "Failed attempts and lost sessions in the relay's current failure streak."}, []string{"relay"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_connect_attempts_total",
+			Help: "Connection attempts by result: ok or the failure class."}, []string{"relay", "result"}),
+		failureClasses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_failures_total",
+			Help: "Connection failures and lost sessions by class (dns, tls, refused, timeout, protocol, http_status, closed, address_refused)."}, []string{"relay", "class"}),
+		liveSubs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grasp_fetcher_live_subscriptions",
+			Help: "Open live subscriptions (REQs) per relay."}, []string{"relay"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_events_received_total",
+			Help: "Events received from remote relays, by relay and mode (live, historic), whatever the policy later decides."}, []string{"relay", "mode"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_events_dropped_total",
+			Help: "Events dropped by the structural checks before publishing, by reason."}, []string{"reason"}),
+		bytesIn: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_bytes_in_total",
+			Help: "Bytes of every message received from the relay."}, []string{"relay"}),
+		historicBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_historic_bytes_total",
+			Help: "Bytes received for historic sync, by method: negentropy (NIP-77 messages and the id fetches they lead to) or req (REQ+EOSE pages)."}, []string{"method"}),
+		cooldowns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_rate_limit_cooldowns_total",
+			Help: "Rate-limit cooldowns started, per relay."}, []string{"relay"}),
+		pages: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "grasp_fetcher_batch_pages",
+			Help: "REQs per historic batch (history pages and id fetches).", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_negentropy_fallbacks_total",
+			Help: "Sessions that gave up NIP-77 for REQ+EOSE, by reason."}, []string{"reason"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_batches_total",
+			Help: "Historic batches finished, by outcome and method."}, []string{"outcome", "method"}),
+		subClosed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_subscriptions_closed_total",
+			Help: "Subscriptions the relay closed (CLOSED), by mode."}, []string{"mode"}),
+		shards: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_fetcher_shards_owned",
+			Help: "Shards this replica holds the lease of."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
+			m.dropped, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards)
+	}
+	return m
+}
+
+// forget removes a relay's series.
+func (m *metrics) forget(relay string) {
+	for _, v := range []*prometheus.GaugeVec{m.connected, m.health, m.failures, m.liveSubs} {
+		v.DeleteLabelValues(relay)
+	}
+	for _, v := range []*prometheus.CounterVec{m.attempts, m.failureClasses, m.events, m.bytesIn, m.cooldowns} {
+		v.DeletePartialMatch(prometheus.Labels{"relay": relay})
+	}
+}

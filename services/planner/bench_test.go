@@ -1,0 +1,214 @@
+package planner
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+)
+
+// scale describes a benchmark world: repos × rootsPerRepo roots, each repo
+// listed by relaysPerRepo of relays relays.
+type scale struct {
+	name                                 string
+	repos, rootsPerRepo, relays, perRepo int
+}
+
+var (
+	designScale  = scale{"design", 10_000, 50, 500, 5}
+	stretchScale = scale{"stretch", 10_000, 500, 500, 5}
+)
+
+func benchRootID(repo, i int) string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(repo))
+	binary.BigEndian.PutUint64(b[8:], uint64(i))
+	sum := sha256.Sum256(b[:])
+	return hex.EncodeToString(sum[:])
+}
+
+func benchNeeds(sc scale, repo, extraRoots int) *graspv1.RepoSyncNeeds {
+	n := &graspv1.RepoSyncNeeds{RepoRef: fmt.Sprintf("30617:%064x:repo-%d", repo, repo)}
+	for k := range sc.perRepo {
+		n.Relays = append(n.Relays, fmt.Sprintf("wss://relay-%03d.example", (repo*sc.perRepo+k)%sc.relays))
+	}
+	for i := range sc.rootsPerRepo + extraRoots {
+		n.RootEventIds = append(n.RootEventIds, benchRootID(repo, i))
+	}
+	return n
+}
+
+// buildWorld loads the index at scale into a machine and, when synced,
+// connects every relay and confirms every batch through the real lifecycle
+// (relay by relay, draining commands so they do not pile up).
+func buildWorld(tb testing.TB, sc scale, synced bool) *Machine {
+	tb.Helper()
+	rules := DefaultRules()
+	rules.Heartbeat = 0
+	m := NewMachine(rules, NewIndex(), 1, func() float64 { return 0.5 }, nil)
+	for r := range sc.repos {
+		m.ApplyIndex([]IndexChange{m.Index().Put(fmt.Sprintf("k%d", r), benchNeeds(sc, r, 0))})
+	}
+	now := t0
+	m.Recompute(now, true)
+	m.Drain()
+	for _, id := range m.sortedRelays() {
+		s := m.relays[id]
+		m.HandleReport(now, &graspv1.FetchReport{RelayUrl: s.URL, SessionId: "s1",
+			Report: &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{}}})
+		m.Drain()
+		if !synced {
+			// Connected with nothing fetched: undo the batches the connect
+			// started, so a recompute sees every item missing.
+			m.clearPending(s)
+			s.AnnouncementsSynced = true
+			continue
+		}
+		for len(s.Batches) > 0 {
+			m.HandleReport(now, &graspv1.FetchReport{RelayUrl: s.URL, SessionId: "s1",
+				Report: &graspv1.FetchReport_BatchDone{BatchDone: &graspv1.BatchDone{BatchId: s.Batches[0].ID, Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_OK}}})
+			m.Drain()
+		}
+	}
+	m.TakeDirty()
+	return m
+}
+
+func liveHeapMB() float64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapAlloc) / (1 << 20)
+}
+
+func scales(b *testing.B) []scale {
+	out := []scale{designScale}
+	if os.Getenv("GRASP_BENCH_STRETCH") != "" {
+		out = append(out, stretchScale)
+	}
+	return out
+}
+
+// BenchmarkRecompute measures one full recompute (ComputeActions over every
+// relay, decisions executed) at quiescence — everything confirmed, the
+// steady state a discovery batch meets — and the live heap of that state.
+func BenchmarkRecompute(b *testing.B) {
+	for _, sc := range scales(b) {
+		b.Run(sc.name+"/full-synced", func(b *testing.B) {
+			m := buildWorld(b, sc, true)
+			heap := liveHeapMB()
+			pairs := 0
+			for _, s := range m.relays {
+				_, roots, _, _ := s.Counts()
+				pairs += roots
+			}
+			if pairs != sc.repos*sc.rootsPerRepo*sc.perRepo {
+				b.Fatalf("%d confirmed pairs", pairs)
+			}
+			b.ResetTimer()
+			for range b.N {
+				m.Recompute(t0, true)
+				if cmds := m.Drain(); len(cmds) != 0 {
+					b.Fatalf("%d commands at quiescence", len(cmds))
+				}
+			}
+			b.ReportMetric(heap, "live-heap-MB")
+			b.ReportMetric(float64(pairs), "pairs")
+			runtime.KeepAlive(m)
+		})
+	}
+}
+
+// BenchmarkComputeActionsCold measures the decision alone (pure
+// ComputeActions) when every relay is connected and nothing is fetched yet:
+// every one of the relay × root pairs is missing.
+func BenchmarkComputeActionsCold(b *testing.B) {
+	for _, sc := range scales(b) {
+		b.Run(sc.name, func(b *testing.B) {
+			m := buildWorld(b, sc, false)
+			b.ResetTimer()
+			for range b.N {
+				actions := ComputeActions(m.idx, m.relays, nil, t0)
+				if len(actions) != sc.relays {
+					b.Fatalf("%d actions", len(actions))
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRecomputeColdCommands is the cold recompute including building
+// every AddFilters command (filters with hex ids): what a planner with an
+// empty grasp_relay_state does once.
+func BenchmarkRecomputeColdCommands(b *testing.B) {
+	for _, sc := range scales(b) {
+		b.Run(sc.name, func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				m := buildWorld(b, sc, false)
+				b.StartTimer()
+				m.Recompute(t0, true)
+				if len(m.Drain()) == 0 {
+					b.Fatal("no commands")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkIncremental measures one discovery batch of 100 changed
+// repositories (each gains a root) on the synced world: index updates,
+// recompute of the touched relays and the resulting commands.
+func BenchmarkIncremental(b *testing.B) {
+	for _, sc := range scales(b) {
+		b.Run(sc.name+"/100-repos", func(b *testing.B) {
+			m := buildWorld(b, sc, true)
+			var took []time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				batch := make([]*graspv1.RepoSyncNeeds, 100)
+				for j := range batch {
+					repo := (i*100 + j) % sc.repos
+					batch[j] = benchNeeds(sc, repo, 1+i)
+				}
+				b.StartTimer()
+				start := time.Now()
+				for j, needs := range batch {
+					repo := (i*100 + j) % sc.repos
+					m.ApplyIndex([]IndexChange{m.Index().Put(fmt.Sprintf("k%d", repo), needs)})
+				}
+				m.Recompute(t0.Add(time.Duration(i)*time.Second), false)
+				if len(m.Drain()) == 0 {
+					b.Fatal("no commands")
+				}
+				took = append(took, time.Since(start))
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(took[len(took)-1].Microseconds())/1000, "max-ms")
+		})
+	}
+}
+
+// BenchmarkConsolidate measures one consolidation of a design-scale relay
+// (100 repositories, 5,000 roots: ~154 live filters in 4 commands).
+func BenchmarkConsolidate(b *testing.B) {
+	m := buildWorld(b, designScale, true)
+	s := m.relays[m.sortedRelays()[0]]
+	b.ResetTimer()
+	for range b.N {
+		m.replaceLive(s, nil)
+		if len(m.Drain()) != 4 {
+			b.Fatal("want 4 commands")
+		}
+	}
+}

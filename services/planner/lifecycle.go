@@ -1,0 +1,1020 @@
+package planner
+
+import (
+	"cmp"
+	"encoding/hex"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/filters"
+)
+
+// Rules are the lifecycle constants (ARCHITECTURE §4), all configurable.
+type Rules struct {
+	// QuickReconnect is the longest disconnection after which confirmed
+	// state is kept (quick reconnect); longer ones start fresh.
+	QuickReconnect time.Duration `envconfig:"PLANNER_QUICK_RECONNECT" default:"15m"`
+	// SinceBuffer is subtracted from the moment the live stream was lost to
+	// get a catch-up's since (propagation buffer).
+	SinceBuffer time.Duration `envconfig:"PLANNER_SINCE_BUFFER" default:"15m"`
+	// ResyncMin and ResyncMax bound the random daily full resync interval.
+	ResyncMin time.Duration `envconfig:"PLANNER_RESYNC_MIN" default:"23h"`
+	ResyncMax time.Duration `envconfig:"PLANNER_RESYNC_MAX" default:"25h"`
+	// QuietPeriod is how long a relay must have no batch pending before it
+	// counts as synced: longer than discovery's batch window, because roots
+	// found in a relay's history need their own batches.
+	QuietPeriod time.Duration `envconfig:"PLANNER_QUIET_PERIOD" default:"6s"`
+	// MaxLiveFilters is the live filter budget per relay; above it the
+	// relay's live subscriptions are consolidated.
+	MaxLiveFilters int `envconfig:"PLANNER_MAX_LIVE_FILTERS" default:"70"`
+	// MaxBatchItems bounds one batch (repositories + roots), so a failure
+	// or disconnect loses little progress.
+	MaxBatchItems int `envconfig:"PLANNER_MAX_BATCH_ITEMS" default:"1000"`
+	// MaxFiltersPerCommand bounds the live filters of one command (one REQ
+	// at the fetcher): 50 filters of 100 ids are ~330 KB, under NATS's 1 MiB
+	// payload and khatru's 512 KB message limit. A larger consolidated set
+	// is sent as ReplaceLive plus live-only AddFilters.
+	MaxFiltersPerCommand int `envconfig:"PLANNER_MAX_FILTERS_PER_COMMAND" default:"50"`
+	// FailureRetry is how long a relay waits after a failed batch before
+	// its items are tried again.
+	FailureRetry time.Duration `envconfig:"PLANNER_FAILURE_RETRY" default:"5m"`
+	// Heartbeat re-sends EnsureConnected to every relay this often, so a
+	// relay whose fetcher died (and whose shard moved) is reconnected and a
+	// session that ended unreported is noticed. 0 disables it.
+	Heartbeat time.Duration `envconfig:"PLANNER_HEARTBEAT" default:"30s"`
+}
+
+// DefaultRules are the defaults of ARCHITECTURE §4.
+func DefaultRules() Rules {
+	return Rules{
+		QuickReconnect:       15 * time.Minute,
+		SinceBuffer:          15 * time.Minute,
+		ResyncMin:            23 * time.Hour,
+		ResyncMax:            25 * time.Hour,
+		QuietPeriod:          6 * time.Second,
+		MaxLiveFilters:       70,
+		MaxBatchItems:        1000,
+		MaxFiltersPerCommand: 50,
+		FailureRetry:         5 * time.Minute,
+		Heartbeat:            30 * time.Second,
+	}
+}
+
+// ReconnectKind classifies how a session started.
+type ReconnectKind string
+
+// Reconnect kinds, as counted in metrics.
+const (
+	KindFresh  ReconnectKind = "fresh"  // first connect
+	KindQuick  ReconnectKind = "quick"  // disconnected ≤ QuickReconnect
+	KindLong   ReconnectKind = "long"   // disconnected longer: fresh start, counted as a disconnect
+	KindDaily  ReconnectKind = "daily"  // daily resync: fresh start, not a disconnect
+	KindResume ReconnectKind = "resume" // a new planner took over a live session
+)
+
+// Observer receives lifecycle facts for metrics. Methods are called from the
+// machine's goroutine.
+type Observer interface {
+	BatchStarted(relay string, kind BatchKind)
+	BatchFinished(relay string, kind BatchKind, ok bool, took time.Duration)
+	Consolidated(relay string)
+	Reconnected(relay string, kind ReconnectKind)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) BatchStarted(string, BatchKind)                       {}
+func (nopObserver) BatchFinished(string, BatchKind, bool, time.Duration) {}
+func (nopObserver) Consolidated(string)                                  {}
+func (nopObserver) Reconnected(string, ReconnectKind)                    {}
+
+// Machine is the planner's whole decision state: the index mirror, every
+// relay's lifecycle and its batches. It is pure: inputs are index changes,
+// fetcher reports and the time, passed in; outputs are fetch commands
+// (Drain) and changed relay records (TakeDirty). No I/O, no goroutines, no
+// clock of its own, so table tests can assert exact commands.
+type Machine struct {
+	rules  Rules
+	idx    *Index
+	relays map[RelayID]*RelayState
+	epoch  uint64
+	seq    uint64
+	// jitter returns a number in [0,1) for the daily resync spread.
+	jitter func() float64
+	obs    Observer
+
+	out           []*graspv1.FetchCommand
+	dirty         map[RelayID]bool
+	dropped       []string
+	affected      map[RelayID]bool
+	nextHeartbeat time.Time
+}
+
+// NewMachine returns a machine for one leadership epoch. jitter must return
+// values in [0,1); obs may be nil.
+func NewMachine(rules Rules, idx *Index, epoch uint64, jitter func() float64, obs Observer) *Machine {
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	return &Machine{
+		rules: rules, idx: idx, relays: map[RelayID]*RelayState{}, epoch: epoch,
+		jitter: jitter, obs: obs, dirty: map[RelayID]bool{}, affected: map[RelayID]bool{},
+	}
+}
+
+// Index returns the machine's index mirror.
+func (m *Machine) Index() *Index { return m.idx }
+
+// Relays returns the tracked relays (read only).
+func (m *Machine) Relays() map[RelayID]*RelayState { return m.relays }
+
+// Drain returns the commands decided since the last call, in order.
+func (m *Machine) Drain() []*graspv1.FetchCommand {
+	out := m.out
+	m.out = nil
+	return out
+}
+
+// TakeDirty returns the relays whose persisted record changed and the URLs
+// of relays dropped since the last call.
+func (m *Machine) TakeDirty() (changed []*RelayState, dropped []string) {
+	ids := make([]RelayID, 0, len(m.dirty))
+	for id := range m.dirty {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if s, ok := m.relays[id]; ok {
+			changed = append(changed, s)
+		}
+	}
+	clear(m.dirty)
+	dropped, m.dropped = m.dropped, nil
+	return changed, dropped
+}
+
+// ApplyIndex records index changes: removed relays and roots leave the
+// relays' confirmed and pending state at once (removal), and every relay
+// the changes touch is recomputed by the next Recompute.
+func (m *Machine) ApplyIndex(changes []IndexChange) {
+	for _, ch := range changes {
+		for _, r := range ch.Relays {
+			m.affected[r] = true
+		}
+		for _, r := range ch.RemovedRelays {
+			if s, ok := m.relays[r]; ok {
+				if _, had := s.Pairs[ch.Repo]; had {
+					delete(s.Pairs, ch.Repo)
+					s.needsReplace = true
+					s.minLo = 0
+					m.dirty[r] = true
+				}
+				stripBatches(s, ch.Repo, nil)
+			}
+		}
+		if len(ch.RemovedRoots) == 0 {
+			continue
+		}
+		for _, r := range m.idx.Repo(ch.Repo).Relays {
+			s, ok := m.relays[r]
+			if !ok {
+				continue
+			}
+			stripBatches(s, ch.Repo, ch.RemovedRoots)
+			p := s.Pairs[ch.Repo]
+			if p == nil {
+				continue
+			}
+			c, q := minus(p.Confirmed, ch.RemovedRoots), minus(p.Pending, ch.RemovedRoots)
+			if len(c) != len(p.Confirmed) || len(q) != len(p.Pending) {
+				p.Confirmed, p.Pending = c, q
+				s.needsReplace = true
+				s.minLo = 0
+				m.dirty[r] = true
+			}
+		}
+	}
+}
+
+// stripBatches removes a repository (roots nil) or some of its roots from
+// the relay's batches in flight. Their live subscriptions are dropped by the
+// consolidation that follows a removal, so if the items are listed again
+// before the batch ends, its completion must not confirm them: they get a
+// new batch, live and full history.
+func stripBatches(s *RelayState, repo RepoID, roots []RootID) {
+	for _, b := range s.Batches {
+		kept := b.Items[:0:0]
+		for _, it := range b.Items {
+			if it.Repo == repo {
+				if roots == nil {
+					continue
+				}
+				it.Roots = minus(it.Roots, roots)
+			}
+			kept = append(kept, it)
+		}
+		b.Items = kept
+	}
+}
+
+// SetBootstrap applies a new bootstrap relay list.
+func (m *Machine) SetBootstrap(urls []string) {
+	for _, r := range m.idx.SetBootstrap(urls) {
+		m.affected[r] = true
+		if s, ok := m.relays[r]; ok {
+			s.Bootstrap = m.idx.IsBootstrap(r)
+			m.dirty[r] = true
+		}
+	}
+}
+
+// Recompute runs ComputeActions once — over every relay when full, else
+// over the relays touched since the last Recompute — and turns its decisions
+// into commands. The planner calls it once per discovery batch.
+func (m *Machine) Recompute(now time.Time, full bool) {
+	var scope []RelayID
+	if !full {
+		scope = make([]RelayID, 0, len(m.affected))
+		for r := range m.affected {
+			scope = append(scope, r)
+		}
+		slices.Sort(scope)
+	}
+	clear(m.affected)
+	m.execute(now, ComputeActions(m.idx, m.relays, scope, now))
+	if full {
+		scope = m.sortedRelays()
+	}
+	for _, id := range scope {
+		if s, ok := m.relays[id]; ok {
+			m.finish(now, s)
+		}
+	}
+}
+
+func (m *Machine) sortedRelays() []RelayID {
+	ids := make([]RelayID, 0, len(m.relays))
+	for id := range m.relays {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (m *Machine) execute(now time.Time, actions []Action) {
+	for _, a := range actions {
+		switch a.Kind {
+		case ActionEnsureConnected:
+			s := NewRelayState(a.Relay, m.idx.RelayURL(a.Relay))
+			s.Status = graspv1.RelayStatus_RELAY_STATUS_CONNECTING
+			s.Bootstrap = m.idx.IsBootstrap(a.Relay)
+			m.relays[a.Relay] = s
+			m.dirty[a.Relay] = true
+			m.send(s, "", &graspv1.FetchCommand{Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
+		case ActionAddFilters:
+			m.emitItems(now, m.relays[a.Relay], a.Items)
+		case ActionDisconnectLater:
+			s := m.relays[a.Relay]
+			s.Status = graspv1.RelayStatus_RELAY_STATUS_DISCONNECTING
+			m.dirty[a.Relay] = true
+		case ActionDropRelay:
+			m.drop(m.relays[a.Relay], "no repository lists this relay")
+		}
+	}
+}
+
+func (m *Machine) drop(s *RelayState, reason string) {
+	m.send(s, "", &graspv1.FetchCommand{Command: &graspv1.FetchCommand_DropRelay{DropRelay: &graspv1.DropRelay{Reason: reason}}})
+	delete(m.relays, s.ID)
+	delete(m.dirty, s.ID)
+	m.dropped = append(m.dropped, s.URL)
+}
+
+// finish completes a relay's recompute: retries of the connection-level
+// batches once any hold has ended, and a pending replacement of its live
+// subscriptions.
+func (m *Machine) finish(now time.Time, s *RelayState) {
+	if !s.Connected() {
+		return
+	}
+	if s.Status == graspv1.RelayStatus_RELAY_STATUS_DISCONNECTING && m.idx.IsTarget(s.ID) {
+		// Listed again before its last batches ended: keep it.
+		s.Status = graspv1.RelayStatus_RELAY_STATUS_SYNCING
+		if len(s.Batches) == 0 {
+			s.QuietAt = now.Add(m.rules.QuietPeriod)
+		}
+		m.dirty[s.ID] = true
+	}
+	if !now.Before(s.HoldUntil) {
+		if !s.AnnouncementsSynced && !s.hasBatch(BatchLayer1) {
+			m.startBatch(now, s, BatchLayer1, nil, 0, false)
+		}
+		if s.CatchUpSince != 0 && !s.hasBatch(BatchCatchUp) {
+			// Confirmed and pending items: a pending item's live
+			// subscription may have been among those lost.
+			if items := m.liveItems(s, nil); s.AnnouncementsSynced || len(items) > 0 {
+				m.startBatch(now, s, BatchCatchUp, items, s.CatchUpSince, false)
+			} else {
+				s.CatchUpSince = 0 // layer 1 in full covers it
+			}
+		}
+	}
+	if s.liveStale || s.needsReplace {
+		m.replaceLive(s, nil)
+	}
+	if s.Status == graspv1.RelayStatus_RELAY_STATUS_CONNECTED_HISTORIC_SYNC_FAILURES && len(s.Batches) == 0 && s.QuietAt.IsZero() {
+		// The failed items may have left the target: look again.
+		s.QuietAt = now.Add(m.rules.QuietPeriod)
+	}
+}
+
+// HandleReport advances a relay's lifecycle from one fetcher report. Reports
+// for a session other than the relay's current one are ignored: an EOSE from
+// a dead connection must not confirm a batch whose subscriptions no longer
+// exist.
+func (m *Machine) HandleReport(now time.Time, r *graspv1.FetchReport) {
+	id, ok := m.idx.LookupRelay(r.GetRelayUrl())
+	if !ok {
+		return
+	}
+	s, ok := m.relays[id]
+	if !ok {
+		return
+	}
+	at := now
+	if r.GetAt() > 0 {
+		at = time.UnixMilli(r.GetAt())
+	}
+	switch rep := r.GetReport().(type) {
+	case *graspv1.FetchReport_Connected:
+		m.onConnected(now, s, r.GetSessionId())
+	case *graspv1.FetchReport_Disconnected:
+		if r.GetSessionId() == "" || r.GetSessionId() != s.Session {
+			if s.restored && r.GetSessionId() == s.resumeSession {
+				// The session the previous planner knew ended while no
+				// planner was watching: that is when the live stream was
+				// lost.
+				s.resumeSession = ""
+				s.DisconnectedAt = at
+				m.dirty[id] = true
+			}
+			return
+		}
+		m.endSession(s, at)
+		if !m.idx.IsTarget(id) {
+			m.drop(s, "no repository lists this relay")
+		}
+	case *graspv1.FetchReport_BatchDone:
+		if r.GetSessionId() != s.Session || s.Session == "" {
+			return
+		}
+		s.LastSeen = now
+		m.onBatchDone(now, s, rep.BatchDone)
+	case *graspv1.FetchReport_Health:
+		if r.GetSessionId() == s.Session && s.Session != "" {
+			s.LastSeen = now
+		}
+		dead := rep.Health.GetState() == graspv1.HealthState_HEALTH_STATE_DEAD
+		if dead != s.Dead {
+			s.Dead = dead
+			m.dirty[id] = true
+		}
+	case *graspv1.FetchReport_RateLimited:
+		if r.GetSessionId() == s.Session && s.Session != "" {
+			s.LastSeen = now
+			// No new batches during the relay's cooldown.
+			if until := time.UnixMilli(rep.RateLimited.GetUntil()); rep.RateLimited.GetUntil() > 0 && until.After(s.HoldUntil) {
+				s.HoldUntil = until
+			}
+		}
+	case *graspv1.FetchReport_SubscriptionClosed:
+		if r.GetSessionId() != s.Session || s.Session == "" || !rep.SubscriptionClosed.GetLive() {
+			return // a historic part is retried or reported failed by the fetcher
+		}
+		s.LastSeen = now
+		m.onLiveClosed(now, s, at, rep.SubscriptionClosed.GetRetryAt())
+	}
+}
+
+// onLiveClosed handles a live subscription the relay closed while the
+// connection stayed up: events from then until it is open again are missed
+// by live, so layer 1 and the confirmed items are caught up from
+// at − SinceBuffer once it is open again (the report does not say which
+// subscription it was). If the fetcher will not reopen it, the live set is
+// replaced now.
+func (m *Machine) onLiveClosed(now time.Time, s *RelayState, at time.Time, retryAtMs int64) {
+	since := at.Add(-m.rules.SinceBuffer).Unix()
+	if s.CatchUpSince == 0 || since < s.CatchUpSince {
+		s.CatchUpSince = since
+	}
+	s.catchUpGen++ // a catch-up in flight may predate the gap
+	if retryAtMs > 0 {
+		// Catch up only after the fetcher reopened it, or the gap between
+		// the catch-up and the reopening would be missed.
+		if reopen := time.UnixMilli(retryAtMs).Add(time.Second); reopen.After(s.HoldUntil) {
+			s.HoldUntil = reopen
+		}
+	} else {
+		s.needsReplace = true
+	}
+	m.dirty[s.ID] = true
+	m.finish(now, s)
+}
+
+// endSession records that the relay's session ended at at: its batches and
+// live subscriptions died with it.
+func (m *Machine) endSession(s *RelayState, at time.Time) {
+	s.Status = graspv1.RelayStatus_RELAY_STATUS_DISCONNECTED
+	s.Session = ""
+	s.DisconnectedAt = at
+	s.Dead = false
+	m.clearPending(s)
+	s.LiveFilters = 0
+	s.liveStale, s.needsReplace = false, false
+	s.minKnown = false
+	s.QuietAt = time.Time{}
+	m.dirty[s.ID] = true
+}
+
+func (m *Machine) clearPending(s *RelayState) {
+	s.Batches = nil
+	s.minKnown = false
+	for _, p := range s.Pairs {
+		p.Pending = nil
+		p.RepoPending = false
+	}
+}
+
+func (m *Machine) clearConfirmed(s *RelayState) {
+	clear(s.Pairs)
+	s.AnnouncementsSynced = false
+	s.CatchUpSince = 0
+	s.Failures = 0
+}
+
+func (m *Machine) onConnected(now time.Time, s *RelayState, session string) {
+	if session == "" {
+		return
+	}
+	if session == s.Session {
+		// A repeated Connected: the heartbeat's answer. Persist the sign of
+		// life now and then, so a successor's catch-up starts close to it.
+		if now.Sub(s.LastSeen) >= time.Minute {
+			m.dirty[s.ID] = true
+		}
+		s.LastSeen = now
+		return
+	}
+	if s.Session != "" {
+		// A new session while the old one was never reported closed (the
+		// fetcher died, or the report was lost): the old one was last known
+		// alive at LastSeen.
+		m.endSession(s, s.LastSeen)
+	}
+	kind := KindFresh
+	sameSession := s.restored && session == s.resumeSession
+	switch {
+	case sameSession:
+		kind = KindResume
+	case s.LastConnected.IsZero():
+		kind = KindFresh
+	case now.Sub(s.DisconnectedAt) <= m.rules.QuickReconnect:
+		kind = KindQuick
+	default:
+		kind = KindLong
+	}
+	if !s.NextResync.IsZero() && !now.Before(s.NextResync) && kind != KindFresh {
+		kind = KindDaily // due anyway: do it now instead of a catch-up
+	}
+	s.restored, s.resumeSession = false, ""
+	s.Session = session
+	s.Status = graspv1.RelayStatus_RELAY_STATUS_SYNCING
+	s.LastConnected, s.LastSeen = now, now
+	s.Dead = false
+	s.HoldUntil = time.Time{}
+	s.QuietAt = time.Time{}
+	m.clearPending(s)
+	s.LiveFilters = 0
+	s.liveStale = kind == KindResume
+	s.needsReplace = false
+	m.dirty[s.ID] = true
+	m.obs.Reconnected(s.URL, kind)
+
+	var since int64
+	switch kind {
+	case KindFresh, KindLong, KindDaily:
+		m.clearConfirmed(s)
+		s.NextResync = now.Add(m.resyncInterval())
+	case KindQuick, KindResume:
+		since = s.DisconnectedAt.Add(-m.rules.SinceBuffer).Unix()
+		if s.CatchUpSince != 0 && s.CatchUpSince < since {
+			since = s.CatchUpSince // an earlier catch-up never finished
+		}
+		if s.NextResync.IsZero() {
+			s.NextResync = now.Add(m.resyncInterval())
+		}
+	}
+	// Layer 1 in full until the relay's announcements were synced once;
+	// afterwards the catch-up (layer 1 and every confirmed item, with since)
+	// covers what the outage missed. The base live filter opens with
+	// whichever comes first.
+	if !s.AnnouncementsSynced {
+		m.startBatch(now, s, BatchLayer1, nil, 0, !s.liveStale)
+	}
+	if items := m.liveItems(s, nil); since != 0 && (s.AnnouncementsSynced || len(items) > 0) {
+		s.CatchUpSince = since
+		s.catchUpGen++
+		m.startBatch(now, s, BatchCatchUp, items, since, !s.liveStale)
+	} else {
+		s.CatchUpSince = 0 // layer 1 in full covers it
+	}
+	m.emitItems(now, s, MissingItems(m.idx, s))
+	m.finish(now, s)
+}
+
+// dailyResync is a fresh start on the running session: confirmed state is
+// cleared and everything is fetched again; the live subscriptions are
+// replaced with one consolidated set. Not counted as a disconnect.
+func (m *Machine) dailyResync(now time.Time, s *RelayState) {
+	m.obs.Reconnected(s.URL, KindDaily)
+	m.clearPending(s)
+	m.clearConfirmed(s)
+	s.Status = graspv1.RelayStatus_RELAY_STATUS_SYNCING
+	s.QuietAt = time.Time{}
+	s.HoldUntil = time.Time{}
+	s.NextResync = now.Add(m.resyncInterval())
+	s.liveStale = true
+	m.dirty[s.ID] = true
+	m.startBatch(now, s, BatchLayer1, nil, 0, false)
+	m.emitItems(now, s, MissingItems(m.idx, s))
+	m.finish(now, s)
+}
+
+func (m *Machine) resyncInterval() time.Duration {
+	span := m.rules.ResyncMax - m.rules.ResyncMin
+	return m.rules.ResyncMin + time.Duration(m.jitter()*float64(span))
+}
+
+func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchDone) {
+	i := slices.IndexFunc(s.Batches, func(b *PendingBatch) bool { return b.ID == done.GetBatchId() && b.Session == s.Session })
+	if i < 0 {
+		return
+	}
+	b := s.Batches[i]
+	s.Batches = slices.Delete(s.Batches, i, i+1)
+	ok := done.GetOutcome() == graspv1.BatchOutcome_BATCH_OUTCOME_OK
+	m.obs.BatchFinished(s.URL, b.Kind, ok, now.Sub(b.Started))
+	m.dirty[s.ID] = true
+	switch {
+	case !ok:
+		s.Failures++
+		s.HoldUntil = now.Add(m.rules.FailureRetry)
+		s.minLo = 0 // its items may leave the live set
+		for _, it := range b.Items {
+			if p := s.Pairs[it.Repo]; p != nil && b.Kind == BatchItems {
+				p.Pending = minus(p.Pending, it.Roots)
+				if it.NeedRepo {
+					p.RepoPending = false
+				}
+			}
+		}
+	case b.Kind == BatchLayer1:
+		s.AnnouncementsSynced = true
+	case b.Kind == BatchCatchUp:
+		if b.catchUpGen == s.catchUpGen {
+			s.CatchUpSince = 0
+		}
+	case b.Kind == BatchItems:
+		targets := m.idx.TargetRepos(s.ID)
+		for _, it := range b.Items {
+			if _, listed := targets[it.Repo]; !listed {
+				continue // removed while in flight
+			}
+			p := s.pair(it.Repo)
+			if it.NeedRepo {
+				p.RepoConfirmed, p.RepoPending = true, false
+			}
+			p.Pending = minus(p.Pending, it.Roots)
+			p.Confirmed = union(p.Confirmed, intersect(it.Roots, m.idx.Repo(it.Repo).Roots))
+			shareRoots(p, m.idx.Repo(it.Repo))
+		}
+	}
+	if len(s.Batches) == 0 {
+		s.QuietAt = now.Add(m.rules.QuietPeriod)
+		if !m.idx.IsTarget(s.ID) {
+			m.drop(s, "no repository lists this relay")
+			return
+		}
+	}
+	m.finish(now, s) // a superseded catch-up is followed by a new one
+}
+
+// Tick runs what is due at now: statuses after the quiet period, retries
+// after a hold, daily resyncs and the heartbeat.
+func (m *Machine) Tick(now time.Time) {
+	for _, id := range m.sortedRelays() {
+		s := m.relays[id]
+		if !s.QuietAt.IsZero() && !now.Before(s.QuietAt) {
+			s.QuietAt = time.Time{}
+			if len(s.Batches) == 0 && s.Connected() {
+				m.settle(s)
+			}
+		}
+		if !s.HoldUntil.IsZero() && !now.Before(s.HoldUntil) {
+			s.HoldUntil = time.Time{}
+			m.execute(now, ComputeActions(m.idx, m.relays, []RelayID{id}, now))
+			if _, still := m.relays[id]; still {
+				m.finish(now, s)
+			}
+		}
+		if _, still := m.relays[id]; still && s.Connected() && !s.NextResync.IsZero() && !now.Before(s.NextResync) {
+			m.dailyResync(now, s)
+		}
+	}
+	if m.rules.Heartbeat > 0 && !now.Before(m.nextHeartbeat) {
+		if !m.nextHeartbeat.IsZero() {
+			for _, id := range m.sortedRelays() {
+				m.send(m.relays[id], "", &graspv1.FetchCommand{Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
+			}
+		}
+		m.nextHeartbeat = now.Add(m.rules.Heartbeat)
+	}
+}
+
+// settle moves a relay out of Syncing once its quiet period passed with no
+// batch pending.
+func (m *Machine) settle(s *RelayState) {
+	complete := s.AnnouncementsSynced && s.CatchUpSince == 0 && len(MissingItems(m.idx, s)) == 0
+	if complete {
+		s.Failures = 0
+	}
+	status := graspv1.RelayStatus_RELAY_STATUS_CONNECTED
+	if s.Failures > 0 {
+		status = graspv1.RelayStatus_RELAY_STATUS_CONNECTED_HISTORIC_SYNC_FAILURES
+	}
+	switch s.Status {
+	case graspv1.RelayStatus_RELAY_STATUS_SYNCING, graspv1.RelayStatus_RELAY_STATUS_CONNECTED_HISTORIC_SYNC_FAILURES:
+		if s.Status != status {
+			s.Status = status
+			m.dirty[s.ID] = true
+		}
+	}
+}
+
+// NextDeadline is the earliest time Tick has something to do (zero: none).
+func (m *Machine) NextDeadline() time.Time {
+	var next time.Time
+	consider := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	for _, s := range m.relays {
+		consider(s.QuietAt)
+		consider(s.HoldUntil)
+		if s.Connected() {
+			consider(s.NextResync)
+		}
+	}
+	if m.rules.Heartbeat > 0 {
+		consider(m.nextHeartbeat)
+	}
+	return next
+}
+
+// emitItems starts batches for new items: live subscriptions (limit 0) and
+// their history. If the relay's live filters would exceed the budget, all its
+// live subscriptions are first replaced with the minimal set for confirmed ∪
+// pending ∪ new items (consolidation), and the batches carry history only.
+// Consolidation never waits for pending batches.
+func (m *Machine) emitItems(now time.Time, s *RelayState, items []BatchItem) {
+	if len(items) == 0 {
+		return
+	}
+	batches := m.split(items)
+	n := 0
+	for _, b := range batches {
+		n += m.countItems(b)
+	}
+	withLive := true
+	if s.liveStale {
+		m.replaceLive(s, items)
+		withLive = false
+	} else if over, exact := m.overBudget(s, s.LiveFilters+n, items, n); over {
+		m.replaceLive(s, items)
+		withLive = false
+	} else if exact >= 0 {
+		s.minLo, s.minHi = exact, exact
+	} else {
+		s.minHi += n // the new items add at most their own filters
+	}
+	for _, b := range batches {
+		m.startBatch(now, s, BatchItems, b, 0, withLive)
+	}
+}
+
+// overBudget says whether total live filters need consolidating, and
+// returns the exact minimal set size with extra when it had to compute it
+// (else −1). The budget is MaxLiveFilters; a relay whose minimal set alone
+// is larger (at design scale, a relay listed by 100 repositories with 5,000
+// roots needs ~150 filters of 100 values) gets its minimal set plus a
+// headroom of half to all of the budget (see headroom), so it is not
+// consolidated on every batch.
+func (m *Machine) overBudget(s *RelayState, total int, extra []BatchItem, n int) (bool, int) {
+	t := m.rules.MaxLiveFilters
+	if total <= t {
+		return false, -1
+	}
+	if !s.minKnown {
+		exact := m.minimalSize(s, nil)
+		s.minLo, s.minHi, s.minKnown = exact, exact, true
+	}
+	lo, hi, room := s.minLo, s.minHi+n, headroom(s, t)
+	if hi <= t {
+		return true, -1 // the minimal set fits the budget: consolidate
+	}
+	if lo > t {
+		if total <= lo+room {
+			return false, -1
+		}
+		if total > hi+room {
+			return true, -1
+		}
+	}
+	exact := m.minimalSize(s, extra)
+	limit := t
+	if exact > t {
+		limit = exact + headroom(s, t)
+	}
+	return total > limit, exact
+}
+
+// headroom is how far a relay whose minimal live set exceeds the budget may
+// grow past it before consolidating: between half the budget and the budget,
+// fixed per relay (a hash of its URL). Relays that grow alike would
+// otherwise all consolidate in the same discovery batch.
+func headroom(s *RelayState, budget int) int {
+	h := fnv.New32a()
+	h.Write([]byte(s.URL))
+	return budget/2 + int(h.Sum32()%uint32(budget-budget/2))
+}
+
+func (m *Machine) minimalSize(s *RelayState, extra []BatchItem) int {
+	return 1 + m.countItems(m.liveItems(s, extra))
+}
+
+// LiveBudget is the most live filters a relay may have open: MaxLiveFilters,
+// or its minimal set plus its headroom when the minimal set alone is larger.
+func (m *Machine) LiveBudget(s *RelayState) int {
+	min := m.minimalSize(s, nil)
+	if min > m.rules.MaxLiveFilters {
+		return min + headroom(s, m.rules.MaxLiveFilters)
+	}
+	return m.rules.MaxLiveFilters
+}
+
+// replaceLive sends one ReplaceLive with the minimal live set: layer 1 plus
+// every confirmed, pending and extra item.
+func (m *Machine) replaceLive(s *RelayState, extra []BatchItem) {
+	fs := append([]nostr.Filter{filters.Base()}, m.itemFilters(m.liveItems(s, extra))...)
+	if !s.liveStale {
+		m.obs.Consolidated(s.URL)
+	}
+	s.LiveFilters = len(fs)
+	s.minLo, s.minHi, s.minKnown = len(fs), len(fs), true
+	s.liveStale, s.needsReplace = false, false
+	live := filters.ToProtos(filters.Live(fs))
+	per := m.rules.MaxFiltersPerCommand
+	if per <= 0 {
+		per = len(live)
+	}
+	// The first part replaces every live subscription; the rest are added
+	// as live-only AddFilters (no batch id), each one REQ of bounded size.
+	m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_ReplaceLive{ReplaceLive: &graspv1.ReplaceLive{
+		LiveFilters: live[:min(per, len(live))],
+	}}})
+	for i := per; i < len(live); i += per {
+		m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_AddFilters{AddFilters: &graspv1.AddFilters{
+			LiveFilters: live[i:min(i+per, len(live))],
+		}}})
+	}
+	m.dirty[s.ID] = true
+}
+
+// liveItems is confirmed ∪ pending ∪ extra, one item per repository.
+func (m *Machine) liveItems(s *RelayState, extra []BatchItem) []BatchItem {
+	byRepo := make(map[RepoID]*BatchItem, len(s.Pairs)+len(extra))
+	var order []RepoID
+	add := func(repo RepoID, need bool, roots []RootID) {
+		it := byRepo[repo]
+		if it == nil {
+			it = &BatchItem{Repo: repo}
+			byRepo[repo] = it
+			order = append(order, repo)
+		}
+		it.NeedRepo = it.NeedRepo || need
+		if len(roots) > 0 {
+			it.Roots = union(it.Roots, roots)
+		}
+	}
+	for repo, p := range s.Pairs {
+		add(repo, p.RepoConfirmed || p.RepoPending, union(p.Confirmed, p.Pending))
+	}
+	for _, it := range extra {
+		add(it.Repo, it.NeedRepo, it.Roots)
+	}
+	slices.Sort(order)
+	out := make([]BatchItem, 0, len(order))
+	for _, r := range order {
+		if it := byRepo[r]; it.NeedRepo || len(it.Roots) > 0 {
+			out = append(out, *it)
+		}
+	}
+	return out
+}
+
+// split cuts items into batches of at most MaxBatchItems (repositories +
+// roots); a repository with more roots than that is spread over batches.
+func (m *Machine) split(items []BatchItem) [][]BatchItem {
+	max := m.rules.MaxBatchItems
+	if max <= 0 {
+		return [][]BatchItem{items}
+	}
+	var out [][]BatchItem
+	var cur []BatchItem
+	size := 0
+	for _, it := range items {
+		need := it.NeedRepo
+		roots := it.Roots
+		for need || len(roots) > 0 {
+			if size >= max {
+				out, cur, size = append(out, cur), nil, 0
+			}
+			room := max - size
+			part := BatchItem{Repo: it.Repo, NeedRepo: need}
+			if need {
+				room--
+				size++
+				need = false
+			}
+			k := min(room, len(roots))
+			if k > 0 {
+				part.Roots = roots[:k:k]
+			}
+			roots = roots[k:]
+			size += k
+			cur = append(cur, part)
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// itemFilters builds the layer-2/3 filters (and 30618 states) of items.
+func (m *Machine) itemFilters(items []BatchItem) []nostr.Filter {
+	refs, idents, roots := m.itemValues(items)
+	return filters.Items(refs, idents, m.hexes(m.hexOrder(roots)))
+}
+
+func (m *Machine) countItems(items []BatchItem) int {
+	refs, idents, roots := m.itemValues(items)
+	slices.Sort(roots)
+	return filters.CountItems(len(refs), len(idents), len(slices.Compact(roots)))
+}
+
+// itemValues collects the repository refs, identifiers and roots of items.
+// roots is a fresh slice, unsorted.
+func (m *Machine) itemValues(items []BatchItem) (refs, idents []string, roots []RootID) {
+	for _, it := range items {
+		if it.NeedRepo {
+			repo := m.idx.Repo(it.Repo)
+			refs = append(refs, repo.Ref)
+			if repo.Identifier != "" {
+				idents = append(idents, repo.Identifier)
+			}
+		}
+		roots = append(roots, it.Roots...)
+	}
+	slices.Sort(idents)
+	return refs, slices.Compact(idents), roots
+}
+
+// hexOrder sorts roots into hex order without duplicates. Hex order is the
+// order of the ids' bytes, so sorting by the 8-byte prefix (ties, which are
+// astronomically rare, by the full id) avoids comparing strings.
+func (m *Machine) hexOrder(roots []RootID) []RootID {
+	type keyed struct {
+		prefix uint64
+		id     RootID
+	}
+	tab := m.idx.Roots
+	ks := make([]keyed, len(roots))
+	for i, r := range roots {
+		ks[i] = keyed{tab.Prefix(r), r}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int {
+		if a.prefix != b.prefix {
+			return cmp.Compare(a.prefix, b.prefix)
+		}
+		return strings.Compare(tab.Hex(a.id), tab.Hex(b.id))
+	})
+	out := roots[:0]
+	for i, k := range ks {
+		if i > 0 && k.id == ks[i-1].id {
+			continue
+		}
+		out = append(out, k.id)
+	}
+	return out
+}
+
+// startBatch sends one AddFilters: live (limit 0) unless the live set was
+// just replaced, plus the historic part tracked as a PendingBatch.
+func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items []BatchItem, since int64, withLive bool) {
+	m.seq++
+	b := &PendingBatch{ID: fmt.Sprintf("%d-%d", m.epoch, m.seq), Session: s.Session, Kind: kind, Items: items, Since: since, Started: now,
+		catchUpGen: s.catchUpGen}
+	var fs []nostr.Filter
+	refs, idents, roots := m.itemValues(items)
+	hexes := m.hexes(m.hexOrder(roots))
+	liveFrom := 0
+	switch kind {
+	case BatchLayer1:
+		fs = []nostr.Filter{filters.Base()}
+	case BatchCatchUp:
+		fs = append([]nostr.Filter{filters.Base()}, filters.Items(refs, idents, hexes)...)
+		if s.hasBatch(BatchLayer1) {
+			liveFrom = 1 // the layer-1 batch of this session opened it
+		}
+	default:
+		fs = filters.Items(refs, idents, hexes)
+	}
+	add := &graspv1.AddFilters{BatchId: b.ID, HistoricFilters: filters.ToProtos(fs), Layer1: kind == BatchLayer1}
+	if since != 0 {
+		add.Since = &since
+	}
+	if withLive && len(fs) > liveFrom {
+		add.LiveFilters = filters.ToProtos(filters.Live(fs[liveFrom:]))
+		s.LiveFilters += len(fs) - liveFrom
+	}
+	for _, it := range items {
+		if kind == BatchItems {
+			p := s.pair(it.Repo)
+			if it.NeedRepo {
+				p.RepoPending = true
+			}
+			p.Pending = union(p.Pending, it.Roots)
+		}
+	}
+	add.RepoRefs, add.RootEventIds = refs, hexes
+	s.Batches = append(s.Batches, b)
+	s.QuietAt = time.Time{}
+	if s.Status != graspv1.RelayStatus_RELAY_STATUS_DISCONNECTING {
+		s.Status = graspv1.RelayStatus_RELAY_STATUS_SYNCING
+	}
+	m.dirty[s.ID] = true
+	m.obs.BatchStarted(s.URL, kind)
+	m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_AddFilters{AddFilters: add}})
+}
+
+// hexes encodes ids with two allocations: one string holding them all,
+// sliced (substrings share its memory).
+func (m *Machine) hexes(ids []RootID) []string {
+	raw := make([]byte, 0, 32*len(ids))
+	for _, id := range ids {
+		raw = append(raw, m.idx.Roots.ids[id][:]...)
+	}
+	all := hex.EncodeToString(raw)
+	out := make([]string, len(ids))
+	for i := range ids {
+		out[i] = all[64*i : 64*i+64]
+	}
+	return out
+}
+
+func (m *Machine) send(s *RelayState, session string, cmd *graspv1.FetchCommand) {
+	cmd.RelayUrl = s.URL
+	cmd.SessionId = session
+	cmd.Epoch = m.epoch
+	m.out = append(m.out, cmd)
+}
+
+// shareRoots makes a fully confirmed pair share its repository's root slice
+// (per-repository confirmation): at quiescence a relay × repository pair then
+// costs a few words instead of 4 bytes per root. Safe because every set
+// operation allocates a new slice and the index replaces, never edits, a
+// repository's roots.
+func shareRoots(p *PairState, repo *Repo) {
+	if len(p.Confirmed) == len(repo.Roots) && len(p.Confirmed) > 0 {
+		p.Confirmed = repo.Roots
+	}
+}

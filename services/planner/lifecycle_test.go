@@ -1,0 +1,463 @@
+package planner
+
+import (
+	"testing"
+	"time"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+)
+
+const (
+	relayA = "wss://a.example"
+	relayB = "wss://b.example"
+)
+
+func TestFreshStart(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.repo("r1", []string{relayA}, "x", "y")
+	expect(t, "discovered", h.recompute(), "ensure wss://a.example")
+	if h.status(relayA) != "CONNECTING" {
+		t.Fatalf("status %s", h.status(relayA))
+	}
+	expect(t, "connected", h.connect(relayA, "s1"),
+		"add wss://a.example s1 1-1 L1 live=[k30617,10317L0] hist=[k30617,10317]",
+		"add wss://a.example s1 1-2 repos=r1 roots=x,y live=[#a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0] hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
+}
+
+// synced brings relayA to Connected with r1 (roots x, y) confirmed on
+// session s1; batches 1-1 (layer 1) and 1-2 (items).
+func synced(t *testing.T, rules Rules) *harness {
+	h := newHarness(t, rules, 1)
+	h.repo("r1", []string{relayA}, "x", "y")
+	h.recompute()
+	h.connect(relayA, "s1")
+	expect(t, "layer 1 done", h.done(relayA, "s1", "1-1"))
+	expect(t, "items done", h.done(relayA, "s1", "1-2"))
+	if got := h.confirmed(relayA); got != "r1:x,y" {
+		t.Fatalf("confirmed %q", got)
+	}
+	if h.status(relayA) != "SYNCING" {
+		t.Fatalf("status %s right after the last batch, want SYNCING until the quiet period passed", h.status(relayA))
+	}
+	expect(t, "quiet period", h.advance(rules.QuietPeriod))
+	if h.status(relayA) != "CONNECTED" {
+		t.Fatalf("status %s after the quiet period", h.status(relayA))
+	}
+	return h
+}
+
+func TestSyncingToConnectedNeedsQuietPeriod(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.repo("r1", []string{relayA}, "x")
+	h.recompute()
+	h.connect(relayA, "s1")
+	h.done(relayA, "s1", "1-1")
+	h.done(relayA, "s1", "1-2")
+	h.advance(3 * time.Second)
+	// A root found in the relay's history arrives in the next discovery
+	// batch, inside the quiet period: it gets its own batch, still Syncing.
+	h.repo("r1", []string{relayA}, "x", "z")
+	expect(t, "new root", h.recompute(),
+		"add wss://a.example s1 1-3 roots=z live=[#e=zL0 #E=zL0 #q=zL0] hist=[#e=z #E=z #q=z]")
+	h.advance(5 * time.Second)
+	if h.status(relayA) != "SYNCING" {
+		t.Fatalf("status %s with a batch pending", h.status(relayA))
+	}
+	h.done(relayA, "s1", "1-3")
+	h.advance(5 * time.Second)
+	if h.status(relayA) != "SYNCING" {
+		t.Fatalf("status %s before the quiet period ended", h.status(relayA))
+	}
+	h.advance(time.Second)
+	if h.status(relayA) != "CONNECTED" || h.confirmed(relayA) != "r1:x,z" {
+		t.Fatalf("status %s confirmed %s", h.status(relayA), h.confirmed(relayA))
+	}
+}
+
+func TestQuickReconnect(t *testing.T) {
+	h := synced(t, testRules())
+	expect(t, "disconnected", h.disconnect(relayA, "s1"))
+	if h.status(relayA) != "DISCONNECTED" {
+		t.Fatalf("status %s", h.status(relayA))
+	}
+	h.advance(10 * time.Minute)
+	// Discovered while disconnected: no command until the relay is back.
+	h.repo("r1", []string{relayA}, "x", "y", "z")
+	expect(t, "new root while disconnected", h.recompute())
+	// since = disconnected_at − 15 min = now − 25 min, for layer 1 and for
+	// the catch-up of confirmed items; the new root gets its full history.
+	// One catch-up batch: layer 1 and the confirmed items, live and since.
+	expect(t, "reconnected", h.connect(relayA, "s2"),
+		"add wss://a.example s2 1-3 repos=r1 roots=x,y since=-1500 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0] hist=[k30617,10317 #a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]",
+		"add wss://a.example s2 1-4 roots=z live=[#e=zL0 #E=zL0 #q=zL0] hist=[#e=z #E=z #q=z]")
+}
+
+func TestLongReconnectStartsFresh(t *testing.T) {
+	h := synced(t, testRules())
+	h.disconnect(relayA, "s1")
+	h.advance(15*time.Minute + time.Second)
+	expect(t, "reconnected after 15 min", h.connect(relayA, "s2"),
+		"add wss://a.example s2 1-3 L1 live=[k30617,10317L0] hist=[k30617,10317]",
+		"add wss://a.example s2 1-4 repos=r1 roots=x,y live=[#a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0] hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
+	if got := h.confirmed(relayA); got != "" {
+		t.Fatalf("confirmed state kept across a long disconnect: %q", got)
+	}
+}
+
+func TestExactlyFifteenMinutesIsQuick(t *testing.T) {
+	h := synced(t, testRules())
+	h.disconnect(relayA, "s1")
+	h.advance(15 * time.Minute)
+	expect(t, "reconnected", h.connect(relayA, "s2"),
+		"add wss://a.example s2 1-3 repos=r1 roots=x,y since=-1800 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0] hist=[k30617,10317 #a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
+}
+
+func TestDailyResync(t *testing.T) {
+	h := synced(t, testRules())
+	// jitter 0.5: 23 h + 0.5 × 2 h = 24 h after the connect.
+	expect(t, "before", h.advance(24*time.Hour-time.Minute))
+	expect(t, "daily resync on the running session", h.advance(time.Minute),
+		"add wss://a.example s1 1-3 L1 hist=[k30617,10317]",
+		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0]",
+		"add wss://a.example s1 1-4 repos=r1 roots=x,y hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
+	if h.status(relayA) != "SYNCING" || h.confirmed(relayA) != "" {
+		t.Fatalf("status %s confirmed %q", h.status(relayA), h.confirmed(relayA))
+	}
+	h.done(relayA, "s1", "1-3")
+	h.done(relayA, "s1", "1-4")
+	h.advance(time.Minute)
+	if h.status(relayA) != "CONNECTED" || h.confirmed(relayA) != "r1:x,y" {
+		t.Fatalf("status %s confirmed %q", h.status(relayA), h.confirmed(relayA))
+	}
+	if next := h.relay(relayA).NextResync.Sub(h.now); next < 23*time.Hour-2*time.Minute || next > 25*time.Hour {
+		t.Fatalf("next resync in %s", next)
+	}
+}
+
+func TestDailyResyncDueWhileDisconnected(t *testing.T) {
+	h := synced(t, testRules())
+	h.advance(23*time.Hour + 55*time.Minute)
+	h.disconnect(relayA, "s1")
+	h.advance(10 * time.Minute)
+	// Due during the outage: the reconnect is a fresh start, not a catch-up.
+	expect(t, "reconnect", h.connect(relayA, "s2"),
+		"add wss://a.example s2 1-3 L1 live=[k30617,10317L0] hist=[k30617,10317]",
+		"add wss://a.example s2 1-4 repos=r1 roots=x,y live=[#a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0] hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
+}
+
+func TestConsolidationNeverWaitsForPending(t *testing.T) {
+	rules := testRules()
+	rules.MaxLiveFilters = 12
+	h := synced(t, rules) // live: base 1 + r1 7 = 8
+	h.repo("r1", []string{relayA}, "x", "y", "z")
+	expect(t, "11 live filters: within budget", h.recompute(),
+		"add wss://a.example s1 1-3 roots=z live=[#e=zL0 #E=zL0 #q=zL0] hist=[#e=z #E=z #q=z]")
+	// 1-3 is still pending: consolidation includes it and does not wait.
+	h.repo("r1", []string{relayA}, "x", "y", "z", "w")
+	expect(t, "14 > 12: consolidate", h.recompute(),
+		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,w,z,yL0 #E=x,w,z,yL0 #q=x,w,z,yL0]",
+		"add wss://a.example s1 1-4 roots=w hist=[#e=w #E=w #q=w]")
+	if got := h.relay(relayA).LiveFilters; got != 8 {
+		t.Fatalf("live filters %d after consolidation, want 8", got)
+	}
+	h.done(relayA, "s1", "1-3")
+	h.done(relayA, "s1", "1-4")
+	if got := h.confirmed(relayA); got != "r1:w,x,y,z" {
+		t.Fatalf("confirmed %q", got)
+	}
+}
+
+func TestLargeMinimalSetGetsHeadroom(t *testing.T) {
+	rules := testRules()
+	rules.MaxLiveFilters = 4 // base + one repo's minimal set is already 8
+	h := synced(t, rules)
+	s := h.relay(relayA)
+	room := headroom(s, 4)
+	if s.LiveFilters != 8 || room < 2 || room > 3 || h.m.LiveBudget(s) != 8+room {
+		t.Fatalf("live %d headroom %d budget %d", s.LiveFilters, room, h.m.LiveBudget(s))
+	}
+	h.repo("r1", []string{relayA}, "x", "y", "z")
+	got := h.recompute()
+	if want := 8+3 > 8+room; want != (len(got) == 2) {
+		t.Fatalf("11 live filters, budget %d: %q", 8+room, got)
+	}
+	h.repo("r1", []string{relayA}, "x", "y", "z", "w")
+	got = h.recompute()
+	if len(got) < 2 || got[0][:7] != "replace" {
+		t.Fatalf("over budget %d must consolidate: %q", 8+room, got)
+	}
+}
+
+func TestRemovalWhenTargetsShrink(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.repo("r1", []string{relayA}, "x")
+	h.repo("r2", []string{relayA, relayB}, "y")
+	h.recompute()
+	h.connect(relayA, "s1")
+	h.done(relayA, "s1", "1-1")
+	h.done(relayA, "s1", "1-2")
+	if got := h.confirmed(relayA); got != "r1:x r2:y" {
+		t.Fatalf("confirmed %q", got)
+	}
+	// r2's announcement drops relay A: its items leave A's confirmed state
+	// and A's live subscriptions are consolidated without them.
+	h.repo("r2", []string{relayB}, "y")
+	expect(t, "shrink", h.recompute(),
+		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=xL0 #E=xL0 #q=xL0]")
+	if got := h.confirmed(relayA); got != "r1:x" {
+		t.Fatalf("confirmed %q", got)
+	}
+	// A root that disappears from the index goes too.
+	h.repo("r1", []string{relayA})
+	expect(t, "root removed", h.recompute(),
+		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0]")
+	if got := h.confirmed(relayA); got != "r1:" {
+		t.Fatalf("confirmed %q", got)
+	}
+	// No repository left: the relay is dropped.
+	h.unrepo("r1")
+	expect(t, "no repos left", h.recompute(), "drop wss://a.example")
+	if h.relay(relayA) != nil {
+		t.Fatal("dropped relay still tracked")
+	}
+}
+
+func TestNeverDropWhileFirstBatchesPending(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.repo("r1", []string{relayA}, "x")
+	h.recompute()
+	h.connect(relayA, "s1")
+	h.unrepo("r1")
+	// Its items leave the live set at once; the connection stays until the
+	// first batches end.
+	expect(t, "first batches pending", h.recompute(), "replace wss://a.example s1 live=[k30617,10317L0]")
+	if h.status(relayA) != "DISCONNECTING" {
+		t.Fatalf("status %s", h.status(relayA))
+	}
+	expect(t, "layer 1 done", h.done(relayA, "s1", "1-1"))
+	expect(t, "last batch done", h.done(relayA, "s1", "1-2"), "drop wss://a.example")
+	// A relay that is not connected is dropped at once.
+	h.repo("r2", []string{relayB}, "y")
+	h.recompute()
+	h.unrepo("r2")
+	expect(t, "connecting relay", h.recompute(), "drop wss://b.example")
+}
+
+func TestBootstrapRelay(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.m.SetBootstrap([]string{relayB})
+	expect(t, "bootstrap", h.recompute(), "ensure wss://b.example")
+	expect(t, "layer 1 only", h.connect(relayB, "s1"),
+		"add wss://b.example s1 1-1 L1 live=[k30617,10317L0] hist=[k30617,10317]")
+	h.done(relayB, "s1", "1-1")
+	h.advance(time.Minute)
+	if h.status(relayB) != "CONNECTED" {
+		t.Fatalf("status %s", h.status(relayB))
+	}
+	// It gains a repository, then loses it again: never dropped.
+	h.repo("r1", []string{relayB}, "x")
+	expect(t, "gains repo", h.recompute(),
+		"add wss://b.example s1 1-2 repos=r1 roots=x live=[#a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=xL0 #E=xL0 #q=xL0] hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x #E=x #q=x]")
+	h.done(relayB, "s1", "1-2")
+	h.unrepo("r1")
+	expect(t, "loses repo", h.recompute(),
+		"replace wss://b.example s1 live=[k30617,10317L0]")
+	if h.relay(relayB) == nil {
+		t.Fatal("bootstrap relay dropped")
+	}
+}
+
+func TestHistoricSyncFailures(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.repo("r1", []string{relayA}, "x")
+	h.recompute()
+	h.connect(relayA, "s1")
+	h.done(relayA, "s1", "1-1")
+	expect(t, "failed", h.failed(relayA, "s1", "1-2"))
+	h.repo("r1", []string{relayA}, "x", "y")
+	expect(t, "held after a failure", h.recompute())
+	h.advance(time.Minute)
+	if h.status(relayA) != "CONNECTED_HISTORIC_SYNC_FAILURES" {
+		t.Fatalf("status %s", h.status(relayA))
+	}
+	// After FailureRetry the missing items are tried again (their old live
+	// subscriptions are still open, so this is over budget only at scale).
+	expect(t, "retry", h.advance(4*time.Minute),
+		"add wss://a.example s1 1-3 repos=r1 roots=x,y live=[#a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0] hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
+	if h.status(relayA) != "SYNCING" {
+		t.Fatalf("status %s", h.status(relayA))
+	}
+	h.done(relayA, "s1", "1-3")
+	h.advance(time.Minute)
+	if h.status(relayA) != "CONNECTED" || h.confirmed(relayA) != "r1:x,y" {
+		t.Fatalf("status %s confirmed %q", h.status(relayA), h.confirmed(relayA))
+	}
+}
+
+func TestLayer1FailureIsRetriedWithoutSince(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.m.SetBootstrap([]string{relayB})
+	h.recompute()
+	h.connect(relayB, "s1")
+	h.failed(relayB, "s1", "1-1")
+	expect(t, "retry", h.advance(5*time.Minute), "add wss://b.example s1 1-2 L1 hist=[k30617,10317]")
+}
+
+func TestStaleSessionReportsIgnored(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.repo("r1", []string{relayA}, "x")
+	h.recompute()
+	h.connect(relayA, "s1")
+	h.disconnect(relayA, "s1")
+	h.advance(time.Minute)
+	h.connect(relayA, "s2")
+	// Late EOSE of the dead session's batch: its subscriptions are gone.
+	expect(t, "late batch done", h.done(relayA, "s1", "1-2"))
+	expect(t, "late disconnect", h.disconnect(relayA, "s1"))
+	expect(t, "unknown batch", h.done(relayA, "s2", "1-2"))
+	if h.confirmed(relayA) != "" || h.status(relayA) != "SYNCING" {
+		t.Fatalf("stale report changed state: %q %s", h.confirmed(relayA), h.status(relayA))
+	}
+	// The repeated Connected of the running session changes nothing.
+	expect(t, "repeated connected", h.connect(relayA, "s2"))
+	h.done(relayA, "s2", "1-3")
+	h.done(relayA, "s2", "1-4")
+	if h.confirmed(relayA) != "r1:x" {
+		t.Fatalf("confirmed %q", h.confirmed(relayA))
+	}
+}
+
+func TestUnreportedSessionEnd(t *testing.T) {
+	h := synced(t, testRules())
+	h.advance(2 * time.Minute) // last sign of life of s1 was 2 min + quiet ago
+	lastSeen := h.relay(relayA).LastSeen
+	// The fetcher died; its successor connects anew. s1 ended unreported.
+	got := h.connect(relayA, "s9")
+	want := "since=" + sinceStr(lastSeen.Add(-15*time.Minute).Unix()-h.now.Unix())
+	if len(got) != 1 || !contains(got[0], want) {
+		t.Fatalf("commands %q, want a catch-up with %s", got, want)
+	}
+}
+
+func TestInterruptedCatchUpKeepsItsSince(t *testing.T) {
+	h := synced(t, testRules())
+	h.disconnect(relayA, "s1")
+	h.advance(5 * time.Minute)
+	first := h.now.Add(-20 * time.Minute).Unix()
+	h.connect(relayA, "s2") // catch-up from first, never completes
+	h.advance(time.Minute)
+	h.disconnect(relayA, "s2")
+	h.advance(time.Minute)
+	got := h.connect(relayA, "s3")
+	want := "since=" + sinceStr(first-h.now.Unix())
+	if len(got) != 1 || !contains(got[0], want) {
+		t.Fatalf("commands %q, want the unfinished catch-up's %s", got, want)
+	}
+	h.done(relayA, "s3", "1-4")
+	if h.relay(relayA).CatchUpSince != 0 {
+		t.Fatal("completed catch-up still recorded")
+	}
+}
+
+func TestHeartbeat(t *testing.T) {
+	rules := testRules()
+	rules.Heartbeat = 30 * time.Second
+	h := newHarness(t, rules, 7)
+	h.repo("r1", []string{relayA})
+	h.recompute()
+	h.advance(0)
+	expect(t, "heartbeat", h.advance(30*time.Second), "ensure wss://a.example")
+}
+
+func TestListedAgainWhileDisconnecting(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.repo("r1", []string{relayA}, "x")
+	h.recompute()
+	h.connect(relayA, "s1")
+	h.unrepo("r1")
+	h.recompute()
+	if h.status(relayA) != "DISCONNECTING" {
+		t.Fatalf("status %s", h.status(relayA))
+	}
+	h.repo("r2", []string{relayA}, "y")
+	h.recompute()
+	h.done(relayA, "s1", "1-1")
+	h.done(relayA, "s1", "1-2")
+	expect(t, "last batch", h.done(relayA, "s1", "1-3"))
+	if h.relay(relayA) == nil || h.confirmed(relayA) != "r2:y" {
+		t.Fatalf("relay listed again was dropped or lost state: %q", h.confirmed(relayA))
+	}
+}
+
+func TestLargeReplaceLiveIsSplit(t *testing.T) {
+	rules := testRules()
+	rules.MaxLiveFilters = 12
+	rules.MaxFiltersPerCommand = 3
+	h := synced(t, rules)
+	h.repo("r1", []string{relayA}, "x", "y", "z")
+	h.recompute()
+	h.repo("r1", []string{relayA}, "x", "y", "z", "w")
+	expect(t, "consolidation in parts of 3 filters", h.recompute(),
+		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0]",
+		"add wss://a.example s1  live=[#q=r1L0 k30618#d=r1L0 #e=x,w,z,yL0] hist=[]",
+		"add wss://a.example s1  live=[#E=x,w,z,yL0 #q=x,w,z,yL0] hist=[]",
+		"add wss://a.example s1 1-4 roots=w hist=[#e=w #E=w #q=w]")
+	if got := h.relay(relayA).LiveFilters; got != 8 {
+		t.Fatalf("live filters %d", got)
+	}
+}
+
+func TestLiveSubscriptionClosedByRelay(t *testing.T) {
+	h := synced(t, testRules())
+	closedAt := h.now
+	// The fetcher reopens it in 30 s: catch up after that, not before.
+	expect(t, "closed", h.report(relayA, "s1", &graspv1.SubscriptionClosed{Live: true, Reason: "error: shutting down idle subscription",
+		RetryAt: h.now.Add(30 * time.Second).UnixMilli()}))
+	since := sinceStr(closedAt.Add(-15*time.Minute).Unix() - h.now.Add(31*time.Second).Unix())
+	expect(t, "reopened", h.advance(31*time.Second),
+		"add wss://a.example s1 1-3 repos=r1 roots=x,y since="+since+" hist=[k30617,10317 #a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
+	h.done(relayA, "s1", "1-3")
+	h.advance(time.Minute)
+	if h.status(relayA) != "CONNECTED" || h.relay(relayA).CatchUpSince != 0 {
+		t.Fatalf("status %s catch-up %d", h.status(relayA), h.relay(relayA).CatchUpSince)
+	}
+	// Not reopened by the fetcher: the planner replaces the live set now.
+	got := h.report(relayA, "s1", &graspv1.SubscriptionClosed{Live: true})
+	if len(got) != 2 || !contains(got[0], "1-4 repos=r1 roots=x,y since=-900 hist=[k30617,10317 ") || !contains(got[1], "replace wss://a.example s1 live=") {
+		t.Fatalf("commands %q", got)
+	}
+	// Historic closes are the fetcher's to retry; stale sessions are ignored.
+	expect(t, "historic", h.report(relayA, "s1", &graspv1.SubscriptionClosed{BatchId: "1-5"}))
+	expect(t, "stale", h.report(relayA, "s0", &graspv1.SubscriptionClosed{Live: true}))
+}
+
+func TestRateLimitHoldsNewBatches(t *testing.T) {
+	h := synced(t, testRules())
+	h.report(relayA, "s1", &graspv1.RateLimited{Message: "rate-limited: slow down", Until: h.now.Add(65 * time.Second).UnixMilli()})
+	h.repo("r1", []string{relayA}, "x", "y", "z")
+	expect(t, "during cooldown", h.recompute())
+	expect(t, "after cooldown", h.advance(65*time.Second),
+		"add wss://a.example s1 1-3 roots=z live=[#e=zL0 #E=zL0 #q=zL0] hist=[#e=z #E=z #q=z]")
+}
+
+func TestRelistedWhileInFlightGetsANewBatch(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	h.repo("r1", []string{relayA}, "x")
+	h.repo("r2", []string{relayA}, "y")
+	h.recompute()
+	h.connect(relayA, "s1") // 1-1 layer 1, 1-2 r1+x and r2+y
+	h.repo("r2", []string{relayB}, "y")
+	h.recompute() // r2 leaves A: its live filters are consolidated away
+	h.repo("r2", []string{relayA, relayB}, "y")
+	expect(t, "listed again", h.recompute(),
+		"add wss://a.example s1 1-3 repos=r2 roots=y live=[#a=r2L0 #A=r2L0 #q=r2L0 k30618#d=r2L0 #e=yL0 #E=yL0 #q=yL0] hist=[#a=r2 #A=r2 #q=r2 k30618#d=r2 #e=y #E=y #q=y]")
+	// 1-2 ends: it confirms r1 only; r2 waits for 1-3, whose live is open.
+	h.done(relayA, "s1", "1-2")
+	if got := h.confirmed(relayA); got != "r1:x" {
+		t.Fatalf("confirmed %q", got)
+	}
+	h.done(relayA, "s1", "1-3")
+	if got := h.confirmed(relayA); got != "r1:x r2:y" {
+		t.Fatalf("confirmed %q", got)
+	}
+}

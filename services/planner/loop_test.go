@@ -1,0 +1,151 @@
+package planner_test
+
+import (
+	"context"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/obs"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/services/planner"
+)
+
+// TestPlannerLoopOverNATS runs the planner against an embedded JetStream:
+// one discovery batch of several index entries yields one recompute (one
+// EnsureConnected per relay, not per entry), the bootstrap list discovery
+// publishes under the reserved key is united with the configured one, a
+// Connected report gets layer 1 and the items, and the relay's record is
+// persisted in grasp_relay_state.
+func TestPlannerLoopOverNATS(t *testing.T) {
+	srv := testkit.StartNATS(t)
+	names := bus.Names{Prefix: "loop"}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	connect := func(name string) *bus.Bus {
+		b, err := bus.ConnectInProcess(srv.Server, name, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		return b
+	}
+	test := connect("test")
+	opts := bus.DefaultOptions()
+	opts.Storage = jetstream.MemoryStorage
+	if err := bus.Setup(ctx, test.JS, names, opts); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var cmds []*graspv1.FetchCommand
+	sub, err := test.Conn.Subscribe(names.FetchCmdSubjects(), func(m *nats.Msg) {
+		var c graspv1.FetchCommand
+		if proto.Unmarshal(m.Data, &c) == nil {
+			mu.Lock()
+			cmds = append(cmds, &c)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	commands := func() []*graspv1.FetchCommand {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]*graspv1.FetchCommand(nil), cmds...)
+	}
+
+	index, err := test.JS.KeyValue(ctx, names.RepoIndexBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string, m proto.Message) {
+		data, _ := proto.Marshal(m)
+		if _, err := index.Put(ctx, key, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root := "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"
+	put(bus.BootstrapRelaysKey, &graspv1.BootstrapRelays{Relays: []string{"wss://boot-kv.example"}})
+
+	cfg := planner.Config{ID: "p1", Shards: 2, RecomputeDelay: 200 * time.Millisecond, Rules: planner.DefaultRules(),
+		BootstrapRelays: []string{"wss://boot-env.example"}}
+	pb := connect("planner")
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	reg := prometheus.NewRegistry()
+	go func() { done <- planner.New(cfg, pb, clock.Real{}, obs.NewLogger(io.Discard, "error"), reg).Run(pctx) }()
+	recomputes := func() uint64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "grasp_planner_recompute_duration_seconds" {
+				return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+		return 0
+	}
+	defer func() { stop(); <-done }()
+
+	waitFor(t, ctx, "bootstrap relays connected", func() bool { return len(commands()) >= 2 })
+	// One discovery batch: three repositories listing the same relay.
+	for i, ref := range []string{"30617:aa:r1", "30617:aa:r2", "30617:aa:r3"} {
+		put("k"+string(rune('1'+i)), &graspv1.RepoSyncNeeds{RepoRef: ref, Relays: []string{"wss://a.example"}, RootEventIds: []string{root}})
+	}
+	waitFor(t, ctx, "the batch's recompute", func() bool { return len(commands()) >= 3 })
+	got := commands()
+	var ensured []string
+	for _, c := range got {
+		if c.GetEnsureConnected() == nil {
+			t.Fatalf("unexpected command %v", c)
+		}
+		if c.GetEpoch() == 0 {
+			t.Fatalf("command without epoch %v", c)
+		}
+		ensured = append(ensured, c.GetRelayUrl())
+	}
+	if len(ensured) != 3 || ensured[2] != "wss://a.example" {
+		t.Fatalf("ensure-connected for %v, want both bootstrap relays then wss://a.example once", ensured)
+	}
+
+	// The fetcher reports a session: layer 1 and the three repositories.
+	report := &graspv1.FetchReport{RelayUrl: "wss://a.example", SessionId: "s1", At: time.Now().UnixMilli(),
+		Report: &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{}}}
+	if err := test.Publish(ctx, names.FetchReportSubject(bus.ShardOf("wss://a.example", 2)), report); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "layer 1 and items", func() bool { return len(commands()) >= 5 })
+	l1, items := commands()[3].GetAddFilters(), commands()[4].GetAddFilters()
+	if !l1.GetLayer1() || len(items.GetRepoRefs()) != 3 || len(items.GetRootEventIds()) != 1 || commands()[4].GetSessionId() != "s1" {
+		t.Fatalf("commands after connect: %v / %v", commands()[3], commands()[4])
+	}
+	state, err := test.JS.KeyValue(ctx, names.RelayStateBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := recomputes(); n != 2 {
+		t.Errorf("%d recomputes, want 2: the start and one for the discovery batch", n)
+	}
+	waitFor(t, ctx, "persisted record", func() bool {
+		e, err := state.Get(ctx, planner.RelayStateKey("wss://a.example"))
+		if err != nil {
+			return false
+		}
+		var st graspv1.RelayState
+		return proto.Unmarshal(e.Value(), &st) == nil && st.GetSessionId() == "s1" && st.GetPendingBatches() == 2 &&
+			st.GetStatus() == graspv1.RelayStatus_RELAY_STATUS_SYNCING
+	})
+}

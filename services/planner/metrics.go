@@ -1,0 +1,142 @@
+package planner
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the planner's Prometheus metrics. The per-relay status gauge
+// uses ngit-grasp's 0–5 encoding (RelayStatus value − 1), so operators keep
+// their dashboards.
+type Metrics struct {
+	commands      *prometheus.CounterVec
+	status        *prometheus.GaugeVec
+	repos         *prometheus.GaugeVec
+	roots         *prometheus.GaugeVec
+	batches       *prometheus.CounterVec
+	batchDuration *prometheus.HistogramVec
+	consolidation prometheus.Counter
+	reconnects    *prometheus.CounterVec
+	relays        *prometheus.GaugeVec
+	recompute     prometheus.Histogram
+	leader        prometheus.Gauge
+	epoch         prometheus.Gauge
+}
+
+// NewMetrics creates the metrics and registers them when reg is not nil.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_planner_commands_total", Help: "Fetch commands sent, by command.",
+		}, []string{"command"}),
+		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "grasp_planner_relay_status",
+			Help: "Relay sync status: 0 disconnected, 1 connecting, 2 syncing, 3 connected, 4 connected with historic sync failures, 5 disconnecting (ngit-grasp encoding).",
+		}, []string{"relay"}),
+		repos: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "grasp_planner_relay_repos", Help: "Repositories per relay whose history is confirmed or pending.",
+		}, []string{"relay", "state"}),
+		roots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "grasp_planner_relay_roots", Help: "Root events per relay (per repository listing it) whose history is confirmed or pending.",
+		}, []string{"relay", "state"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_planner_batches_total", Help: "Historic batches started, confirmed and failed, by batch kind.",
+		}, []string{"event", "kind"}),
+		batchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "grasp_planner_batch_duration_seconds", Help: "Time from a batch's command to its completion report.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 16),
+		}, []string{"kind", "outcome"}),
+		consolidation: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "grasp_planner_consolidations_total", Help: "Live subscription consolidations (one ReplaceLive with the minimal set).",
+		}),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_planner_reconnects_total", Help: "Relay sessions started, by kind: fresh, quick, long, daily, resume.",
+		}, []string{"kind"}),
+		relays: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "grasp_planner_relays", Help: "Relays tracked, connected and dead.",
+		}, []string{"state"}),
+		recompute: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "grasp_planner_recompute_duration_seconds", Help: "Duration of one compute_actions run including command building.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "grasp_planner_leader", Help: "1 while this planner instance is the active one.",
+		}),
+		epoch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "grasp_planner_epoch", Help: "Leadership epoch of this planner while active.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.commands, m.status, m.repos, m.roots, m.batches, m.batchDuration,
+			m.consolidation, m.reconnects, m.relays, m.recompute, m.leader, m.epoch)
+	}
+	return m
+}
+
+// BatchStarted implements Observer.
+func (m *Metrics) BatchStarted(_ string, kind BatchKind) {
+	m.batches.WithLabelValues("started", kind.String()).Inc()
+}
+
+// BatchFinished implements Observer.
+func (m *Metrics) BatchFinished(_ string, kind BatchKind, ok bool, took time.Duration) {
+	event, outcome := "confirmed", "ok"
+	if !ok {
+		event, outcome = "failed", "failed"
+	}
+	m.batches.WithLabelValues(event, kind.String()).Inc()
+	m.batchDuration.WithLabelValues(kind.String(), outcome).Observe(took.Seconds())
+}
+
+// Consolidated implements Observer.
+func (m *Metrics) Consolidated(string) { m.consolidation.Inc() }
+
+// Reconnected implements Observer.
+func (m *Metrics) Reconnected(_ string, kind ReconnectKind) {
+	m.reconnects.WithLabelValues(string(kind)).Inc()
+}
+
+// relayChanged updates the per-relay gauges of one relay.
+func (m *Metrics) relayChanged(s *RelayState) {
+	repos, roots, pendRepos, pendRoots := s.Counts()
+	m.status.WithLabelValues(s.URL).Set(float64(s.Status) - 1)
+	m.repos.WithLabelValues(s.URL, "confirmed").Set(float64(repos))
+	m.repos.WithLabelValues(s.URL, "pending").Set(float64(pendRepos))
+	m.roots.WithLabelValues(s.URL, "confirmed").Set(float64(roots))
+	m.roots.WithLabelValues(s.URL, "pending").Set(float64(pendRoots))
+}
+
+// relayDropped removes a dropped relay's series.
+func (m *Metrics) relayDropped(url string) {
+	m.status.DeleteLabelValues(url)
+	for _, st := range []string{"confirmed", "pending"} {
+		m.repos.DeleteLabelValues(url, st)
+		m.roots.DeleteLabelValues(url, st)
+	}
+}
+
+// totals sets the tracked/connected/dead gauges.
+func (m *Metrics) totals(relays map[RelayID]*RelayState) {
+	var connected, dead int
+	for _, s := range relays {
+		if s.Connected() {
+			connected++
+		}
+		if s.Dead {
+			dead++
+		}
+	}
+	m.relays.WithLabelValues("tracked").Set(float64(len(relays)))
+	m.relays.WithLabelValues("connected").Set(float64(connected))
+	m.relays.WithLabelValues("dead").Set(float64(dead))
+}
+
+// forget clears every per-relay series, when this instance stops leading.
+func (m *Metrics) forget() {
+	m.status.Reset()
+	m.repos.Reset()
+	m.roots.Reset()
+	m.relays.Reset()
+	m.leader.Set(0)
+}

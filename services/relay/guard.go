@@ -1,0 +1,499 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// The guard sits between a client's websocket connection and khatru, at the
+// frame level of the hijacked TCP connection. khatru v0.19.1 has no hooks for
+// what the relay must enforce per message or per connection, and gets one
+// thing wrong on the wire, so the guard:
+//
+//   - reads each client message before khatru does and answers, instead of
+//     khatru, REQs with too many filters, subscriptions beyond the
+//     per-connection limit, EVENTs over the per-IP rate and messages over the
+//     size limit (khatru would close the connection on those; a client gets
+//     an OK or NOTICE it can act on instead);
+//   - rewrites khatru's "NEG-ERROR" into the standard "NEG-ERR" (rust-nostr
+//     clients do not understand the former and hang until their timeout), with
+//     a NIP-77 reason prefix;
+//   - sees CLOSED messages, so closed subscriptions stop counting.
+//
+// Client messages khatru does get are re-framed as one frame each with an
+// all-zero mask; server frames pass unchanged except NEG-ERROR. Answers the
+// guard adds are written between khatru's messages, never inside a
+// fragmented one.
+
+// connLimits are the per-connection limits the guard enforces.
+type connLimits struct {
+	maxMessage  int // bytes of one client message
+	maxFilters  int // filters in one REQ
+	maxSubs     int // open subscriptions per connection
+	maxSubIDLen int // characters of a subscription id
+}
+
+// connState is what the guard knows about one connection's protocol state.
+type connState struct {
+	mu   sync.Mutex
+	subs map[string]struct{}
+}
+
+func newConnState() *connState { return &connState{subs: map[string]struct{}{}} }
+
+// verdict is the guard's decision on one client message.
+type verdict struct {
+	forward bool   // hand the message to khatru
+	reply   []byte // a message to send the client instead (JSON), if any
+}
+
+// inspect decides on one complete client message. eventAllowed is asked
+// (and consumes a token) only for EVENT messages. Pure apart from st and
+// eventAllowed, so it is table-tested without sockets.
+func inspect(msg []byte, st *connState, lim connLimits, eventAllowed func() bool) verdict {
+	switch label(msg) {
+	case "EVENT":
+		if eventAllowed != nil && !eventAllowed() {
+			return verdict{reply: okFalse(eventID(msg), "rate-limited: slow down, too many events from your address")}
+		}
+	case "REQ":
+		var parts []json.RawMessage
+		if err := json.Unmarshal(msg, &parts); err != nil || len(parts) < 2 {
+			return verdict{forward: true} // khatru answers malformed messages
+		}
+		var id string
+		if err := json.Unmarshal(parts[1], &id); err != nil {
+			return verdict{forward: true}
+		}
+		if len(id) > lim.maxSubIDLen {
+			return verdict{reply: closed(id, fmt.Sprintf("invalid: subscription id longer than %d characters", lim.maxSubIDLen))}
+		}
+		if n := len(parts) - 2; n > lim.maxFilters {
+			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many filters in one REQ (%d, limit %d)", n, lim.maxFilters))}
+		}
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if _, open := st.subs[id]; !open && len(st.subs) >= lim.maxSubs {
+			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many open subscriptions (limit %d); CLOSE one first", lim.maxSubs))}
+		}
+		st.subs[id] = struct{}{}
+	case "CLOSE":
+		var parts []string
+		if json.Unmarshal(msg, &parts) == nil && len(parts) == 2 {
+			st.forget(parts[1])
+		}
+	}
+	return verdict{forward: true}
+}
+
+func (st *connState) forget(id string) {
+	st.mu.Lock()
+	delete(st.subs, id)
+	st.mu.Unlock()
+}
+
+// label returns the first element of a JSON array message if it is a
+// string of letters and dashes, without parsing the rest (an EVENT can be
+// half a megabyte).
+func label(msg []byte) string {
+	msg = bytes.TrimLeft(msg, " \t\r\n")
+	if len(msg) < 2 || msg[0] != '[' {
+		return ""
+	}
+	msg = bytes.TrimLeft(msg[1:], " \t\r\n")
+	if len(msg) < 2 || msg[0] != '"' {
+		return ""
+	}
+	end := bytes.IndexByte(msg[1:], '"')
+	if end < 0 || end > 16 {
+		return ""
+	}
+	return string(msg[1 : 1+end])
+}
+
+var idField = regexp.MustCompile(`"id"\s*:\s*"([0-9a-f]{64})"`)
+
+// eventID finds the id of the event in an EVENT message (or its first
+// bytes) without parsing it whole; "" if not found.
+func eventID(msg []byte) string {
+	if m := idField.FindSubmatch(msg); m != nil {
+		return string(m[1])
+	}
+	return ""
+}
+
+func okFalse(id, reason string) []byte {
+	b, _ := json.Marshal([]any{"OK", id, false, reason})
+	return b
+}
+
+func closed(id, reason string) []byte {
+	b, _ := json.Marshal(nostr.ClosedEnvelope{SubscriptionID: id, Reason: reason})
+	return b
+}
+
+func notice(text string) []byte {
+	b, _ := json.Marshal(nostr.NoticeEnvelope(text))
+	return b
+}
+
+// oversized answers a message over the size limit from its first bytes.
+func oversized(head []byte, limit int) []byte {
+	if label(head) == "EVENT" {
+		return okFalse(eventID(head), fmt.Sprintf("invalid: event too large (message over %d bytes)", limit))
+	}
+	return notice(fmt.Sprintf("invalid: message too large (over %d bytes)", limit))
+}
+
+// rewriteServerMessage turns khatru's non-standard NEG-ERROR into NIP-77's
+// NEG-ERR with a prefixed reason, and reports CLOSED subscription ids. It
+// returns msg itself when there is nothing to change.
+func rewriteServerMessage(msg []byte) (out []byte, closedID string) {
+	switch label(msg) {
+	case "NEG-ERROR":
+		var parts []string
+		if err := json.Unmarshal(msg, &parts); err != nil || len(parts) < 2 {
+			return bytes.Replace(msg, []byte(`"NEG-ERROR"`), []byte(`"NEG-ERR"`), 1), ""
+		}
+		reason := ""
+		if len(parts) > 2 {
+			reason = parts[2]
+		}
+		b, _ := json.Marshal([]string{"NEG-ERR", parts[1], negReason(reason)})
+		return b, ""
+	case "CLOSED":
+		var parts []string
+		if json.Unmarshal(msg, &parts) == nil && len(parts) >= 2 {
+			return msg, parts[1]
+		}
+	}
+	return msg, ""
+}
+
+// negReason gives khatru's negentropy errors the machine-readable prefixes
+// NIP-77 uses ("closed:" for a session the relay no longer has, "blocked:"
+// and "error:" otherwise).
+func negReason(r string) string {
+	switch {
+	case r == "CLOSED":
+		return "closed: unknown or expired negentropy session"
+	case strings.HasPrefix(r, "invalid limit"):
+		return "blocked: " + r
+	case r == "":
+		return "error: negentropy failed"
+	}
+	return nostr.NormalizeOKMessage(r, "error")
+}
+
+// guardConn wraps a hijacked client connection; see the comment at the top.
+type guardConn struct {
+	net.Conn
+	lim          connLimits
+	st           *connState
+	eventAllowed func() bool
+	// onVerdict observes refusals (metrics); may be nil.
+	onRefuse func(kind string)
+
+	// read side: used only by khatru's reading goroutine.
+	rbuf     []byte // raw bytes from the client not parsed yet
+	out      []byte // frames ready for khatru
+	msg      []byte // payload of the message being reassembled
+	msgOp    byte
+	inMsg    bool
+	dropping bool   // discarding the rest of an oversized message
+	skip     uint64 // payload bytes of the current frame still to discard
+	rerr     error
+
+	// write side.
+	wmu      sync.Mutex
+	upgraded bool     // the HTTP 101 response has been written
+	wbuf     []byte   // server bytes not yet forming a whole frame
+	wmsg     bool     // inside a fragmented server message
+	pending  [][]byte // guard answers waiting for the end of a server message
+}
+
+func newGuardConn(c net.Conn, lim connLimits, eventAllowed func() bool, onRefuse func(string)) *guardConn {
+	return &guardConn{Conn: c, lim: lim, st: newConnState(), eventAllowed: eventAllowed, onRefuse: onRefuse}
+}
+
+// Read hands khatru the client's frames after inspection.
+func (c *guardConn) Read(p []byte) (int, error) {
+	for len(c.out) == 0 {
+		if c.rerr != nil {
+			return 0, c.rerr
+		}
+		progressed, err := c.step()
+		if err != nil {
+			// Let khatru see what came before, then the error.
+			c.rerr = err
+			continue
+		}
+		if !progressed {
+			if err := c.fill(); err != nil {
+				c.rerr = err
+			}
+		}
+	}
+	n := copy(p, c.out)
+	c.out = c.out[n:]
+	if len(c.out) == 0 {
+		c.out = nil
+	}
+	return n, nil
+}
+
+// fill reads more client bytes.
+func (c *guardConn) fill() error {
+	var tmp [32 << 10]byte
+	n, err := c.Conn.Read(tmp[:])
+	c.rbuf = append(c.rbuf, tmp[:n]...)
+	if n > 0 {
+		return nil
+	}
+	if err == nil {
+		err = errors.New("websocket: empty read")
+	}
+	return err
+}
+
+// step consumes what it can from rbuf; false when it needs more bytes.
+func (c *guardConn) step() (bool, error) {
+	if c.skip > 0 {
+		if len(c.rbuf) == 0 {
+			return false, nil
+		}
+		n := min(uint64(len(c.rbuf)), c.skip)
+		c.rbuf = c.rbuf[n:]
+		c.skip -= n
+		return true, nil
+	}
+	h, ok, err := parseHeader(c.rbuf)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		return false, nil
+	}
+	if h.control() {
+		total := h.headLen + int(h.length)
+		if len(c.rbuf) < total {
+			return false, nil
+		}
+		c.out = append(c.out, c.rbuf[:total]...)
+		c.rbuf = c.rbuf[total:]
+		return true, nil
+	}
+	starts := h.opcode != opContinuation
+	if starts == c.inMsg {
+		return false, errBadFrame // continuation without a message, or a new message inside one
+	}
+	if c.dropping || uint64(len(c.msg))+h.length > uint64(c.lim.maxMessage) {
+		return c.drop(h), nil
+	}
+	total := h.headLen + int(h.length)
+	if len(c.rbuf) < total {
+		return false, nil
+	}
+	payload := c.rbuf[h.headLen:total]
+	if h.masked {
+		unmask(payload, h.mask, 0)
+	}
+	if starts {
+		c.inMsg, c.msgOp, c.msg = true, h.opcode, c.msg[:0]
+	}
+	c.msg = append(c.msg, payload...)
+	c.rbuf = c.rbuf[total:]
+	if h.fin {
+		c.inMsg = false
+		c.deliver()
+		c.msg = c.msg[:0]
+	}
+	return true, nil
+}
+
+// drop starts or continues discarding an oversized message, answering it
+// once from its first bytes.
+func (c *guardConn) drop(h frameHeader) bool {
+	if !c.dropping {
+		head := append([]byte(nil), c.msg...)
+		avail := c.rbuf[h.headLen:min(len(c.rbuf), h.headLen+int(min(h.length, 4096)))]
+		chunk := append([]byte(nil), avail...)
+		if h.masked {
+			unmask(chunk, h.mask, 0)
+		}
+		head = append(head, chunk...)
+		c.dropping = true
+		c.msg = c.msg[:0]
+		c.refuse("message-too-large", oversized(head, c.lim.maxMessage))
+	}
+	c.inMsg = !h.fin
+	if h.fin {
+		c.dropping = false
+	}
+	c.rbuf = c.rbuf[h.headLen:]
+	c.skip = h.length
+	return true
+}
+
+// deliver decides on a complete client message.
+func (c *guardConn) deliver() {
+	if c.msgOp != opText {
+		c.out = appendFrame(c.out, c.msgOp, true, true, c.msg)
+		return
+	}
+	v := inspect(c.msg, c.st, c.lim, c.eventAllowed)
+	if v.forward {
+		c.out = appendFrame(c.out, opText, true, true, c.msg)
+		return
+	}
+	kind := label(c.msg)
+	c.refuse(strings.ToLower(kind), v.reply)
+}
+
+func (c *guardConn) refuse(what string, reply []byte) {
+	if c.onRefuse != nil {
+		c.onRefuse(what)
+	}
+	if reply != nil {
+		_ = c.inject(reply)
+	}
+}
+
+// inject sends a guard answer, between khatru's messages.
+func (c *guardConn) inject(msg []byte) error {
+	frame := appendFrame(nil, opText, true, false, msg)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	// Bytes in wbuf are not on the wire yet, so only a fragmented server
+	// message in progress makes the answer wait.
+	if c.wmsg {
+		c.pending = append(c.pending, frame)
+		return nil
+	}
+	if !c.upgraded {
+		c.pending = append(c.pending, frame)
+		return nil
+	}
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	_, err := c.Conn.Write(frame)
+	return err
+}
+
+// Write passes khatru's frames on, rewriting NEG-ERROR, once each frame is
+// whole.
+func (c *guardConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.upgraded {
+		// The upgrader writes the HTTP 101 response through this
+		// connection first, in one write.
+		end := bytes.Index(p, []byte("\r\n\r\n"))
+		if end < 0 {
+			return c.Conn.Write(p)
+		}
+		c.upgraded = true
+		if _, err := c.Conn.Write(p[:end+4]); err != nil {
+			return 0, err
+		}
+		if n, err := c.writeFrames(p[end+4:]); err != nil {
+			return end + 4 + n, err
+		}
+		return len(p), nil
+	}
+	return c.writeFrames(p)
+}
+
+// writeFrames is Write once the connection speaks websocket; c.wmu held.
+func (c *guardConn) writeFrames(p []byte) (int, error) {
+	c.wbuf = append(c.wbuf, p...)
+	for {
+		h, ok, err := parseHeader(c.wbuf)
+		if err != nil {
+			// Not a frame stream we understand: pass everything through.
+			_, werr := c.Conn.Write(c.wbuf)
+			c.wbuf = nil
+			if werr != nil {
+				return 0, werr
+			}
+			return len(p), nil
+		}
+		total := uint64(h.headLen) + h.length
+		if !ok || uint64(len(c.wbuf)) < total {
+			break
+		}
+		frame := c.wbuf[:total]
+		if !h.control() && h.opcode != opContinuation && h.fin && !h.masked {
+			payload := frame[h.headLen:]
+			if out, closedID := rewriteServerMessage(payload); closedID != "" {
+				c.st.forget(closedID)
+			} else if len(out) != len(payload) || !bytes.Equal(out, payload) {
+				frame = appendFrame(nil, h.opcode, true, false, out)
+			}
+		} else if !h.control() && h.opcode != opContinuation && !h.masked && bytes.HasPrefix(frame[h.headLen:], []byte(`["NEG-ERROR"`)) {
+			// A fragmented NEG-ERROR (a very long reason): fix the label.
+			payload := bytes.Replace(frame[h.headLen:], []byte(`"NEG-ERROR"`), []byte(`"NEG-ERR"`), 1)
+			frame = appendFrame(nil, h.opcode, false, false, payload)
+		}
+		if _, err := c.Conn.Write(frame); err != nil {
+			return 0, err
+		}
+		c.wbuf = c.wbuf[total:]
+		if !h.control() {
+			c.wmsg = !h.fin
+		}
+		if !c.wmsg && len(c.pending) > 0 {
+			for _, f := range c.pending {
+				if _, err := c.Conn.Write(f); err != nil {
+					return 0, err
+				}
+			}
+			c.pending = nil
+		}
+	}
+	if len(c.wbuf) == 0 {
+		c.wbuf = nil
+	}
+	return len(p), nil
+}
+
+// guardWriter hands khatru's websocket upgrader a hijacked connection
+// wrapped in a guardConn.
+type guardWriter struct {
+	http.ResponseWriter
+	wrap func(net.Conn) net.Conn
+}
+
+// Hijack wraps the connection. Bytes the HTTP server buffered beyond the
+// request (a client must not send any before the handshake completes, and
+// the upgrader refuses such a client) are kept in front of the stream.
+func (w guardWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("relay: connection cannot be hijacked")
+	}
+	conn, brw, err := h.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	wrapped := w.wrap(conn)
+	var r *bufio.Reader
+	if brw != nil && brw.Reader.Buffered() > 0 {
+		// Keep the server's reader so its buffered bytes are not lost; the
+		// upgrader refuses such a client anyway.
+		r = brw.Reader
+	} else {
+		r = bufio.NewReader(wrapped)
+	}
+	return wrapped, bufio.NewReadWriter(r, bufio.NewWriter(wrapped)), nil
+}
