@@ -13,6 +13,8 @@ import (
 	dgbadger "github.com/dgraph-io/badger/v4"
 	"github.com/fiatjaf/eventstore"
 	"github.com/fiatjaf/eventstore/badger"
+
+	"github.com/grasp-sync/grasp-sync/pkg/store/badgerlock"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -46,11 +48,6 @@ type embedded struct {
 	closeGrace time.Duration
 }
 
-// badgerDeleteMu guards eventstore/badger's package-level serialDelete
-// counter, shared by every badger store in the process (a data race under
-// -race otherwise).
-var badgerDeleteMu sync.Mutex
-
 // cgoBackends holds the openers of backends that need cgo (lmdb, sqlite3);
 // files built only with cgo register them.
 var cgoBackends = map[string]func(path string, o options) (*embedded, error){}
@@ -83,7 +80,7 @@ func openBadger(dir string, o options) (*embedded, error) {
 	if err := b.Init(); err != nil {
 		return nil, fmt.Errorf("open badger store %s: %w", dir, err)
 	}
-	return &embedded{name: "badger", es: b, maxLimit: o.maxLimit, binaryCaps: true, deleteMu: &badgerDeleteMu,
+	return &embedded{name: "badger", es: b, maxLimit: o.maxLimit, binaryCaps: true, deleteMu: &badgerlock.Mu,
 		// Badger answers one index scan per id or author; bounded so one
 		// query's fan-out stays modest.
 		lim: queryLimits{IDs: 500, Authors: 500},

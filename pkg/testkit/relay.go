@@ -17,6 +17,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/khatrulock"
+	"github.com/grasp-sync/grasp-sync/pkg/store/badgerlock"
 )
 
 // DefaultMaxLimit is the per-filter result cap a test relay applies when
@@ -93,7 +94,9 @@ func StartRelay(t testing.TB, opts RelayOptions) *Relay {
 	rl.Info.Name = "testkit relay"
 	rl.StoreEvent = append(rl.StoreEvent, r.guard(db.SaveEvent))
 	rl.ReplaceEvent = append(rl.ReplaceEvent, r.guard(db.ReplaceEvent))
-	rl.DeleteEvent = append(rl.DeleteEvent, r.guard(db.DeleteEvent))
+	rl.DeleteEvent = append(rl.DeleteEvent, r.guard(func(ctx context.Context, evt *nostr.Event) error {
+		return badgerlock.Delete(ctx, db, evt) // badger's delete path races across stores
+	}))
 	rl.QueryEvents = append(rl.QueryEvents, r.query)
 	rl.CountEvents = append(rl.CountEvents, func(ctx context.Context, f nostr.Filter) (int64, error) {
 		if !r.gate.enter() {
