@@ -82,6 +82,10 @@ func (n Names) LeaseBucket() string { return n.prefix() + "_leases" }
 // never collide with a repository key ("<pubkey>.<base64url(d)>").
 const BootstrapRelaysKey = "bootstrap-relays"
 
+// RejectedBucket remembers events the policy refused for good (pkg/rejected),
+// so NIP-77 reconciliation does not fetch them again.
+func (n Names) RejectedBucket() string { return n.prefix() + "_rejected" }
+
 // all returns the wildcard subject for one family, e.g. "grasp.events.>".
 func (n Names) all(family string) string { return n.prefix() + "." + family + ".>" }
 
@@ -128,3 +132,18 @@ func (n Names) ParkedWakeSubjects(token string) string {
 	}
 	return n.prefix() + ".parked.wake." + token + ".*"
 }
+
+// DeadLetterSubject receives events that kept failing for infrastructure
+// reasons (store errors) after the ingester's MaxDeliver attempts, with the
+// reason in a header, so one poison message never blocks the events stream.
+// It lies outside EventsSubjects ("<prefix>.events.>") on purpose: a dead
+// letter must not be consumed again as an event.
+func (n Names) DeadLetterSubject() string { return n.prefix() + ".deadletter.events" }
+
+// DeadLetterStream holds DeadLetterSubject for an operator to inspect and
+// replay (created by the ingester).
+func (n Names) DeadLetterStream() string { return n.upper() + "_DEADLETTER" }
+
+// DeadLetterSubjects matches every dead-letter subject (one today; the
+// family leaves room for dead letters of other streams).
+func (n Names) DeadLetterSubjects() string { return n.all("deadletter") }

@@ -88,6 +88,13 @@ func Setup(ctx context.Context, js jetstream.JetStream, n Names, o Options) erro
 	buckets := []jetstream.KeyValueConfig{
 		{Bucket: n.RepoIndexBucket(), Description: "RepoSyncIndex: repo → relays and root events", Storage: o.Storage, Replicas: o.Replicas},
 		{Bucket: n.RelayStateBucket(), Description: "planner state per relay", Storage: o.Storage, Replicas: o.Replicas},
+		{
+			// Bounded: a week of refusals, at most 200,000 events (about
+			// 60 MB in each fetcher's cache); older ones are fetched again
+			// at most once more and refused again.
+			Bucket: n.RejectedBucket(), Description: "events the policy refused for good (NIP-77 local set)",
+			TTL: 7 * 24 * time.Hour, MaxBytes: 256 << 20, Storage: o.Storage, Replicas: o.Replicas,
+		},
 	}
 	for _, cfg := range buckets {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
+	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/services/discovery"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
@@ -269,8 +270,16 @@ func (a *App) Run(parent context.Context) error {
 			p := planner.New(a.cfg.Planner, b, a.clock, log, a.registry)
 			g.Go(func() error { return p.Run(ctx) })
 		case "fetcher":
-			// The local side of NIP-77 reconciliation is what the store holds.
-			f := fetcher.New(a.cfg.Fetcher, b, a.clock, log, a.registry).WithLocalSet(fetcher.QueryLocalSet{Store: a.store})
+			// The local side of NIP-77 reconciliation: what the store holds
+			// plus what the policy has refused for good.
+			rejectedKV, err := rejected.Open(ctx, b)
+			if err != nil {
+				return err
+			}
+			refused := rejected.NewCache()
+			g.Go(func() error { return refused.Run(ctx, rejectedKV) })
+			f := fetcher.New(a.cfg.Fetcher, b, a.clock, log, a.registry).
+				WithLocalSet(fetcher.UnionLocalSet{fetcher.StoreLocalSet{Store: a.store}, refused})
 			g.Go(func() error { return f.Run(ctx) })
 		case "ingester":
 			i := ingester.New(a.cfg.Ingester, b, a.store, a.cfg.Relay.PublicURL, log, a.registry)

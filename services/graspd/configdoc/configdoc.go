@@ -37,7 +37,7 @@ var Binaries = []Binary{
 	{Name: "relay", Dir: "services/relay/cmd/relay", Type: "config", Common: true},
 	{Name: "discovery", Dir: "services/discovery/cmd/discovery", Type: "config", Common: true},
 	{Name: "planner", Dir: "services/planner", Type: "Config", Common: true},
-	{Name: "fetcher", Dir: "services/fetcher", Type: "Config", Common: true},
+	{Name: "fetcher", Dir: "services/fetcher/cmd/fetcher", Type: "config", Common: true},
 	{Name: "ingester", Dir: "services/ingester/cmd/ingester", Type: "config", Common: true},
 }
 

@@ -3,15 +3,47 @@ package main
 
 import (
 	"context"
+	"fmt"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/service"
+	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
+type config struct {
+	fetcher.Config
+	// StoreURL is the shared event store (PostgreSQL) read for the local set
+	// of NIP-77 reconciliation; empty: the local set is only what the policy
+	// refused, so NIP-77 saves little.
+	StoreURL string `envconfig:"STORE_URL"`
+}
+
 func main() {
-	var c fetcher.Config
+	var c config
 	service.Main("fetcher", &c, func(ctx context.Context, env *service.Env) error {
-		return fetcher.New(c, env.Bus, clock.Real{}, env.Log, env.Registry).Run(ctx)
+		kv, err := rejected.Open(ctx, env.Bus)
+		if err != nil {
+			return err
+		}
+		refused := rejected.NewCache()
+		local := fetcher.UnionLocalSet{refused}
+		if c.StoreURL != "" {
+			st, err := store.Open(c.StoreURL)
+			if err != nil {
+				return fmt.Errorf("GRASP_STORE_URL: %w", err)
+			}
+			defer st.Close()
+			local = append(local, fetcher.StoreLocalSet{Store: st})
+		}
+		g, ctx := errgroup.WithContext(ctx)
+		g.Go(func() error { return refused.Run(ctx, kv) })
+		g.Go(func() error {
+			return fetcher.New(c.Config, env.Bus, clock.Real{}, env.Log, env.Registry).WithLocalSet(local).Run(ctx)
+		})
+		return g.Wait()
 	})
 }
