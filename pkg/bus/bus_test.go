@@ -142,6 +142,23 @@ func dedup(ctx context.Context, t *testing.T, b *bus.Bus) {
 	if info.State.Msgs != 1 {
 		t.Fatalf("events stream holds %d copies of one event id, want 1", info.State.Msgs)
 	}
+
+	// EventMsgID: copies with the same signature dedup, a forged copy with
+	// another signature does not shadow the genuine one.
+	for _, sig := range []string{"forged", "genuine", "genuine"} {
+		msg := nats.NewMsg(b.Names.EventsSubject(2))
+		msg.Data = []byte(`{"id":"def"}`)
+		msg.Header.Set(nats.MsgIdHdr, bus.EventMsgID("def", sig))
+		if _, err := b.JS.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if info, err = s.Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 3 {
+		t.Fatalf("events stream holds %d messages, want 3 (abc, forged def, genuine def once)", info.State.Msgs)
+	}
 }
 
 func TestShardOf(t *testing.T) {

@@ -135,3 +135,10 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) er
 		_ = msg.Ack()
 	}
 }
+
+// EventMsgID is the Nats-Msg-Id of an event on EventsSubject: its id and
+// signature. The same event fetched from many relays carries the same
+// signature and is ingested once; a forged copy (same id, another
+// signature) that a hostile relay sends first cannot make the stream drop
+// the genuine event as a duplicate for the whole dedup window.
+func EventMsgID(id, sig string) string { return id + ":" + sig }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -67,7 +68,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	if _, err := e.bus.Conn.Subscribe(e.bus.Names.EventsSubjects(), func(m *nats.Msg) {
-		id := m.Header.Get(nats.MsgIdHdr)
+		id, _, _ := strings.Cut(m.Header.Get(nats.MsgIdHdr), ":") // bus.EventMsgID
 		e.mu.Lock()
 		e.copies++
 		if _, ok := e.events[id]; !ok {

@@ -152,8 +152,8 @@ func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, su
 }
 
 // publish checks an event and publishes it for the ingesters: subject
-// grasp.events.<shard>, Nats-Msg-Id = event id (the same event from many
-// relays is ingested once), headers naming relay, session, batch and mode.
+// grasp.events.<shard>, Nats-Msg-Id = bus.EventMsgID (the same event from
+// many relays is ingested once, a forged copy cannot shadow it), headers naming relay, session, batch and mode.
 // It returns false for an event dropped by the checks.
 func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode string) error {
 	w.f.m.events.WithLabelValues(w.url, mode).Inc()
@@ -164,7 +164,7 @@ func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *no
 	}
 	msg := nats.NewMsg(w.f.bus.Names.EventsSubject(w.shard))
 	msg.Data = []byte(evt.String())
-	msg.Header.Set(nats.MsgIdHdr, evt.ID)
+	msg.Header.Set(nats.MsgIdHdr, bus.EventMsgID(evt.ID, evt.Sig))
 	msg.Header.Set(bus.HeaderRelay, w.url)
 	msg.Header.Set(bus.HeaderSession, session)
 	msg.Header.Set(bus.HeaderMode, mode)

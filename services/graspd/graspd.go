@@ -248,6 +248,9 @@ func (a *App) Store() *store.Store { return a.store }
 func (a *App) Run(parent context.Context) error {
 	g, ctx := errgroup.WithContext(parent)
 	g.Go(func() error { return a.health.Serve(ctx) })
+	if err := a.startOps(ctx, g.Go); err != nil {
+		return err
+	}
 	pol := &policy.Policy{ServiceURL: a.cfg.Relay.PublicURL}
 	for _, name := range a.cfg.Graspd.Services {
 		b, err := a.connect(ctx, name)
@@ -272,12 +275,14 @@ func (a *App) Run(parent context.Context) error {
 		case "fetcher":
 			// The local side of NIP-77 reconciliation: what the store holds
 			// plus what the policy has refused for good.
-			rejectedKV, err := rejected.Open(ctx, b)
-			if err != nil {
-				return err
-			}
 			refused := rejected.NewCache()
-			g.Go(func() error { return refused.Run(ctx, rejectedKV) })
+			g.Go(func() error {
+				kv, err := rejected.Open(ctx, b)
+				if err != nil {
+					return err
+				}
+				return refused.Run(ctx, kv)
+			})
 			f := fetcher.New(a.cfg.Fetcher, b, a.clock, log, a.registry).
 				WithLocalSet(fetcher.UnionLocalSet{fetcher.StoreLocalSet{Store: a.store}, refused})
 			g.Go(func() error { return f.Run(ctx) })

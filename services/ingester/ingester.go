@@ -2,13 +2,23 @@
 // events: it verifies each event's id and signature, applies the GRASP write
 // policy, stores what is accepted, and publishes it on grasp.stored.<kind> so
 // relay replicas broadcast it and discovery sees new roots.
+//
+// Every replica attaches to one durable pull consumer on GRASP_EVENTS, so the
+// replicas share the stream. Events are evaluated in parallel (one worker per
+// core by default: signature verification is the dominant cost) and each
+// message is acked only once its event is stored or definitively refused.
+// Store outages hold messages in flight (no ack, no redelivery count) until
+// the store answers again; a message that fails while the store is healthy
+// is redelivered, and after MaxDeliver deliveries moved to the dead-letter
+// stream.
 package ingester
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,61 +31,140 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
-	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 )
 
 // Config is the ingester's configuration (GRASP_* variables).
 type Config struct {
 	// Consumer is the durable consumer name shared by all ingester replicas.
 	Consumer string `envconfig:"INGESTER_CONSUMER" default:"ingester"`
-	// MaxDeliver bounds redeliveries of a message that keeps failing for
-	// infrastructure reasons (store errors).
+	// MaxDeliver bounds the deliveries of a message that keeps failing for
+	// infrastructure reasons while the store is otherwise healthy; the last
+	// failure moves it to the dead-letter stream. Deliveries during a store
+	// outage do not count: those messages are held, not redelivered.
 	MaxDeliver int `envconfig:"INGESTER_MAX_DELIVER" default:"20"`
 	// AckWait is how long one event may take before it is redelivered.
 	AckWait time.Duration `envconfig:"INGESTER_ACK_WAIT" default:"30s"`
+	// Workers evaluate events in parallel; 0 means two per CPU (at least
+	// four): verification is CPU-bound, but each event also waits on store
+	// and NATS round trips, which extra workers overlap.
+	Workers int `envconfig:"INGESTER_WORKERS" default:"0"`
+	// FetchBatch is how many messages one pull asks for; with Workers it
+	// bounds the messages (and so the memory) this replica holds.
+	FetchBatch int `envconfig:"INGESTER_FETCH_BATCH" default:"256"`
+	// RetryDelay is how long a message that failed while the store was
+	// healthy waits before its redelivery.
+	RetryDelay time.Duration `envconfig:"INGESTER_RETRY_DELAY" default:"1s"`
+	// OutageBackoffMax caps the wait between store probes during an outage
+	// (the wait starts at 50 ms and doubles).
+	OutageBackoffMax time.Duration `envconfig:"INGESTER_OUTAGE_BACKOFF_MAX" default:"5s"`
+	// LagInterval is how often the consumer lag gauges are refreshed.
+	LagInterval time.Duration `envconfig:"INGESTER_LAG_INTERVAL" default:"5s"`
 	// Parking bounds the lot of events waiting for what they reference
 	// (GRASP_PARKING_*).
 	parking.Config
 }
 
+// withDefaults fills zero fields, so a Config built in code (tests, graspd)
+// behaves like one read from the environment.
+func (c Config) withDefaults() Config {
+	if c.Consumer == "" {
+		c.Consumer = "ingester"
+	}
+	if c.MaxDeliver <= 0 {
+		c.MaxDeliver = 20
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.Workers <= 0 {
+		c.Workers = max(4, 2*runtime.GOMAXPROCS(0))
+	}
+	if c.FetchBatch <= 0 {
+		c.FetchBatch = 256
+	}
+	if c.RetryDelay <= 0 {
+		c.RetryDelay = time.Second
+	}
+	if c.OutageBackoffMax <= 0 {
+		c.OutageBackoffMax = 5 * time.Second
+	}
+	if c.LagInterval <= 0 {
+		c.LagInterval = 5 * time.Second
+	}
+	return c
+}
+
+// Store is what the ingester needs from pkg/store (*store.Store implements
+// it); an interface so tests can put a failing wrapper around a real store.
+type Store interface {
+	policy.Lookup
+	Save(ctx context.Context, evt *nostr.Event) (stored bool, err error)
+	Delete(ctx context.Context, evt *nostr.Event) error
+}
+
 // Ingester consumes grasp.events.* and stores what the policy accepts.
 type Ingester struct {
-	cfg     Config
-	bus     *bus.Bus
-	store   *store.Store
-	policy  *policy.Policy
-	log     *slog.Logger
-	outcome *prometheus.CounterVec
-	reg     prometheus.Registerer
+	cfg    Config
+	bus    *bus.Bus
+	store  Store
+	policy *policy.Policy
+	log    *slog.Logger
+	reg    prometheus.Registerer
+	clk    clock.Clock
+	m      *metrics
+	// deletions serialises deletion requests against everything else in
+	// this replica: a deletion evaluated and applied while one of its
+	// targets is being evaluated and saved could miss it (the target's
+	// "deleted by its author" check ran before the deletion was stored).
+	deletions sync.RWMutex
+	// outage is set while the store is unreachable, for logs and the gauge.
+	outage outageState
 	// lot holds parked events; set by Run.
 	lot *parking.Lot
+	// rejected is the bucket of events refused for good (pkg/rejected);
+	// set by Run, nil when the deployment has none.
+	rejected jetstream.KeyValue
 }
 
 // New builds an ingester. serviceURL is this GRASP server's public relay URL,
-// which announcements must list.
-func New(cfg Config, b *bus.Bus, st *store.Store, serviceURL string, log *slog.Logger, reg prometheus.Registerer) *Ingester {
+// which announcements must list. reg may be nil.
+func New(cfg Config, b *bus.Bus, st Store, serviceURL string, log *slog.Logger, reg prometheus.Registerer) *Ingester {
 	i := &Ingester{
-		cfg:    cfg,
+		cfg:    cfg.withDefaults(),
 		bus:    b,
 		store:  st,
 		policy: &policy.Policy{ServiceURL: serviceURL, Store: st, Limits: policy.DefaultLimits()},
 		log:    log.With("service", "ingester"),
-		outcome: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "grasp_ingester_events_total",
-			Help: "Events consumed by the ingester, by policy outcome (accepted or the refusal reason).",
-		}, []string{"outcome"}),
+		reg:    reg,
+		clk:    clock.Real{},
+		m:      newMetrics(reg),
 	}
-	if reg != nil {
-		reg.MustRegister(i.outcome)
-	}
-	i.reg = reg
 	return i
 }
+
+// WithClock replaces the clock that paces outage backoff and lag polling
+// (tests pass a clock.Fake). Call before Run.
+func (i *Ingester) WithClock(c clock.Clock) *Ingester {
+	i.clk = c
+	return i
+}
+
+// Stats returns the counters so far (the same numbers as the metrics).
+func (i *Ingester) Stats() Stats { return i.m.snapshot() }
 
 // Run consumes events until ctx is done, parking events that wait for
 // something not stored yet and re-evaluating them as it arrives.
 func (i *Ingester) Run(ctx context.Context) error {
-	lot, err := parking.Open(ctx, i.bus, i.cfg.Config, clock.Real{}, i.log, i.reg)
+	if err := i.setupDeadLetter(ctx); err != nil {
+		return fmt.Errorf("ingester: %w", err)
+	}
+	if kv, err := rejected.Open(ctx, i.bus); err == nil {
+		i.rejected = kv
+	} else {
+		i.log.Warn("refusals will not be remembered for NIP-77", "err", err)
+	}
+	lot, err := parking.Open(ctx, i.bus, i.cfg.Config, i.clk, i.log, i.reg)
 	if err != nil {
 		return fmt.Errorf("ingester: %w", err)
 	}
@@ -85,44 +174,6 @@ func (i *Ingester) Run(ctx context.Context) error {
 	g.Go(func() error { return i.wake(gctx) })
 	g.Go(func() error { return lot.Run(gctx) })
 	return g.Wait()
-}
-
-// consume runs the durable consumer on the events stream.
-func (i *Ingester) consume(ctx context.Context) error {
-	return i.bus.Consume(ctx, bus.ConsumeConfig{
-		Stream: i.bus.Names.EventsStream(),
-		Consumer: jetstream.ConsumerConfig{
-			Durable:       i.cfg.Consumer,
-			FilterSubject: i.bus.Names.EventsSubjects(),
-			MaxDeliver:    i.cfg.MaxDeliver,
-			AckWait:       i.cfg.AckWait,
-		},
-		RetryDelay: time.Second,
-		Log:        i.log,
-	}, i.handle)
-}
-
-func (i *Ingester) handle(ctx context.Context, msg jetstream.Msg) error {
-	var evt nostr.Event
-	if err := json.Unmarshal(msg.Data(), &evt); err != nil {
-		i.outcome.WithLabelValues("malformed").Inc()
-		return fmt.Errorf("%w: malformed event from %s: %v", bus.ErrPermanent, msg.Headers().Get(bus.HeaderRelay), err)
-	}
-	d := i.policy.Evaluate(ctx, &evt)
-	if !d.Accept {
-		if d.Reason == policy.ReasonStoreError {
-			return fmt.Errorf("evaluate %s: %s", evt.ID, d.Message)
-		}
-		i.outcome.WithLabelValues(string(d.Reason)).Inc()
-		i.log.Debug("event refused", "id", evt.ID, "kind", evt.Kind, "reason", string(d.Reason),
-			"relay", msg.Headers().Get(bus.HeaderRelay))
-		if d.Parkable() {
-			return i.park(ctx, &evt, d, msg.Headers().Get(bus.HeaderRelay))
-		}
-		return nil
-	}
-	_, err := i.storeAccepted(ctx, &evt, msg.Data())
-	return err
 }
 
 // storeAccepted stores an event the policy accepted, applies it if it is a
@@ -135,15 +186,15 @@ func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []
 		return false, fmt.Errorf("store %s: %w", evt.ID, err)
 	}
 	if !stored {
-		i.outcome.WithLabelValues(string(policy.ReasonDuplicate)).Inc()
 		return false, nil
 	}
 	if evt.Kind == 5 {
 		if err := i.applyDeletion(ctx, &evt); err != nil {
+			// The deletion is stored; its redelivery finds it a duplicate
+			// and applies it again (see process).
 			return true, err
 		}
 	}
-	i.outcome.WithLabelValues(string(policy.ReasonAccepted)).Inc()
 	out := nats.NewMsg(i.bus.Names.StoredSubject(evt.Kind))
 	out.Data = data
 	out.Header.Set(bus.HeaderOrigin, "ingester")
@@ -155,25 +206,33 @@ func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []
 	return true, nil
 }
 
-// applyDeletion removes the deletion author's own events it names (NIP-09).
+// applyDeletion removes the events a stored NIP-09 deletion names, by id and
+// by a coordinate, that its author wrote (policy.DeletionFilters and
+// policy.Deletes decide which). Idempotent.
 func (i *Ingester) applyDeletion(ctx context.Context, del *nostr.Event) error {
-	var ids []string
-	for _, tag := range del.Tags {
-		if len(tag) >= 2 && tag[0] == "e" {
-			ids = append(ids, tag[1])
+	for _, f := range policy.DeletionFilters(del) {
+		targets, err := i.store.Query(ctx, f)
+		if err != nil {
+			return fmt.Errorf("deletion %s: find targets: %w", del.ID, err)
 		}
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	targets, err := i.store.Query(ctx, nostr.Filter{IDs: ids, Authors: []string{del.PubKey}})
-	if err != nil {
-		return fmt.Errorf("deletion %s: %w", del.ID, err)
-	}
-	for _, t := range targets {
-		if err := i.store.Delete(ctx, t); err != nil {
-			return err
+		for _, t := range targets {
+			if !policy.Deletes(del, t) {
+				continue
+			}
+			if err := i.store.Delete(ctx, t); err != nil {
+				return fmt.Errorf("deletion %s: delete %s: %w", del.ID, t.ID, err)
+			}
 		}
 	}
 	return nil
+}
+
+// decode parses raw event JSON with go-nostr's generated decoder, skipping
+// encoding/json's validation pass over the whole (possibly large) input.
+func decode(data []byte) (*nostr.Event, error) {
+	var evt nostr.Event
+	if err := evt.UnmarshalJSON(data); err != nil {
+		return nil, err
+	}
+	return &evt, nil
 }

@@ -3,6 +3,7 @@ package ingester
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
+	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
 
 // wakeQueue bounds the stored-event notifications waiting for the wake
@@ -103,10 +105,19 @@ func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked) error {
 		if err != nil {
 			return fmt.Errorf("encode parked %s: %w", p.Event.ID, err)
 		}
-		if _, err := i.storeAccepted(ctx, p.Event, data); err != nil {
+		stored, err := i.storeAccepted(ctx, p.Event, data)
+		switch {
+		case errors.Is(err, store.ErrUnstorable):
+			i.lot.Unpark(ctx, p, outcomeUnstorable)
+			i.m.incUnparked(outcomeUnstorable)
+			return nil
+		case err != nil:
 			return err
+		case stored:
+			i.m.incStoredNoLatency()
 		}
 		i.lot.Unpark(ctx, p, "stored")
+		i.m.incUnparked("stored")
 		i.log.Debug("parked event stored", "id", p.Event.ID, "kind", p.Event.Kind, "relay", p.Relay)
 	case d.Reason == policy.ReasonStoreError:
 		return fmt.Errorf("re-evaluate %s: %w", p.Event.ID, d.Err)
@@ -114,6 +125,7 @@ func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked) error {
 		// Still waiting for something else.
 	default:
 		i.lot.Unpark(ctx, p, string(d.Reason))
+		i.m.incUnparked(string(d.Reason))
 		i.log.Debug("parked event refused", "id", p.Event.ID, "kind", p.Event.Kind, "reason", string(d.Reason), "relay", p.Relay)
 	}
 	return nil

@@ -384,6 +384,10 @@ func (r *Relay) Handler() http.Handler {
 			r.serveNIP11(w)
 			return
 		}
+		if wantsStatusPage(req) {
+			r.serveStatus(w, req)
+			return
+		}
 		r.khatru.ServeHTTP(w, req)
 	})
 }

@@ -1,0 +1,272 @@
+package graspctl
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+)
+
+// StatusOptions are graspctl status's flags.
+type StatusOptions struct {
+	JSON bool
+	// Watch redraws the table in place every Interval until ctx is done.
+	Watch    bool
+	Interval time.Duration
+	// MetricsURL, when set, is graspd's /metrics: the ingester's stored
+	// counter adds events stored and their rate to the progress line, the
+	// same line graspd logs every 10 s while a relay is Syncing.
+	MetricsURL string
+}
+
+// StoredEvents reads grasp_ingester_stored_total (summed over series) from
+// a Prometheus text page.
+func StoredEvents(ctx context.Context, metricsURL string) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL, nil)
+	if err != nil {
+		return 0, fmt.Errorf("metrics URL %q: %w", metricsURL, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("scrape %s: %w", metricsURL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("scrape %s: %s", metricsURL, resp.Status)
+	}
+	var n float64
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "grasp_ingester_stored_total") {
+			continue
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			n += v
+		}
+	}
+	return n, sc.Err()
+}
+
+// ago renders a timestamp for a table cell.
+func ago(t, now time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	d := now.Sub(t).Round(time.Second)
+	if d < 0 {
+		d = 0
+	}
+	return d.String() + " ago"
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// WriteStatus prints the relay table of a snapshot, with the progress line
+// and the leadership above it.
+func WriteStatus(out io.Writer, s *syncstatus.Snapshot) error {
+	p := s.Progress()
+	fmt.Fprintf(out, "relays %d  connected %d  syncing %d  batches pending %d  roots confirmed %d pending %d  repos %d\n",
+		p.Relays, p.Connected, p.Syncing, p.PendingBatches, p.ConfirmedRoots, p.PendingRoots, len(s.Repos))
+	var leases []string
+	for _, l := range s.Leases {
+		if l.Held {
+			leases = append(leases, fmt.Sprintf("%s: %s (epoch %d)", l.Role, l.Holder, l.Epoch))
+		} else {
+			leases = append(leases, l.Role+": NO LEADER")
+		}
+	}
+	fmt.Fprintf(out, "leaders %s\n\n", strings.Join(leases, ", "))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RELAY\tSTATUS\tHEALTH\tREPOS\tCONFIRMED\tPENDING\tROOTS OK\tROOTS PENDING\tBATCHES\tLIVE FILTERS\tLAST CONNECTED\tLAST ERROR")
+	for _, r := range s.Relays {
+		url := r.URL
+		if r.Bootstrap {
+			url += " (bootstrap)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", url, r.Status, dash(r.Health),
+			r.ListedRepos, r.ConfirmedRepos, r.PendingRepos, r.ConfirmedRoots, r.PendingRoots, r.PendingBatches,
+			r.LiveFilters, ago(r.LastConnected, s.Taken), dash(r.LastError))
+	}
+	if len(s.Relays) == 0 {
+		fmt.Fprintln(tw, "(no remote relay tracked yet: is the planner running?)\t\t\t\t\t\t\t\t\t\t\t")
+	}
+	return tw.Flush()
+}
+
+// Status prints the relay table (or JSON) once, or with Watch until ctx is
+// done, redrawing in place.
+func Status(ctx context.Context, b *bus.Bus, opts StatusOptions, out io.Writer) error {
+	if opts.Interval <= 0 {
+		opts.Interval = 2 * time.Second
+	}
+	var prevStored float64
+	var prev time.Time
+	for {
+		snap, err := syncstatus.Read(ctx, b.JS, b.Names)
+		if err != nil {
+			return err
+		}
+		if opts.Watch && !opts.JSON {
+			fmt.Fprint(out, "\x1b[H\x1b[2J") // home and clear: redraw in place
+		}
+		if !opts.JSON {
+			stored, serr := 0.0, error(nil)
+			if opts.MetricsURL != "" {
+				stored, serr = StoredEvents(ctx, opts.MetricsURL)
+			}
+			if line, ok := syncstatus.NextProgress(snap.Progress(), stored, prevStored, snap.Taken, prev); ok {
+				fmt.Fprintln(out, line.String())
+			}
+			if serr != nil {
+				fmt.Fprintf(out, "(events stored unknown: %v)\n", serr)
+			}
+			prevStored, prev = stored, snap.Taken
+		}
+		if opts.JSON {
+			enc := json.NewEncoder(out)
+			if !opts.Watch {
+				enc.SetIndent("", "  ")
+			}
+			if err := enc.Encode(snap); err != nil {
+				return err
+			}
+		} else if err := WriteStatus(out, snap); err != nil {
+			return err
+		}
+		if !opts.Watch {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(opts.Interval):
+		}
+	}
+}
+
+// Repos prints the RepoSyncIndex, one repository per line, optionally only
+// those listing relay.
+func Repos(ctx context.Context, b *bus.Bus, relay string, asJSON bool, out io.Writer) error {
+	snap, err := syncstatus.Read(ctx, b.JS, b.Names)
+	if err != nil {
+		return err
+	}
+	repos := snap.Repos
+	if relay != "" {
+		repos = snap.ReposOfRelay(relay)
+	}
+	if asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(repos)
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "REPO\tROOTS\tRELAYS")
+	for _, r := range repos {
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", r.Ref, r.Roots, strings.Join(r.Relays, ","))
+	}
+	return tw.Flush()
+}
+
+// ExplainOptions are graspctl explain's flags.
+type ExplainOptions struct {
+	JSON bool
+	// RelayURL is this service's own relay, where the announcement in force
+	// is read from to say why each URL it lists is synced or refused; ""
+	// skips that part.
+	RelayURL string
+	// ServiceURL is this service's public URL (the announcement lists it);
+	// RelayURL when empty.
+	ServiceURL string
+}
+
+// Explain prints which relays a repository is synced from, how far, and
+// why: with RelayURL set, each URL of the announcement with its verdict.
+func Explain(ctx context.Context, b *bus.Bus, ref string, opts ExplainOptions, out io.Writer) error {
+	snap, err := syncstatus.Read(ctx, b.JS, b.Names)
+	if err != nil {
+		return err
+	}
+	ex, err := snap.Explain(ref)
+	if err != nil {
+		return err
+	}
+	var annErr error
+	if opts.RelayURL != "" && ex.Repo.AnnouncementID != "" {
+		service := opts.ServiceURL
+		if service == "" {
+			service = opts.RelayURL
+		}
+		var evt *nostr.Event
+		if evt, annErr = syncstatus.FetchEvent(ctx, opts.RelayURL, ex.Repo.AnnouncementID); annErr == nil {
+			var verdicts []syncstatus.URLVerdict
+			if verdicts, annErr = syncstatus.ClassifyAnnouncement(evt, ex.Repo, service); annErr == nil {
+				ex.AddAnnouncement(verdicts)
+			}
+		}
+	}
+	asJSON := opts.JSON
+	if asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ex)
+	}
+	fmt.Fprintf(out, "repository %s\n  announcement %s, %d root events, index updated %s\n",
+		ex.Repo.Ref, dash(ex.Repo.AnnouncementID), ex.Repo.Roots, ago(ex.Repo.UpdatedAt, snap.Taken))
+	if len(ex.Relays) == 0 {
+		fmt.Fprintln(out, "  synced from no relay: the announcement lists none besides this service (or only refused URLs)")
+		return writeAnnouncement(out, ex, annErr)
+	}
+	fmt.Fprintf(out, "  synced from %d relays:\n", len(ex.Relays))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  RELAY\tSTATUS\tREPO HISTORY\tROOTS CONFIRMED\tROOTS PENDING\tWHY")
+	for _, r := range ex.Relays {
+		hist := "pending"
+		if r.RepoConfirmed {
+			hist = "confirmed"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%s\n", r.URL, r.Status, hist, r.ConfirmedRoots, r.PendingRoots, r.Why)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeAnnouncement(out, ex, annErr)
+}
+
+// writeAnnouncement prints the verdict on each URL of the announcement.
+func writeAnnouncement(out io.Writer, ex *syncstatus.Explanation, annErr error) error {
+	if annErr != nil {
+		fmt.Fprintf(out, "  announcement URLs not checked: %v (pass --relay-url with this service's relay)\n", annErr)
+		return nil
+	}
+	if len(ex.Announcement) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out, "  announcement URLs:")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	for _, v := range ex.Announcement {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", v.Tag, v.URL, v.Verdict)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,83 @@
+package ingester_test
+
+import (
+	"encoding/json"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// benchSpec is the benchmark's workload: valid events only (announcements,
+// issues, comments), so every event pays for verification, policy lookups
+// and a store write.
+var benchSpec = workloadSpec{repos: 10, issuesPerRepo: 40, commentsPerIssue: 11}
+
+// BenchmarkVerify is the raw signature verification rate (CheckID +
+// CheckSignature, what policy.Evaluate does first) on GOMAXPROCS cores, the
+// ceiling the ingester is measured against. Run with -cpu 1,2.
+func BenchmarkVerify(b *testing.B) {
+	w := workloadFor(b, benchSpec)
+	evts := make([]*nostr.Event, len(w.deliveries))
+	for n, d := range w.deliveries {
+		evts[n] = new(nostr.Event)
+		if err := json.Unmarshal(d.data, evts[n]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		var wg sync.WaitGroup
+		workers := runtime.GOMAXPROCS(0)
+		for wkr := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := wkr; n < len(evts); n += workers {
+					e := evts[n]
+					if !e.CheckID() {
+						b.Error("bad id")
+					}
+					if ok, err := e.CheckSignature(); !ok || err != nil {
+						b.Error("bad signature")
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(b.N*len(evts))/time.Since(start).Seconds(), "events/s")
+}
+
+// BenchmarkIngest is end-to-end ingestion on the embedded (badger) store:
+// the events are already in GRASP_EVENTS (the fetcher's part is not
+// measured); one iteration runs a fresh ingester with one worker per
+// GOMAXPROCS until all are stored. Run with -cpu 1,2 beside BenchmarkVerify.
+func BenchmarkIngest(b *testing.B) {
+	w := workloadFor(b, benchSpec)
+	var total time.Duration
+	for range b.N {
+		b.StopTimer()
+		e := newEnv(b)
+		e.publish(b, w.deliveries)
+		cfg := fastConfig()
+		cfg.AckWait = 30 * time.Second
+		b.StartTimer()
+		start := time.Now()
+		r := e.start(b, cfg, nil)
+		deadline := time.Now().Add(5 * time.Minute)
+		for r.ing.Stats().Stored < int64(len(w.accepted)) {
+			if time.Now().After(deadline) {
+				b.Fatalf("stored %d of %d", r.ing.Stats().Stored, len(w.accepted))
+			}
+			time.Sleep(time.Millisecond)
+		}
+		total += time.Since(start)
+		b.StopTimer()
+		r.kill(b)
+	}
+	b.ReportMetric(float64(b.N*len(w.accepted))/total.Seconds(), "events/s")
+}

@@ -1,0 +1,276 @@
+package ingester_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
+	"github.com/grasp-sync/grasp-sync/pkg/rejected"
+	"github.com/grasp-sync/grasp-sync/services/ingester"
+)
+
+// fastConfig redelivers quickly so fault tests finish in seconds.
+func fastConfig() ingester.Config {
+	return ingester.Config{
+		Consumer: "ingester", MaxDeliver: 3, AckWait: 3 * time.Second,
+		FetchBatch: 64, RetryDelay: 50 * time.Millisecond, OutageBackoffMax: 100 * time.Millisecond,
+		LagInterval: 500 * time.Millisecond,
+	}
+}
+
+// TestIngest20k: 20,000+ deliveries with duplicates across relays, forged
+// signatures, wrong ids, orphans whose parents arrive last, oversized and
+// unanchored events → exactly the valid, accepted set is stored, once, and
+// every forgery is counted and refused.
+func TestIngest20k(t *testing.T) {
+	spec := spec20k
+	if testing.Short() {
+		spec = specSmall
+	}
+	w := workloadFor(t, spec)
+	if !testing.Short() && len(w.deliveries) < 20_000 {
+		t.Fatalf("workload has %d deliveries, want ≥ 20,000", len(w.deliveries))
+	}
+	e := newEnv(t)
+	r := e.start(t, fastConfig(), nil)
+	start := time.Now()
+	e.publish(t, w.deliveries)
+	e.waitDrained(t, w.accepted, 3*time.Minute)
+	t.Logf("%d deliveries ingested in %s", len(w.deliveries), time.Since(start).Round(time.Millisecond))
+	e.assertExactly(t, w.accepted)
+
+	st := r.ing.Stats()
+	if got := st.Refused[string(policy.ReasonBadSignature)]; got != int64(w.badSig) {
+		t.Errorf("bad-signature refusals = %d, want %d", got, w.badSig)
+	}
+	if got := st.Refused[string(policy.ReasonBadID)]; got != int64(w.badID) {
+		t.Errorf("bad-id refusals = %d, want %d", got, w.badID)
+	}
+	if got := st.Refused[string(policy.ReasonTooLarge)]; got != int64(w.tooLarge) {
+		t.Errorf("too-large refusals = %d, want %d", got, w.tooLarge)
+	}
+	if st.Stored != int64(len(w.accepted)) {
+		t.Errorf("stored counter = %d, want %d (each event stored once)", st.Stored, len(w.accepted))
+	}
+	if st.Duplicates < int64(spec.dupAfterWindow)/2 {
+		t.Errorf("duplicates = %d, want most of the %d late copies", st.Duplicates, spec.dupAfterWindow)
+	}
+	if st.DeadLettered != 0 {
+		t.Errorf("dead-lettered = %d, want 0", st.DeadLettered)
+	}
+	// Refusals for good are remembered for NIP-77; forgeries never are.
+	kv, err := rejected.Open(context.Background(), e.bus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.ListKeys(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	remembered := map[string]bool{}
+	for k := range keys.Keys() {
+		remembered[k] = true
+	}
+	if len(remembered) != len(w.refusedForGood) {
+		t.Errorf("%d events remembered as rejected, want %d", len(remembered), len(w.refusedForGood))
+	}
+	for id := range w.refusedForGood {
+		if !remembered[id] {
+			t.Errorf("oversized %s not remembered as rejected", id[:8])
+		}
+	}
+	t.Logf("stats: %+v", st)
+}
+
+// TestKillAndRestart kills an ingester mid-stream (its connection closes
+// under in-flight messages) and starts another: the final store equals the
+// uninterrupted result.
+func TestKillAndRestart(t *testing.T) {
+	w := workloadFor(t, specSmall)
+	e := newEnv(t)
+	first := e.start(t, fastConfig(), nil)
+	e.publish(t, w.deliveries)
+	deadline := time.Now().Add(time.Minute)
+	for first.ing.Stats().Stored < int64(len(w.accepted))/3 {
+		if time.Now().After(deadline) {
+			t.Fatal("first ingester made no progress")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	first.kill(t)
+	killedAt := first.ing.Stats().Stored
+	second := e.start(t, fastConfig(), nil)
+	e.waitDrained(t, w.accepted, 2*time.Minute)
+	e.assertExactly(t, w.accepted)
+	if killedAt >= int64(len(w.accepted)) || second.ing.Stats().Consumed == 0 {
+		t.Errorf("the kill was not mid-stream: first stored %d of %d", killedAt, len(w.accepted))
+	}
+	t.Logf("killed after %d stored; second: %+v", killedAt, second.ing.Stats())
+}
+
+// TestTwoReplicasShareTheStream: two replicas on one durable consumer both
+// work, and every event is stored exactly once.
+func TestTwoReplicasShareTheStream(t *testing.T) {
+	w := workloadFor(t, specSmall)
+	e := newEnv(t)
+	a := e.start(t, fastConfig(), nil)
+	b := e.start(t, fastConfig(), nil)
+	e.publish(t, w.deliveries)
+	e.waitDrained(t, w.accepted, 2*time.Minute)
+	e.assertExactly(t, w.accepted)
+	sa, sb := a.ing.Stats(), b.ing.Stats()
+	if sa.Consumed == 0 || sb.Consumed == 0 {
+		t.Errorf("a replica did no work: consumed %d and %d", sa.Consumed, sb.Consumed)
+	}
+	if got := sa.Stored + sb.Stored; got != int64(len(w.accepted)) {
+		t.Errorf("stored by both replicas = %d, want %d (each event exactly once)", got, len(w.accepted))
+	}
+	if got, want := sa.Consumed+sb.Consumed, int64(len(w.deliveries)-specSmall.dupInWindow); got != want {
+		t.Logf("consumed %d messages for %d distinct deliveries (redeliveries)", got, want)
+	}
+}
+
+// flakyStore wraps a real store with faults: all calls fail while down; Save
+// of poisoned ids always fails.
+type flakyStore struct {
+	ingester.Store
+	down     atomic.Bool
+	failures atomic.Int64
+	mu       sync.Mutex
+	poison   map[string]bool
+}
+
+var errStoreDown = errors.New("store unavailable (test)")
+
+func (f *flakyStore) fail() error {
+	if f.down.Load() {
+		f.failures.Add(1)
+		return errStoreDown
+	}
+	return nil
+}
+
+func (f *flakyStore) Query(ctx context.Context, flt nostr.Filter) ([]*nostr.Event, error) {
+	if err := f.fail(); err != nil {
+		return nil, err
+	}
+	return f.Store.Query(ctx, flt)
+}
+
+func (f *flakyStore) Save(ctx context.Context, evt *nostr.Event) (bool, error) {
+	if err := f.fail(); err != nil {
+		return false, err
+	}
+	f.mu.Lock()
+	poisoned := f.poison[evt.ID]
+	f.mu.Unlock()
+	if poisoned {
+		return false, errors.New("row rejected by the backend (test poison)")
+	}
+	return f.Store.Save(ctx, evt)
+}
+
+func (f *flakyStore) Delete(ctx context.Context, evt *nostr.Event) error {
+	if err := f.fail(); err != nil {
+		return err
+	}
+	return f.Store.Delete(ctx, evt)
+}
+
+// TestStoreOutage: the store fails every call mid-stream; the ingester holds
+// its messages, backs off and resumes — nothing lost, nothing stored twice,
+// nothing dead-lettered. The outage lasts until the ingester has probed the
+// failing store 80 times (~2–4 s with the test's 100 ms backoff cap) rather
+// than 10 s of wall time.
+func TestStoreOutage(t *testing.T) {
+	w := workloadFor(t, specSmall)
+	e := newEnv(t)
+	fs := &flakyStore{Store: e.store, poison: map[string]bool{}}
+	r := e.start(t, fastConfig(), fs)
+	e.publish(t, w.deliveries)
+	deadline := time.Now().Add(time.Minute)
+	for r.ing.Stats().Stored < int64(len(w.accepted))/4 {
+		if time.Now().After(deadline) {
+			t.Fatal("no progress before the outage")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fs.down.Store(true)
+	// Saves already past the wrapper when it went down may still finish:
+	// count from the 20th failure on.
+	for fs.failures.Load() < 20 {
+		if time.Now().After(deadline) {
+			t.Fatal("the ingester stopped calling the failing store")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	storedAtOutage := r.ing.Stats().Stored
+	for fs.failures.Load() < 80 {
+		if time.Now().After(deadline) {
+			t.Fatal("the ingester stopped calling the failing store")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := r.ing.Stats().Stored; got != storedAtOutage {
+		t.Errorf("stored %d events while the store was down", got-storedAtOutage)
+	}
+	fs.down.Store(false)
+	e.waitDrained(t, w.accepted, 2*time.Minute)
+	e.assertExactly(t, w.accepted)
+	st := r.ing.Stats()
+	if st.DeadLettered != 0 {
+		t.Errorf("%d messages dead-lettered because of the outage", st.DeadLettered)
+	}
+	if st.Stored != int64(len(w.accepted)) {
+		t.Errorf("stored counter = %d, want %d", st.Stored, len(w.accepted))
+	}
+}
+
+// TestPoisonMessageDeadLettered: an event the store keeps rejecting while
+// otherwise healthy goes to the dead-letter stream after MaxDeliver
+// deliveries, with the reason, and does not hold up the events after it.
+func TestPoisonMessageDeadLettered(t *testing.T) {
+	w := workloadFor(t, specSmall)
+	e := newEnv(t)
+	// A comment (nothing depends on it), from the middle of the stream.
+	var poisonID string
+	for _, d := range w.deliveries[len(w.deliveries)/2:] {
+		if strings.Contains(string(d.data), `"kind":1111`) && d.msgID != "" {
+			poisonID = d.msgID
+			break
+		}
+	}
+	fs := &flakyStore{Store: e.store, poison: map[string]bool{poisonID: true}}
+	want := map[string]bool{}
+	for id := range w.accepted {
+		want[id] = true
+	}
+	delete(want, poisonID)
+	r := e.start(t, fastConfig(), fs)
+	e.publish(t, w.deliveries)
+	e.waitDrained(t, want, 2*time.Minute)
+	e.assertExactly(t, want)
+	// Late copies of the poisoned event (from other relays) are poisoned
+	// too: every dead letter must be it.
+	dead := e.deadLetters(t)
+	if len(dead) == 0 || int64(len(dead)) != r.ing.Stats().DeadLettered {
+		t.Fatalf("dead-letter stream holds %d messages, counter says %d, want ≥ 1 and equal", len(dead), r.ing.Stats().DeadLettered)
+	}
+	for _, m := range dead {
+		h := m.Headers()
+		if !strings.Contains(h.Get(ingester.HeaderDeadReason), "test poison") || h.Get(ingester.HeaderDeadDeliveries) != "3" ||
+			!strings.HasPrefix(h.Get(ingester.HeaderDeadSubject), "grasp.events.") {
+			t.Errorf("dead letter headers: %v", h)
+		}
+		if !strings.Contains(string(m.Data()), poisonID) {
+			t.Error("a dead letter does not carry the poisoned event")
+		}
+	}
+}

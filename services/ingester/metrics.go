@@ -1,0 +1,132 @@
+package ingester
+
+import (
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcomes of one event that are not policy reasons.
+const (
+	outcomeStored     = "stored"
+	outcomeDuplicate  = "duplicate"
+	outcomeParked     = "parked"
+	outcomeMalformed  = "malformed"  // not nostr event JSON
+	outcomeUnstorable = "unstorable" // accepted, but the backend cannot hold it
+)
+
+// Stats is a snapshot of the ingester's counters.
+type Stats struct {
+	Consumed     int64
+	Verified     int64
+	Stored       int64
+	Duplicates   int64
+	Parked       int64
+	Unparked     int64
+	DeadLettered int64
+	// Refused counts refusals by reason (policy reasons, malformed,
+	// unstorable); duplicates and parked events are not refusals here.
+	Refused map[string]int64
+}
+
+// metrics are the ingester's Prometheus metrics plus the same counts kept
+// for Stats.
+type metrics struct {
+	consumed, verified, stored, duplicates, parked prometheus.Counter
+	unparked, refused, deadLettered                *prometheus.CounterVec
+	pending, ackPending, outage                    prometheus.Gauge
+	latency                                        prometheus.Histogram
+
+	nConsumed, nVerified, nStored, nDuplicates, nParked, nUnparked, nDead atomic.Int64
+
+	mu       sync.Mutex
+	nRefused map[string]int64
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_ingester_" + name, Help: help})
+	}
+	m := &metrics{
+		consumed:   counter("consumed_total", "Messages taken from the events stream (redeliveries included)."),
+		verified:   counter("verified_total", "Events whose id and signature verified."),
+		stored:     counter("stored_total", "Events stored (and published on grasp.stored.<kind>)."),
+		duplicates: counter("duplicates_total", "Events skipped because they were already stored."),
+		parked:     counter("parked_total", "Events parked because something they reference had not arrived."),
+		unparked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_ingester_unparked_total", Help: "Parked events re-evaluated and taken out of the lot, by outcome.",
+		}, []string{"outcome"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_ingester_refused_total", Help: "Events refused, by reason (policy reason, malformed or unstorable).",
+		}, []string{"reason"}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_ingester_dead_lettered_total", Help: "Messages moved to the dead-letter stream after MaxDeliver failed deliveries, by subject family.",
+		}, []string{"reason"}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "grasp_ingester_consumer_pending", Help: "Consumer lag: events in the stream not yet delivered to any ingester.",
+		}),
+		ackPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "grasp_ingester_consumer_ack_pending", Help: "Events delivered to ingesters and not yet acknowledged.",
+		}),
+		outage: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "grasp_ingester_store_outage", Help: "1 while this replica holds messages because the store is unreachable.",
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "grasp_ingester_fetch_to_stored_seconds",
+			Help:    "Time from the fetcher receiving an event (Grasp-Fetched-At header, else the stream's timestamp) to its storage.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18), // 1 ms … ~2 min
+		}),
+		nRefused: map[string]int64{},
+	}
+	if reg != nil {
+		reg.MustRegister(m.consumed, m.verified, m.stored, m.duplicates, m.parked, m.unparked, m.refused,
+			m.deadLettered, m.pending, m.ackPending, m.outage, m.latency)
+	}
+	return m
+}
+
+func (m *metrics) incConsumed() { m.consumed.Inc(); m.nConsumed.Add(1) }
+func (m *metrics) incVerified() { m.verified.Inc(); m.nVerified.Add(1) }
+
+func (m *metrics) storedAfter(d time.Duration) {
+	m.stored.Inc()
+	m.nStored.Add(1)
+	if d >= 0 {
+		m.latency.Observe(d.Seconds())
+	}
+}
+
+func (m *metrics) incStoredNoLatency() { m.stored.Inc(); m.nStored.Add(1) }
+func (m *metrics) incDuplicate()       { m.duplicates.Inc(); m.nDuplicates.Add(1) }
+func (m *metrics) incParked()          { m.parked.Inc(); m.nParked.Add(1) }
+
+func (m *metrics) incUnparked(outcome string) {
+	m.unparked.WithLabelValues(outcome).Inc()
+	m.nUnparked.Add(1)
+}
+
+func (m *metrics) incRefused(reason string) {
+	m.refused.WithLabelValues(reason).Inc()
+	m.mu.Lock()
+	m.nRefused[reason]++
+	m.mu.Unlock()
+}
+
+func (m *metrics) incDeadLettered(reason string) {
+	m.deadLettered.WithLabelValues(reason).Inc()
+	m.nDead.Add(1)
+}
+
+func (m *metrics) snapshot() Stats {
+	m.mu.Lock()
+	refused := maps.Clone(m.nRefused)
+	m.mu.Unlock()
+	return Stats{
+		Consumed: m.nConsumed.Load(), Verified: m.nVerified.Load(), Stored: m.nStored.Load(),
+		Duplicates: m.nDuplicates.Load(), Parked: m.nParked.Load(), Unparked: m.nUnparked.Load(),
+		DeadLettered: m.nDead.Load(), Refused: refused,
+	}
+}

@@ -1,0 +1,110 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"html/template"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+)
+
+// statusRefreshSeconds is how often the status page reloads itself: live
+// enough to watch a sync move, cheap enough that an open tab costs nothing.
+const statusRefreshSeconds = 5
+
+// wantsStatusPage says whether a request is a browser asking for the root
+// page: NIP-11 clients send Accept: application/nostr+json and keep getting
+// JSON; websocket upgrades never reach here.
+func wantsStatusPage(req *http.Request) bool {
+	return req.URL.Path == "/" && (req.Method == http.MethodGet || req.Method == http.MethodHead) &&
+		strings.Contains(req.Header.Get("Accept"), "text/html") &&
+		!strings.Contains(req.Header.Get("Accept"), "application/nostr+json")
+}
+
+// StatusPage is what the status page template renders.
+type StatusPage struct {
+	Name, Description, PublicURL string
+	Refresh                      int
+	Snapshot                     *syncstatus.Snapshot
+	Progress                     syncstatus.Progress
+	// Error is set when the sync state could not be read (NATS down, buckets
+	// missing): the page still renders and says so.
+	Error string
+}
+
+var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
+	"when": func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+	"lower": strings.ToLower,
+}).Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="{{.Refresh}}">
+<title>{{.Name}} — grasp-sync status</title>
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}
+th{background:#f3f3f3}
+td.n{text-align:right}
+.connected{color:#176d17}.syncing,.connecting{color:#8a6d00}.disconnected,.dead,.connectedwithfailures{color:#a31515}
+.err{color:#a31515}
+</style></head><body>
+<h1>{{.Name}}</h1>
+<p>{{.Description}}</p>
+<p>Relay URL: <code>{{.PublicURL}}</code>. GRASP-01 and GRASP-02 (proactive sync). This page refreshes every {{.Refresh}} s.</p>
+{{if .Error}}<p class="err" id="error">Sync state unavailable: {{.Error}}</p>{{end}}
+{{with .Snapshot}}
+<p id="summary">{{$.Progress.Relays}} remote relays: {{$.Progress.Connected}} connected, {{$.Progress.Syncing}} syncing; {{$.Progress.PendingBatches}} batches pending. {{len .Repos}} repositories hosted. As of {{when .Taken}}.</p>
+<h2>Remote relays</h2>
+<table id="relays"><thead><tr><th>Relay</th><th>Status</th><th>Health</th><th>Repos listed</th><th>Repos confirmed</th><th>Repos pending</th><th>Roots confirmed</th><th>Roots pending</th><th>Batches pending</th><th>Live filters</th><th>Last connected</th><th>Last error</th></tr></thead><tbody>
+{{range .Relays}}<tr data-relay="{{.URL}}"><td class="url">{{.URL}}{{if .Bootstrap}} (bootstrap){{end}}</td><td class="status {{lower .Status}}">{{.Status}}</td><td class="health {{.Health}}">{{or .Health "–"}}</td><td class="listed n">{{.ListedRepos}}</td><td class="confirmed-repos n">{{.ConfirmedRepos}}</td><td class="pending-repos n">{{.PendingRepos}}</td><td class="confirmed-roots n">{{.ConfirmedRoots}}</td><td class="pending-roots n">{{.PendingRoots}}</td><td class="batches n">{{.PendingBatches}}</td><td class="live-filters n">{{.LiveFilters}}</td><td>{{when .LastConnected}}</td><td class="err">{{.LastError}}</td></tr>
+{{else}}<tr><td colspan="12">No remote relay tracked yet.</td></tr>{{end}}
+</tbody></table>
+<h2>Repositories</h2>
+<table id="repos"><thead><tr><th>Repository</th><th>Root events</th><th>Synced from</th></tr></thead><tbody>
+{{range .Repos}}<tr><td><code>{{.Ref}}</code></td><td class="n">{{.Roots}}</td><td>{{range $i, $u := .Relays}}{{if $i}}, {{end}}{{$u}}{{end}}</td></tr>
+{{else}}<tr><td colspan="3">No repository announcement lists this service yet.</td></tr>{{end}}
+</tbody></table>
+<h2>Leadership</h2>
+<ul>{{range .Leases}}<li>{{.Role}}: {{if .Held}}held by {{.Holder}} (epoch {{.Epoch}}){{else}}<span class="err">no leader</span>{{end}}</li>{{end}}</ul>
+{{end}}
+</body></html>
+`))
+
+// serveStatus renders the HTML status page from the same state graspctl
+// status reads.
+func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) {
+	page := StatusPage{Name: r.cfg.Name, Description: r.cfg.Description, PublicURL: r.cfg.PublicURL, Refresh: statusRefreshSeconds}
+	if page.Name == "" {
+		page.Name = "grasp-sync relay"
+	}
+	if r.bus == nil {
+		page.Error = "this relay runs without NATS"
+	} else {
+		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
+		snap, err := syncstatus.Read(ctx, r.bus.JS, r.bus.Names)
+		cancel()
+		if err != nil {
+			page.Error = err.Error()
+			r.log.Warn("status page: sync state unavailable", "err", err)
+		} else {
+			page.Snapshot, page.Progress = snap, snap.Progress()
+		}
+	}
+	var buf bytes.Buffer
+	if err := statusTemplate.Execute(&buf, page); err != nil {
+		r.log.Error("status page render failed", "err", err)
+		http.Error(w, "status page render failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(buf.Bytes())
+}
