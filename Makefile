@@ -11,7 +11,7 @@ BUF_VERSION           := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 
 # Every Go module of the workspace.
-MODULES := pkg proto $(wildcard services/*) deploy/validate
+MODULES := pkg proto $(wildcard services/*) deploy/validate e2e
 
 # Version and commit stamped into every binary and image (-ldflags -X). The
 # variables live in VERSION_PKG; an -X for a variable that does not exist is
@@ -98,9 +98,24 @@ print-images:
 clean:
 	rm -rf $(BIN)
 
-.PHONY: bench
+.PHONY: e2e e2e-long demo bench
 
-## bench: the ingester benchmark, events/s on 1 and 2 cores beside raw
-## signature verification (docs/performance.md, "Ingester")
+## e2e: the end-to-end scenarios (graspd against real remote relays), -race
+e2e:
+	cd e2e && $(GO) test -race -count=1 $(TESTFLAGS) ./...
+
+## e2e-long: e2e plus the long scenarios (GRASP_E2E_LONG=1)
+e2e-long:
+	cd e2e && GRASP_E2E_LONG=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
+
+## demo: three seeded local relays + graspd, status until Connected, summary
+demo:
+	cd e2e && $(GO) run ./cmd/demo
+
+## bench: end-to-end benchmark; writes its sections of docs/performance.md
+# GRASP_BENCH_REPOS / GRASP_BENCH_EVENTS_PER_REPO scale it down (default 1,000 × 50).
+# The ingester benchmark runs first: events/s on 1 and 2 cores beside raw
+# signature verification (docs/performance.md, "Ingester").
 bench:
 	cd services/ingester && $(GO) test -run '^$$' -bench . -benchtime 3x -cpu 1,2 .
+	cd e2e && GRASP_BENCH=1 $(GO) test -count=1 -timeout 30m -run TestBenchEndToEnd -v .

@@ -3,6 +3,7 @@ package fetcher
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,7 +25,14 @@ type liveGroup struct {
 	filters nostr.Filters
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// live is closed once the relay has registered the subscription (its
+	// EOSE arrived) or the group ended, so a ReplaceLive can keep the old
+	// groups open until the new ones are in place.
+	live     chan struct{}
+	liveOnce sync.Once
 }
+
+func (g *liveGroup) markLive() { g.liveOnce.Do(func() { close(g.live) }) }
 
 // liveReopenMax caps the backoff of a live subscription the relay keeps
 // closing.
@@ -44,16 +52,48 @@ func (w *relayWorker) openLive(fs []nostr.Filter) {
 			chunk = append(chunk, f)
 		}
 		ctx, cancel := context.WithCancel(w.sess.ctx)
-		g := &liveGroup{filters: chunk, cancel: cancel, done: make(chan struct{})}
+		g := &liveGroup{filters: chunk, cancel: cancel, done: make(chan struct{}), live: make(chan struct{})}
 		w.live[g] = struct{}{}
 		s := w.sess
 		w.tasks.Add(1)
 		go func() {
 			defer w.tasks.Done()
 			defer close(g.done)
+			defer g.markLive()
 			w.runLive(ctx, s, g)
 		}()
 	}
+}
+
+// replaceLive opens the new live groups before closing the old ones (make
+// before break): the old groups are cancelled only once every new group's
+// subscription is registered at the relay or has ended, so no event falls
+// between them; the ingesters drop the duplicates the overlap delivers. It
+// does not block the worker: the old groups are retired in the background.
+func (w *relayWorker) replaceLive(fs []nostr.Filter) {
+	old := w.live
+	w.live = map[*liveGroup]struct{}{}
+	w.openLive(fs)
+	fresh := make([]*liveGroup, 0, len(w.live))
+	for g := range w.live {
+		fresh = append(fresh, g)
+	}
+	if len(old) == 0 {
+		return
+	}
+	w.tasks.Add(1)
+	go func() {
+		defer w.tasks.Done()
+		for _, g := range fresh {
+			<-g.live // closed on EOSE, or when the group ends (session end included)
+		}
+		for g := range old {
+			g.cancel()
+		}
+		for g := range old {
+			<-g.done
+		}
+	}()
 }
 
 // closeLive cancels every live group and waits for them to close their
@@ -130,8 +170,12 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
 // readLive publishes the subscription's events until it ends; closed says
 // whether the relay closed it (with reason).
 func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, sub *relayconn.Subscription, pub *windowPublisher) (reason string, closed bool) {
+	eose := sub.EOSE()
 	for {
 		select {
+		case <-eose:
+			eose = nil
+			g.markLive()
 		case evt := <-sub.Events():
 			if err := w.publish(ctx, pub, evt, g.filters, s.id, "", "live"); err != nil && ctx.Err() == nil {
 				w.log.Warn("live event not published", "session", s.id, "id", evt.ID, "err", err)

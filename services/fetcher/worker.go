@@ -160,8 +160,7 @@ func (w *relayWorker) run(ctx context.Context) {
 			case *graspv1.FetchCommand_AddFilters:
 				w.addFilters(c.AddFilters)
 			case *graspv1.FetchCommand_ReplaceLive:
-				w.closeLive()
-				w.openLive(filters.FromProtos(c.ReplaceLive.GetLiveFilters()))
+				w.replaceLive(filters.FromProtos(c.ReplaceLive.GetLiveFilters()))
 			case *graspv1.FetchCommand_DropRelay:
 				w.log.Info("relay dropped", "reason", c.DropRelay.GetReason())
 				w.endSession("dropped: "+c.DropRelay.GetReason(), "", true)
