@@ -52,23 +52,25 @@ func TestLoad(t *testing.T) {
 }
 
 type secrets struct {
-	Store   string   `envconfig:"STORE_URL"`
-	AuthKey string   `envconfig:"FETCHER_AUTH_KEY"`
-	Relays  []string `envconfig:"RELAYS"`
-	Nested  struct {
+	Store    string   `envconfig:"STORE_URL"`
+	AuthKey  string   `envconfig:"FETCHER_AUTH_KEY"`
+	LeaseKey string   `envconfig:"PLANNER_LEASE_KEY"`
+	Relays   []string `envconfig:"RELAYS"`
+	Nested   struct {
 		Shards int `envconfig:"SHARDS"`
 	}
 }
 
 func TestEffectiveMasksSecrets(t *testing.T) {
-	s := secrets{Store: "postgres://grasp:hunter2@db:5432/grasp", AuthKey: "nsec1abc", Relays: []string{"wss://a", "wss://b"}}
+	s := secrets{Store: "postgres://grasp:hunter2@db:5432/grasp", AuthKey: "nsec1abc", LeaseKey: "planner", Relays: []string{"wss://a", "wss://b"}}
 	s.Nested.Shards = 4
 	got := config.Effective(&s)
 	want := map[string]string{
-		"GRASP_STORE_URL":        "postgres://grasp:xxxxx@db:5432/grasp",
-		"GRASP_FETCHER_AUTH_KEY": "***",
-		"GRASP_RELAYS":           "wss://a,wss://b",
-		"GRASP_SHARDS":           "4",
+		"GRASP_STORE_URL":         "postgres://grasp:xxxxx@db:5432/grasp",
+		"GRASP_FETCHER_AUTH_KEY":  "***",
+		"GRASP_PLANNER_LEASE_KEY": "planner", // a key name, not a secret
+		"GRASP_RELAYS":            "wss://a,wss://b",
+		"GRASP_SHARDS":            "4",
 	}
 	for k, v := range want {
 		if got[k] != v {

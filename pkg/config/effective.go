@@ -7,9 +7,26 @@ import (
 	"strings"
 )
 
+// isSecret reports whether a field name says it holds a secret. "Key" alone
+// is not enough: lease keys and key counts are not secrets.
+func isSecret(field string) bool {
+	lower := strings.ToLower(field)
+	for _, word := range []string{"secret", "password", "token", "credential"} {
+		if strings.Contains(lower, word) {
+			return true
+		}
+	}
+	for _, suffix := range []string{"authkey", "privatekey", "secretkey", "nsec"} {
+		if strings.HasSuffix(lower, suffix) {
+			return true
+		}
+	}
+	return false
+}
+
 // Effective returns the values a loaded configuration struct holds, keyed by
-// variable name (GRASP_…), with secrets masked: fields whose name says key,
-// secret, password or token, and passwords inside URLs. Services log it at
+// variable name (GRASP_…), with secrets masked: fields whose name says so
+// (isSecret), and passwords inside URLs. Services log it at
 // start so an operator sees what is in force.
 func Effective(spec any) map[string]string {
 	out := map[string]string{}
@@ -51,11 +68,8 @@ func mask(field string, v reflect.Value) string {
 		}
 		s = strings.Join(parts, ",")
 	}
-	lower := strings.ToLower(field)
-	for _, secret := range []string{"key", "secret", "password", "token"} {
-		if strings.Contains(lower, secret) && s != "" {
-			return "***"
-		}
+	if isSecret(field) && s != "" {
+		return "***"
 	}
 	if u, err := url.Parse(s); err == nil && u.User != nil {
 		if _, has := u.User.Password(); has {
