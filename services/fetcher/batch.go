@@ -146,6 +146,9 @@ func (b *batchRun) negentropy(f nostr.Filter) error {
 	for _, id := range res.Need {
 		missing[id] = struct{}{}
 	}
+	if err := b.dropHeld(missing); err != nil {
+		return err
+	}
 	for len(missing) > 0 {
 		ids := make([]string, 0, len(missing))
 		for id := range missing {
@@ -174,6 +177,33 @@ func (b *batchRun) negentropy(f nostr.Filter) error {
 		}
 		if got == 0 {
 			return fmt.Errorf("%w (%d ids)", errNoIDs, len(missing))
+		}
+	}
+	return nil
+}
+
+// dropHeld removes from missing the ids the local set already holds. A
+// relay that matches tags loosely (khatru v0.19.1 on badger answers #A and
+// #q with a-tagged events) names, for one filter, events that our local set
+// for that same filter rightly lacks but that we hold under another: asking
+// the local set by id keeps them from being fetched again at every resync.
+func (b *batchRun) dropHeld(missing map[string]struct{}) error {
+	if b.w.f.local == nil || len(missing) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(missing))
+	for id := range missing {
+		ids = append(ids, id)
+	}
+	const chunk = 500
+	for start := 0; start < len(ids); start += chunk {
+		part := ids[start:min(start+chunk, len(ids))]
+		held, err := b.w.f.local.Items(b.s.ctx, nostr.Filter{IDs: part})
+		if err != nil {
+			return fmt.Errorf("local set by id: %w", err)
+		}
+		for _, it := range held {
+			delete(missing, it.ID)
 		}
 	}
 	return nil

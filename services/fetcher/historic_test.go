@@ -137,3 +137,29 @@ func TestPaginationTerminatesWithEqualCreatedAt(t *testing.T) {
 	}
 	e2.waitEvents(append(same, spread...))
 }
+
+// khatru v0.19.1 on badger ignores the tag letter: it answers a NIP-77
+// session for {"#A": [repo]} with the events tagged ["a", repo]. Our local
+// set for #A rightly lacks them, so reconciliation names them as needed;
+// the fetcher must notice it holds them already and not fetch them again.
+func TestNegentropyNeedsWeHoldAreNotFetched(t *testing.T) {
+	e := newEnv(t)
+	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	k := testkit.NewKey()
+	repo := testkit.RepoRef(k.PubKey, "r")
+	var issues []*nostr.Event
+	for i := range 30 {
+		issues = append(issues, k.Issue(repo, "issue", testkit.At(nostr.Timestamp(1000+i))))
+	}
+	r.Add(t, issues...)
+	e.start(baseConfig("a"), localStore(t, issues))
+	s := e.connectRelay(r.URL)
+	e.addFilters(0, r.URL, s, "b1", []nostr.Filter{{Tags: nostr.TagMap{"A": {repo}}}}, nil)
+	done := e.batchDone(r.URL, "b1")
+	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_NEGENTROPY {
+		t.Fatalf("batch done %v", done)
+	}
+	if done.GetEventsReceived() != 0 || e.eventCount() != 0 {
+		t.Fatalf("received %d, published %d; want none: every needed id is already held", done.GetEventsReceived(), e.eventCount())
+	}
+}
