@@ -5,11 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +18,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
+	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
 )
 
 // Env is a set of GRASP_* variables for one graspd.
@@ -61,38 +62,11 @@ func StartGraspd(t testing.TB, env Env, logw io.Writer, level string) (app *gras
 			t.Fatalf("setenv %s: %v", k, err)
 		}
 	}
-	cfg, err := graspd.LoadConfigs()
-	if err != nil {
-		t.Fatalf("graspd config: %v", err)
+	var log *slog.Logger
+	if logw != nil {
+		log = obs.NewLogger(logw, level)
 	}
-	if logw == nil {
-		logw, level = io.Discard, "error"
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	app, err = graspd.Start(ctx, cfg, obs.NewLogger(logw, level))
-	if err != nil {
-		cancel()
-		t.Fatalf("graspd start: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- app.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("graspd Run: %v", err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Error("graspd did not stop within 20s")
-			}
-			app.Close()
-		})
-	}
-	t.Cleanup(stop)
-	return app, stop
+	return graspdtest.Start(t, log)
 }
 
 // CountStored reports how many of ids the app's store holds.

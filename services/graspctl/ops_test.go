@@ -21,11 +21,11 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/services/graspctl"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
+	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
 )
 
 // repoRoot is the repository root (deploy/ and docs/ live there).
@@ -55,30 +55,7 @@ func startSkeleton(t *testing.T) *skeleton {
 	t.Setenv("GRASP_RELAY_ALLOWLIST", "127.0.0.1")
 	t.Setenv("GRASP_DISCOVERY_BATCH_WINDOW", "300ms")
 	t.Setenv("GRASP_SHARDS", "4")
-	cfg, err := graspd.LoadConfigs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	app, err := graspd.Start(ctx, cfg, obs.NewLogger(io.Discard, "error"))
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- app.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("graspd Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("graspd did not stop within 15s")
-		}
-		app.Close()
-	})
+	app, _ := graspdtest.Start(t, nil)
 
 	s := &skeleton{app: app, remote1: testkit.StartRelay(t, testkit.RelayOptions{}),
 		remote2: testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true}),

@@ -11,9 +11,9 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
+	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
 )
 
 // startGraspd starts graspd on random ports with the given services.
@@ -27,29 +27,7 @@ func startGraspd(t *testing.T, services []string) *graspd.App {
 	t.Setenv("GRASP_DISCOVERY_BATCH_WINDOW", "300ms")
 	t.Setenv("GRASP_SHARDS", "4")
 	t.Setenv("GRASP_SERVICES", strings.Join(services, ","))
-	cfg, err := graspd.LoadConfigs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	app, err := graspd.Start(ctx, cfg, obs.NewLogger(io.Discard, "error"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- app.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("graspd Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("graspd did not stop within 15s")
-		}
-		app.Close()
-	})
+	app, _ := graspdtest.Start(t, nil)
 	return app
 }
 

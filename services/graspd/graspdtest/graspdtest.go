@@ -1,0 +1,61 @@
+// Package graspdtest runs a whole graspd inside a test: the one place that
+// knows how to start it, run it in the background and stop it cleanly, used
+// by graspd's own tests, graspctl's and the end-to-end suite.
+package graspdtest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/grasp-sync/grasp-sync/pkg/obs"
+	"github.com/grasp-sync/grasp-sync/services/graspd"
+)
+
+// StopTimeout bounds how long stopping graspd may take before the test
+// fails.
+const StopTimeout = 20 * time.Second
+
+// Start loads graspd's configuration from the environment (set it with
+// t.Setenv first), starts graspd and runs it until the test ends. log may
+// be nil (errors only, discarded). stop ends it earlier; it is idempotent
+// and also runs at cleanup, failing the test if Run returned an error or
+// did not return within StopTimeout.
+func Start(t testing.TB, log *slog.Logger) (app *graspd.App, stop func()) {
+	t.Helper()
+	cfg, err := graspd.LoadConfigs()
+	if err != nil {
+		t.Fatalf("graspd config: %v", err)
+	}
+	if log == nil {
+		log = obs.NewLogger(io.Discard, "error")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	app, err = graspd.Start(ctx, cfg, log)
+	if err != nil {
+		cancel()
+		t.Fatalf("graspd start: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("graspd Run: %v", err)
+				}
+			case <-time.After(StopTimeout):
+				t.Errorf("graspd did not stop within %s", StopTimeout)
+			}
+			app.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return app, stop
+}
