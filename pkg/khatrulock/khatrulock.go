@@ -1,17 +1,19 @@
 // Package khatrulock works around a data race in khatru v0.19.1: it reads
 // and iterates its listener slice (notifyListeners, BroadcastEvent) without
 // the clientsMutex under which REQ, CLOSE and disconnects change that slice.
-// Anyone who broadcasts from outside khatru's own connection goroutines —
-// the own relay relaying other writers' events, testkit relays adding events
-// — must hold the same lock while doing so. Reaching the unexported field is
-// the workaround, kept in this one place (see docs/decisions.md).
+// Anyone who broadcasts must hold that lock: the own relay relaying other
+// writers' events, and — through SaveThenBroadcast — khatru's own handling of
+// a client's EVENT. Reaching the unexported field is the workaround, kept in
+// this one place (see docs/decisions.md).
 package khatrulock
 
 import (
+	"context"
 	"reflect"
 	"sync"
 	"unsafe"
 
+	"github.com/fiatjaf/eventstore"
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
 )
@@ -33,4 +35,27 @@ func Broadcast(k *khatru.Relay, evt *nostr.Event) int {
 		defer mu.Unlock()
 	}
 	return k.BroadcastEvent(evt)
+}
+
+// SaveThenBroadcast wraps a khatru StoreEvent or ReplaceEvent function so
+// that khatru never notifies listeners without its lock. After save succeeds
+// it runs saved (what would otherwise be OnEventSaved hooks, which khatru
+// skips on this path), broadcasts the event under the lock, and returns
+// eventstore.ErrDupEvent: the one error khatru treats as "accepted, do not
+// broadcast", so the client still gets OK true and khatru's own unlocked
+// notifyListeners is never reached. It must be the last StoreEvent and
+// ReplaceEvent hook. Ephemeral events do not pass through it (neither relay
+// of ours accepts them). A side effect: khatru's NIP-40 expiration tracking,
+// which runs after the store hooks, does not see these events.
+func SaveThenBroadcast(k *khatru.Relay, save func(context.Context, *nostr.Event) error, saved ...func(context.Context, *nostr.Event)) func(context.Context, *nostr.Event) error {
+	return func(ctx context.Context, evt *nostr.Event) error {
+		if err := save(ctx, evt); err != nil {
+			return err
+		}
+		for _, fn := range saved {
+			fn(ctx, evt)
+		}
+		Broadcast(k, evt)
+		return eventstore.ErrDupEvent
+	}
 }

@@ -92,8 +92,10 @@ func StartRelay(t testing.TB, opts RelayOptions) *Relay {
 	rl := r.Khatru
 	rl.Negentropy = opts.Negentropy
 	rl.Info.Name = "testkit relay"
-	rl.StoreEvent = append(rl.StoreEvent, r.guard(db.SaveEvent))
-	rl.ReplaceEvent = append(rl.ReplaceEvent, r.guard(db.ReplaceEvent))
+	// khatru notifies listeners without its lock; these hooks broadcast
+	// under it instead (see pkg/khatrulock).
+	rl.StoreEvent = append(rl.StoreEvent, khatrulock.SaveThenBroadcast(rl, r.guard(db.SaveEvent)))
+	rl.ReplaceEvent = append(rl.ReplaceEvent, khatrulock.SaveThenBroadcast(rl, r.guard(db.ReplaceEvent)))
 	rl.DeleteEvent = append(rl.DeleteEvent, r.guard(func(ctx context.Context, evt *nostr.Event) error {
 		return badgerlock.Delete(ctx, db, evt) // badger's delete path races across stores
 	}))
@@ -165,14 +167,9 @@ func (r *Relay) Add(t testing.TB, evts ...*nostr.Event) {
 	t.Helper()
 	ctx := context.Background()
 	for _, evt := range evts {
-		skipBroadcast, err := r.Khatru.AddEvent(ctx, evt)
-		if err != nil {
+		// The store hook broadcasts (under khatru's lock) as it saves.
+		if _, err := r.Khatru.AddEvent(ctx, evt); err != nil {
 			t.Fatalf("testkit: add event %s (kind %d) to relay %s: %v", evt.ID, evt.Kind, r.URL, err)
-		}
-		if !skipBroadcast {
-			// khatru reads its listener list unlocked; broadcasting from the
-			// test goroutine must hold its lock (see pkg/khatrulock).
-			khatrulock.Broadcast(r.Khatru, evt)
 		}
 	}
 }

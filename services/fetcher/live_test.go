@@ -29,10 +29,12 @@ func TestLiveReplace(t *testing.T) {
 	if e.header(n1.ID).Get("Grasp-Mode") != "live" {
 		t.Fatalf("mode %q", e.header(n1.ID).Get("Grasp-Mode"))
 	}
+	// Counted before the commands: the replacement may open before this
+	// goroutine runs again.
+	reqs := r.REQs()
 	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL, SessionId: s, Command: &graspv1.FetchCommand_ReplaceLive{
 		ReplaceLive: &graspv1.ReplaceLive{LiveFilters: nil}}})
 	e.addFilters(0, r.URL, s, "", nil, []nostr.Filter{{Kinds: []int{7}}})
-	reqs := r.REQs()
 	e.waitFor("replacement open", func() bool { return r.REQs() > reqs })
 	e.waitFor("one live subscription", func() bool {
 		return metric(t, f.reg, "grasp_fetcher_live_subscriptions", map[string]string{"relay": r.URL}) == 1

@@ -42,6 +42,9 @@ type connLimits struct {
 	maxFilters  int // filters in one REQ
 	maxSubs     int // open subscriptions per connection
 	maxSubIDLen int // characters of a subscription id
+	// writeTimeout bounds one write to the client (zero: 10 s); a write
+	// that times out closes the connection.
+	writeTimeout time.Duration
 }
 
 // connState is what the guard knows about one connection's protocol state.
@@ -385,9 +388,23 @@ func (c *guardConn) inject(msg []byte) error {
 		c.pending = append(c.pending, frame)
 		return nil
 	}
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	_, err := c.Conn.Write(frame)
-	return err
+	return c.send(frame)
+}
+
+// send writes to the client within the write timeout; c.wmu held. A client
+// that stops reading is disconnected rather than allowed to block khatru's
+// writers (a broadcast holds khatru's lock over every subscription).
+func (c *guardConn) send(b []byte) error {
+	timeout := c.lim.writeTimeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(timeout))
+	if _, err := c.Conn.Write(b); err != nil {
+		_ = c.Conn.Close()
+		return err
+	}
+	return nil
 }
 
 // Write passes khatru's frames on, rewriting NEG-ERROR, once each frame is
@@ -421,7 +438,7 @@ func (c *guardConn) writeFrames(p []byte) (int, error) {
 		h, ok, err := parseHeader(c.wbuf)
 		if err != nil {
 			// Not a frame stream we understand: pass everything through.
-			_, werr := c.Conn.Write(c.wbuf)
+			werr := c.send(c.wbuf)
 			c.wbuf = nil
 			if werr != nil {
 				return 0, werr
@@ -445,7 +462,7 @@ func (c *guardConn) writeFrames(p []byte) (int, error) {
 			payload := bytes.Replace(frame[h.headLen:], []byte(`"NEG-ERROR"`), []byte(`"NEG-ERR"`), 1)
 			frame = appendFrame(nil, h.opcode, false, false, payload)
 		}
-		if _, err := c.Conn.Write(frame); err != nil {
+		if err := c.send(frame); err != nil {
 			return 0, err
 		}
 		c.wbuf = c.wbuf[total:]
@@ -454,7 +471,7 @@ func (c *guardConn) writeFrames(p []byte) (int, error) {
 		}
 		if !c.wmsg && len(c.pending) > 0 {
 			for _, f := range c.pending {
-				if _, err := c.Conn.Write(f); err != nil {
+				if err := c.send(f); err != nil {
 					return 0, err
 				}
 			}

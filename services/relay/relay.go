@@ -78,6 +78,11 @@ type Config struct {
 	ConnectRate     float64 `envconfig:"RELAY_CONNECT_RATE" default:"2"`
 	ConnectBurst    int     `envconfig:"RELAY_CONNECT_BURST" default:"30"`
 	MaxConnsPerAddr int     `envconfig:"RELAY_MAX_CONNS_PER_ADDR" default:"50"`
+	// WriteTimeout bounds one write to a client. A client that does not
+	// read for that long is disconnected: otherwise its full socket would
+	// stall every broadcast, which holds khatru's lock over all
+	// subscriptions while it writes.
+	WriteTimeout time.Duration `envconfig:"RELAY_WRITE_TIMEOUT" default:"10s"`
 	// TrustedAddresses (IPs and CIDR networks, comma-separated) are exempt
 	// from rate and connection limits: our own services, the operator.
 	TrustedAddresses string `envconfig:"RELAY_TRUSTED_ADDRESSES" default:"127.0.0.1,::1"`
@@ -108,6 +113,9 @@ func (c Config) withDefaults() Config {
 	setInt(&c.EventBurst, 200)
 	setInt(&c.ConnectBurst, 30)
 	setInt(&c.MaxConnsPerAddr, 50)
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
 	if c.EventRate <= 0 {
 		c.EventRate = 20
 	}
@@ -163,8 +171,6 @@ type Relay struct {
 	log    *slog.Logger
 	origin string
 	khatru *khatru.Relay
-	// listenersMu is khatru's own clients lock (see pkg/khatrulock).
-	listenersMu *sync.Mutex
 
 	trusted  prefixList
 	proxies  prefixList
@@ -227,8 +233,13 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 	k.RejectEvent = append(k.RejectEvent, r.rejectEvent)
 	k.RejectFilter = append(k.RejectFilter, rejectFilter)
 	k.OverwriteFilter = append(k.OverwriteFilter, r.capLimit)
-	k.StoreEvent = append(k.StoreEvent, r.save)
-	k.ReplaceEvent = append(k.ReplaceEvent, r.save)
+	// khatru notifies listeners of a client's event without its lock:
+	// the save hook broadcasts under it instead (see pkg/khatrulock), after
+	// an accepted deletion is applied and the event announced to other
+	// writers.
+	save := khatrulock.SaveThenBroadcast(k, r.save, r.applyDeletion, r.announceStored)
+	k.StoreEvent = append(k.StoreEvent, save)
+	k.ReplaceEvent = append(k.ReplaceEvent, save)
 	k.QueryEvents = append(k.QueryEvents, st.QueryEvents)
 	k.DeleteEvent = append(k.DeleteEvent, r.deleteEvent)
 	// khatru applies a client's deletion request before the write policy
@@ -240,10 +251,8 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 	k.OverwriteDeletionOutcome = append(k.OverwriteDeletionOutcome, func(context.Context, *nostr.Event, *nostr.Event) (bool, string) {
 		return true, ""
 	})
-	k.OnEventSaved = append(k.OnEventSaved, r.applyDeletion, r.announceStored, r.syncWithListeners)
 	r.khatru = k
-	r.listenersMu = khatrulock.ClientsMutex(k)
-	if r.listenersMu == nil {
+	if khatrulock.ClientsMutex(k) == nil {
 		r.log.Warn("khatru's clients lock not found: broadcasts of other writers' events race with disconnects")
 	}
 	return r
@@ -360,18 +369,6 @@ func (r *Relay) announceStored(ctx context.Context, evt *nostr.Event) {
 	}
 }
 
-// syncWithListeners runs right before khatru notifies live subscribers of a
-// client's event, on the same goroutine. khatru reads its listener list
-// there without its lock (see pkg/khatrulock); taking and releasing the lock
-// first orders every earlier subscription change before the read, leaving
-// only changes that happen during the notification itself unordered.
-func (r *Relay) syncWithListeners(context.Context, *nostr.Event) {
-	if r.listenersMu != nil {
-		r.listenersMu.Lock()
-		r.listenersMu.Unlock() //nolint:staticcheck // an ordering point, not a critical section
-	}
-}
-
 // Handler serves NIP-11 (with supported_grasps), the websocket (through
 // the connection limits and the guard) and a plain page.
 func (r *Relay) Handler() http.Handler {
@@ -412,10 +409,11 @@ func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	lim := connLimits{
-		maxMessage:  int(r.cfg.MaxMessageBytes),
-		maxFilters:  r.cfg.MaxFilters,
-		maxSubs:     r.cfg.MaxSubscriptions,
-		maxSubIDLen: 64,
+		maxMessage:   int(r.cfg.MaxMessageBytes),
+		maxFilters:   r.cfg.MaxFilters,
+		maxSubs:      r.cfg.MaxSubscriptions,
+		maxSubIDLen:  64,
+		writeTimeout: r.cfg.WriteTimeout,
 	}
 	var eventAllowed func() bool
 	if !trusted {
@@ -538,9 +536,5 @@ func (r *Relay) onStored(msg *nats.Msg) {
 		r.log.Warn("undecodable stored event", "subject", msg.Subject, "err", err)
 		return
 	}
-	if r.listenersMu != nil {
-		r.listenersMu.Lock()
-		defer r.listenersMu.Unlock()
-	}
-	r.khatru.BroadcastEvent(&evt)
+	khatrulock.Broadcast(r.khatru, &evt)
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -700,6 +701,44 @@ func drain(ch chan *nats.Msg) {
 		select {
 		case <-ch:
 		default:
+			return
+		}
+	}
+}
+
+// A client that subscribes and stops reading is disconnected after the
+// write timeout; until then its full socket holds khatru's broadcast, which
+// holds the lock over every subscription. Publishers and other readers keep
+// being served, and the stalled client's connection ends.
+func TestStalledReaderDisconnected(t *testing.T) {
+	s := startServer(t, serverOpts{cfg: Config{WriteTimeout: 300 * time.Millisecond}})
+	alice := testkit.NewKey()
+	pub := dial(t, s.url)
+	if ok, m := pub.publish(served(alice, "repo")); !ok {
+		t.Fatal(m)
+	}
+	stalled := dial(t, s.url)
+	stalled.write(nostr.ReqEnvelope{SubscriptionID: "live", Filters: nostr.Filters{{Kinds: []int{1621}, Limit: 0, LimitZero: true}}})
+	stalled.next(func(env nostr.Envelope, _ string) bool { _, ok := env.(*nostr.EOSEEnvelope); return ok })
+
+	// Far more than loopback socket buffers hold: the relay's writes to
+	// the stalled client must block, then time out.
+	big := strings.Repeat("x", 60_000)
+	for i := 0; i < 200; i++ {
+		if ok, m := pub.publish(alice.Issue(testkit.RepoRef(alice.PubKey, "repo"), fmt.Sprint(i), testkit.WithContent(big))); !ok {
+			t.Fatalf("publish %d: %s", i, m)
+		}
+	}
+	if got := dial(t, s.url).query(nostr.Filter{Kinds: []int{1621}, Limit: 1}); len(got) != 1 {
+		t.Fatalf("another reader got %d events", len(got))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		if _, _, err := stalled.c.Read(ctx); err != nil {
+			if ctx.Err() != nil {
+				t.Fatal("the stalled client is still connected")
+			}
 			return
 		}
 	}
