@@ -39,6 +39,13 @@ func NewRootTable() *RootTable {
 // Intern returns the id of a hex event id, adding it when new. ok is false
 // for a string that is not a 64-character hex id.
 func (t *RootTable) Intern(hexID string) (RootID, bool) {
+	return t.internNear(hexID, nil)
+}
+
+// internNear is Intern that first looks in near (prefix → id of roots the
+// caller expects, e.g. a repository's current roots): a small map stays in
+// cache, where a lookup in the table's large one is a cache miss or two.
+func (t *RootTable) internNear(hexID string, near map[uint64]RootID) (RootID, bool) {
 	var raw [32]byte
 	if len(hexID) != 64 {
 		return 0, false
@@ -47,6 +54,9 @@ func (t *RootTable) Intern(hexID string) (RootID, bool) {
 		return 0, false
 	}
 	p := binary.BigEndian.Uint64(raw[:8])
+	if id, ok := near[p]; ok && t.ids[id] == raw {
+		return id, true
+	}
 	if id, ok := t.byPrefix[p]; ok {
 		if t.ids[id] == raw {
 			return id, true
@@ -236,9 +246,17 @@ func (x *Index) Put(key string, needs *graspv1.RepoSyncNeeds) IndexChange {
 	}
 	slices.Sort(relays)
 	relays = slices.Compact(relays)
+	// An update mostly repeats the repository's roots: look those up near.
+	var near map[uint64]RootID
+	if len(repo.Roots) > 0 {
+		near = make(map[uint64]RootID, len(repo.Roots))
+		for _, r := range repo.Roots {
+			near[x.Roots.Prefix(r)] = r
+		}
+	}
 	roots := make([]RootID, 0, len(needs.GetRootEventIds()))
 	for _, h := range needs.GetRootEventIds() {
-		if r, ok := x.Roots.Intern(h); ok {
+		if r, ok := x.Roots.internNear(h, near); ok {
 			roots = append(roots, r)
 		}
 	}

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -8,7 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nbd-wtf/go-nostr"
+	"google.golang.org/protobuf/proto"
+
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/filters"
 )
 
 func TestRootTableInterns(t *testing.T) {
@@ -173,6 +179,39 @@ func TestComputeActions(t *testing.T) {
 	})
 }
 
+// ComputeActionsIn with per-relay repositories diffs only those (and only
+// while they still list the relay); a relay without an entry is diffed in
+// full.
+func TestComputeActionsScopedToRepositories(t *testing.T) {
+	idx := NewIndex()
+	for i := range 3 {
+		idx.Put(fmt.Sprintf("k%d", i), &graspv1.RepoSyncNeeds{RepoRef: fmt.Sprintf("30617:p:r%d", i), Relays: []string{"wss://a"},
+			RootEventIds: []string{fmt.Sprintf("%064x", 10+i)}})
+	}
+	a := idx.Relay("wss://a")
+	s := NewRelayState(a, "wss://a")
+	s.Status, s.Session = graspv1.RelayStatus_RELAY_STATUS_SYNCING, "s1"
+	relays := map[RelayID]*RelayState{a: s}
+	r0, r1, r2 := RepoID(0), RepoID(1), RepoID(2)
+	item := func(r RepoID) BatchItem { return BatchItem{Repo: r, NeedRepo: true, Roots: []RootID{RootID(r)}} }
+
+	got := ComputeActionsIn(idx, relays, Scope{Relays: []RelayID{a}, Repos: map[RelayID][]RepoID{a: {r0, r2}}}, t0)
+	if want := []Action{{Kind: ActionAddFilters, Relay: a, Items: []BatchItem{item(r0), item(r2)}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("scoped to r0, r2: %+v", got)
+	}
+	got = ComputeActionsIn(idx, relays, Scope{Relays: []RelayID{a}}, t0)
+	if want := []Action{{Kind: ActionAddFilters, Relay: a, Items: []BatchItem{item(r0), item(r1), item(r2)}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("whole relay: %+v", got)
+	}
+	idx.Put("k1", &graspv1.RepoSyncNeeds{RepoRef: "30617:p:r1", Relays: []string{"wss://b"}})
+	if got := ComputeActionsIn(idx, relays, Scope{Relays: []RelayID{a}, Repos: map[RelayID][]RepoID{a: {r1}}}, t0); got != nil {
+		t.Fatalf("r1 no longer lists the relay: %+v", got)
+	}
+	if len(s.Pairs) != 0 {
+		t.Fatal("ComputeActionsIn changed the relay state")
+	}
+}
+
 func TestSplitBatches(t *testing.T) {
 	m := NewMachine(testRules(), NewIndex(), 1, nil, nil)
 	m.rules.MaxBatchItems = 3
@@ -183,5 +222,63 @@ func TestSplitBatches(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("split = %+v", got)
+	}
+}
+
+// hexOrder must equal sorting the hex strings, duplicates removed, also for
+// ids sharing their first 4 or 8 bytes (the integer sort's key).
+func TestHexOrderMatchesStringOrder(t *testing.T) {
+	m := NewMachine(testRules(), NewIndex(), 1, func() float64 { return 0.5 }, nil)
+	tab := m.Index().Roots
+	rng := rand.New(rand.NewPCG(7, 7))
+	var roots []RootID
+	for i := range 300 {
+		var raw [32]byte
+		for j := range raw {
+			raw[j] = byte(rng.IntN(256))
+		}
+		switch i % 3 {
+		case 1: // same first 4 bytes as the previous id
+			copy(raw[:4], tab.ids[roots[len(roots)-1]][:4])
+		case 2: // same first 8 bytes
+			copy(raw[:8], tab.ids[roots[len(roots)-1]][:8])
+		}
+		id, ok := tab.Intern(hex.EncodeToString(raw[:]))
+		if !ok {
+			t.Fatal("intern")
+		}
+		roots = append(roots, id)
+		if i%10 == 0 {
+			roots = append(roots, id) // duplicates
+		}
+	}
+	rng.Shuffle(len(roots), func(i, j int) { roots[i], roots[j] = roots[j], roots[i] })
+	var want []string
+	for _, r := range roots {
+		want = append(want, tab.Hex(r))
+	}
+	slices.Sort(want)
+	want = slices.Compact(want)
+	got := m.hexes(m.hexOrder(slices.Clone(roots)))
+	if !slices.Equal(got, want) {
+		t.Fatalf("hex order differs:\n got %v\nwant %v", got[:5], want[:5])
+	}
+}
+
+// liveOf must equal converting the filters made live by pkg/filters, field
+// for field (it copies the proto fields by hand).
+func TestLiveOfMatchesFiltersLive(t *testing.T) {
+	since := nostr.Timestamp(1700000000)
+	fs := append(filters.Items([]string{"30617:p:r1"}, []string{"r1"}, []string{fmt.Sprintf("%064x", 1)}), filters.Base(),
+		nostr.Filter{IDs: []string{"x"}, Authors: []string{"y"}, Since: &since, Until: &since})
+	got := liveOf(filters.ToProtos(fs))
+	want := filters.ToProtos(filters.Live(fs))
+	if len(got) != len(want) {
+		t.Fatalf("%d filters, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Fatalf("filter %d: %v, want %v", i, got[i], want[i])
+		}
 	}
 }

@@ -169,7 +169,8 @@ func TestConsolidationNeverWaitsForPending(t *testing.T) {
 
 func TestLargeMinimalSetGetsHeadroom(t *testing.T) {
 	rules := testRules()
-	rules.MaxLiveFilters = 4 // base + one repo's minimal set is already 8
+	rules.MaxLiveFilters = 4     // base + one repo's minimal set is already 8
+	rules.ConsolidatePerTick = 0 // at once, inside the recompute (deferred: deferred_test.go)
 	h := synced(t, rules)
 	s := h.relay(relayA)
 	room := headroom(s, 4)

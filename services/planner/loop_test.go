@@ -3,6 +3,7 @@ package planner_test
 import (
 	"context"
 	"io"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -81,6 +82,9 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 
 	cfg := planner.Config{ID: "p1", Shards: 2, RecomputeDelay: 200 * time.Millisecond, Rules: planner.DefaultRules(),
 		BootstrapRelays: []string{"wss://boot-env.example"}}
+	// A budget below the relay's minimal live set (7 filters), so its
+	// consolidations are deferred to the loop (see the end).
+	cfg.MaxLiveFilters = 2
 	pb := connect("planner")
 	pctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -148,4 +152,30 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 		return proto.Unmarshal(e.Value(), &st) == nil && st.GetSessionId() == "s1" && st.GetPendingBatches() == 2 &&
 			st.GetStatus() == graspv1.RelayStatus_RELAY_STATUS_SYNCING
 	})
+
+	// A new root takes the relay past its headroom (7 + 1): the recompute
+	// sends the batch with its live filters, and the loop then builds the
+	// deferred consolidation — one ReplaceLive with the whole minimal set,
+	// the new root included, after the batch.
+	root2 := "b1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"
+	put("k1", &graspv1.RepoSyncNeeds{RepoRef: "30617:aa:r1", Relays: []string{"wss://a.example"}, RootEventIds: []string{root, root2}})
+	waitFor(t, ctx, "batch and deferred consolidation", func() bool { return len(commands()) >= 7 })
+	add, replace := commands()[5].GetAddFilters(), commands()[6].GetReplaceLive()
+	if add == nil || len(add.GetRootEventIds()) != 1 || add.GetRootEventIds()[0] != root2 || len(add.GetLiveFilters()) != 3 {
+		t.Fatalf("batch for the new root: %v", commands()[5])
+	}
+	if replace == nil || commands()[6].GetSessionId() != "s1" || len(replace.GetLiveFilters()) != 7 {
+		t.Fatalf("deferred consolidation: %v", commands()[6])
+	}
+	var covered int
+	for _, f := range replace.GetLiveFilters() {
+		for _, tag := range f.GetTags() {
+			if tag.GetName() == "e" && slices.Equal(tag.GetValues(), []string{root, root2}) {
+				covered++
+			}
+		}
+	}
+	if covered != 1 {
+		t.Fatalf("consolidated live set does not cover both roots: %v", replace)
+	}
 }

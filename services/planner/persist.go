@@ -165,7 +165,7 @@ func (m *Machine) Restore(states []*graspv1.RelayState) (mismatched int) {
 		if m.idx.IsTarget(id) {
 			m.send(s, "", &graspv1.FetchCommand{Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
 		}
-		m.affected[id] = true
+		m.affected[id] = nil // the whole relay
 	}
 	return mismatched
 }

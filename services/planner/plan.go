@@ -114,9 +114,17 @@ type RelayState struct {
 	resumeSession string
 	// liveStale: the session's live subscriptions are not what this planner
 	// would open (daily resync, resume after restart): the next emission
-	// replaces them all. needsReplace: items were removed, consolidate.
+	// replaces them all. needsReplace: a live subscription was lost for
+	// good, replace the live set now. trimLive: items were removed,
+	// consolidate (deferred like a budget consolidation when the minimal
+	// set is above the budget: stale subscriptions only cost the relay).
 	liveStale    bool
 	needsReplace bool
+	trimLive     bool
+	// deferredFor is the session a queued consolidation is for ("" none):
+	// it is built only if the relay is still on that session, so a
+	// consolidation never crosses a session change.
+	deferredFor string
 	// minLo ≤ (size of the minimal live set) ≤ minHi when minKnown: kept
 	// as bounds so the exact size, which costs a pass over every pair, is
 	// computed about once per consolidation instead of once per batch.
@@ -212,6 +220,24 @@ type Action struct {
 // connect; relays held back after a failed batch (now < HoldUntil) get them
 // when the hold ends.
 func ComputeActions(idx *Index, relays map[RelayID]*RelayState, scope []RelayID, now time.Time) []Action {
+	return ComputeActionsIn(idx, relays, Scope{Relays: scope}, now)
+}
+
+// Scope narrows ComputeActionsIn: the relays to decide for (Relays nil:
+// every target and tracked relay) and, per relay, the only repositories
+// whose items can have changed since the last decision (a relay absent from
+// Repos: all of its repositories). A discovery batch touches a few of each
+// relay's repositories; diffing only those keeps its recompute proportional
+// to the change rather than to the relays' size.
+type Scope struct {
+	Relays []RelayID
+	// Repos lists, per relay, sorted repositories to diff.
+	Repos map[RelayID][]RepoID
+}
+
+// ComputeActionsIn is ComputeActions over a Scope. Pure, like it.
+func ComputeActionsIn(idx *Index, relays map[RelayID]*RelayState, sc Scope, now time.Time) []Action {
+	scope := sc.Relays
 	if scope == nil {
 		scope = idx.TargetRelays()
 		for id := range relays {
@@ -243,7 +269,13 @@ func ComputeActions(idx *Index, relays map[RelayID]*RelayState, scope []RelayID,
 		if !s.Connected() || now.Before(s.HoldUntil) {
 			continue
 		}
-		if items := MissingItems(idx, s); len(items) > 0 {
+		var items []BatchItem
+		if repos, ok := sc.Repos[id]; ok {
+			items = MissingItemsOf(idx, s, repos)
+		} else {
+			items = MissingItems(idx, s)
+		}
+		if len(items) > 0 {
 			actions = append(actions, Action{Kind: ActionAddFilters, Relay: id, Items: items})
 		}
 	}
@@ -260,6 +292,23 @@ func MissingItems(idx *Index, s *RelayState) []BatchItem {
 		repos = append(repos, r)
 	}
 	slices.Sort(repos)
+	return missingItems(idx, s, repos)
+}
+
+// MissingItemsOf is MissingItems restricted to repos (sorted, no
+// duplicates); those no longer listing the relay are skipped.
+func MissingItemsOf(idx *Index, s *RelayState, repos []RepoID) []BatchItem {
+	targets := idx.TargetRepos(s.ID)
+	listed := make([]RepoID, 0, len(repos))
+	for _, r := range repos {
+		if _, ok := targets[r]; ok {
+			listed = append(listed, r)
+		}
+	}
+	return missingItems(idx, s, listed)
+}
+
+func missingItems(idx *Index, s *RelayState, repos []RepoID) []BatchItem {
 	var items []BatchItem
 	for _, r := range repos {
 		roots := idx.Repo(r).Roots

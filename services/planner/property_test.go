@@ -29,6 +29,9 @@ type simRelay struct {
 	// reopen: live subscriptions the relay closed, reopened by the fetcher
 	// at their time if the session lasts.
 	reopen []simReopen
+	// closedLive: the relay closed a live subscription during this
+	// session; live coverage is then restored by a catch-up, not checked.
+	closedLive bool
 }
 
 type simReopen struct {
@@ -74,6 +77,11 @@ type sim struct {
 	boot     []string
 	seed     uint64
 	trace    bool
+	// deferred and drained count deferred consolidations queued and built
+	// (or found unneeded), to show the interleavings include them.
+	deferred, drained int
+	rootKeys          map[RootID]string
+	rootKeysOf        *Machine
 }
 
 func (s *sim) logf(format string, args ...any) {
@@ -92,6 +100,15 @@ func newSim(t *testing.T, seed uint64) *sim {
 	rules.MaxLiveFilters = 20
 	rules.MaxBatchItems = 40
 	rules.MaxFiltersPerCommand = 7
+	if seed%3 == 1 {
+		// A budget most relays' minimal sets exceed: their consolidations
+		// are deferred, and drained one per Tick at most every 2 minutes, so
+		// queued ones meet index changes, failures, session changes and
+		// restarts before they are built.
+		rules.MaxLiveFilters = 6
+		rules.ConsolidatePerTick = 1
+		rules.ConsolidateEvery = 2 * time.Minute
+	}
 	s := &sim{t: t, rng: rand.New(rand.NewPCG(seed, seed*7+1)), rules: rules, epoch: 1, now: t0,
 		relays: map[string]*simRelay{}, index: map[string]*graspv1.RepoSyncNeeds{}, seed: seed}
 	for i := range 4 {
@@ -204,9 +221,20 @@ func (s *sim) checkLive(r *simRelay, added []*graspv1.Filter, replace bool) {
 			}
 		}
 	}
-	if liveCount[r.url] > s.rules.MaxLiveFilters {
+	if liveCount[r.url] > s.rules.MaxLiveFilters && s.minimalFits(r.url) {
 		s.fail("relay %s has %d live filters open (budget %d)", r.url, liveCount[r.url], s.rules.MaxLiveFilters)
 	}
+}
+
+// minimalFits reports whether the relay's minimal live set (layer 1 plus
+// confirmed ∪ pending) fits MaxLiveFilters: only then must the budget hold.
+func (s *sim) minimalFits(url string) bool {
+	id, ok := s.m.Index().LookupRelay(url)
+	if !ok {
+		return true
+	}
+	st := s.m.Relays()[id]
+	return st == nil || s.m.minimalSize(st, nil) <= s.rules.MaxLiveFilters
 }
 
 func (s *sim) report(r *simRelay, session string, rep any) {
@@ -240,7 +268,7 @@ func (s *sim) killSession(r *simRelay, report bool) {
 	if report {
 		s.report(r, r.session, &graspv1.FetchReport_Disconnected{Disconnected: &graspv1.Disconnected{}})
 	}
-	r.session, r.live, r.batches = "", nil, map[string]simBatch{}
+	r.session, r.live, r.batches, r.closedLive = "", nil, map[string]simBatch{}, false
 	liveCount[r.url] = 0
 }
 
@@ -305,6 +333,57 @@ func (s *sim) deliverReports() {
 		s.m.HandleReport(s.now, rep)
 		s.apply()
 		s.checkNoPendingWhileDisconnected()
+	}
+}
+
+// rootItem is the sim's item key of an interned root, memoized per machine
+// (the check runs after every step).
+func (s *sim) rootItem(root RootID) string {
+	if s.rootKeys == nil || s.rootKeysOf != s.m {
+		s.rootKeys, s.rootKeysOf = map[RootID]string{}, s.m
+	}
+	k, ok := s.rootKeys[root]
+	if !ok {
+		k = "root:" + s.m.Index().Roots.Hex(root)
+		s.rootKeys[root] = k
+	}
+	return k
+}
+
+// checkLiveCovers checks that the live subscriptions the fetcher holds for a
+// session cover every item the planner counts as confirmed or pending on it:
+// an event for such an item published now must arrive live. Deferring a
+// consolidation must not open a gap here. Sessions on which the relay closed
+// a live subscription are skipped (a catch-up covers those).
+func (s *sim) checkLiveCovers() {
+	idx := s.m.Index()
+	for _, st := range s.m.Relays() {
+		r := s.relays[st.URL]
+		if r == nil || !st.Connected() || r.session != st.Session || r.closedLive {
+			continue
+		}
+		n := 0
+		for _, sub := range r.live {
+			n += len(sub)
+		}
+		open := make(map[string]bool, n)
+		for _, sub := range r.live {
+			for _, it := range sub {
+				open[it] = true
+			}
+		}
+		for repo, p := range st.Pairs {
+			if (p.RepoConfirmed || p.RepoPending) && !open["repo:"+idx.Repo(repo).Ref] {
+				s.fail("relay %s %s: repo %s confirmed/pending without a live subscription", st.URL, st.Session, idx.Repo(repo).Ref)
+			}
+			for _, set := range [][]RootID{p.Confirmed, p.Pending} {
+				for _, root := range set {
+					if !open[s.rootItem(root)] {
+						s.fail("relay %s %s: root %s confirmed/pending without a live subscription", st.URL, st.Session, s.rootItem(root))
+					}
+				}
+			}
+		}
 	}
 }
 
@@ -389,7 +468,9 @@ func (s *sim) advance(d time.Duration) {
 		}
 		r.reopen = kept
 	}
+	queued := s.m.DeferredConsolidations()
 	s.m.Tick(s.now)
+	s.drained += queued - s.m.DeferredConsolidations()
 	s.apply()
 }
 
@@ -423,7 +504,9 @@ func (s *sim) step() {
 				s.putRepo(i)
 			}
 		}
+		queued := s.m.DeferredConsolidations()
 		s.m.Recompute(s.now, false)
+		s.deferred += s.m.DeferredConsolidations() - queued
 		s.apply()
 	case op < 30:
 		if r := pick(); r != nil {
@@ -467,6 +550,7 @@ func (s *sim) step() {
 			i := s.rng.IntN(len(r.live))
 			items := r.live[i]
 			r.live = slices.Delete(slices.Clone(r.live), i, i+1)
+			r.closedLive = true
 			closed := &graspv1.SubscriptionClosed{Live: true, Reason: "closed by relay"}
 			if s.rng.IntN(2) == 0 {
 				at := s.now.Add(30 * time.Second)
@@ -478,14 +562,18 @@ func (s *sim) step() {
 		}
 	case op < 97: // time passes: short, or longer than the quick window
 		d := time.Duration(1+s.rng.IntN(300)) * time.Second
-		if s.rng.IntN(10) == 0 {
+		switch s.rng.IntN(10) {
+		case 0:
 			d = 20 * time.Minute
+		case 1:
+			d = 0 // a Tick at the same instant: only what is due now
 		}
 		s.advance(d)
 	default:
 		s.restart()
 	}
 	s.checkNoPendingWhileDisconnected()
+	s.checkLiveCovers()
 }
 
 // quiesce lets everything finish without failures or disconnects.
@@ -519,6 +607,9 @@ func (s *sim) quiesce() {
 
 func (s *sim) checkQuiescent() {
 	idx := s.m.Index()
+	if n := s.m.DeferredConsolidations(); n != 0 {
+		s.fail("%d consolidations still queued at quiescence", n)
+	}
 	for id, st := range s.m.Relays() {
 		if !idx.IsTarget(id) {
 			s.fail("relay %s is tracked but no longer a target", st.URL)
@@ -546,6 +637,12 @@ func (s *sim) checkQuiescent() {
 				s.fail("relay %s repo %s: confirmed %+v, target roots %v", url, idx.Repo(repo).Ref, p, idx.Repo(repo).Roots)
 			}
 		}
+		// Deferred consolidations are all built: the live set is within
+		// the relay's budget (its minimal set plus headroom when that is
+		// above MaxLiveFilters).
+		if budget := s.m.LiveBudget(st); liveCount[url] > budget {
+			s.fail("relay %s has %d live filters open at quiescence, budget %d", url, liveCount[url], budget)
+		}
 		// No event lost: every event on the relay for an item it is now
 		// synced for has been delivered, live or from history.
 		r := s.relays[url]
@@ -567,10 +664,15 @@ func (s *sim) checkQuiescent() {
 // TestPropertyRandomInterleavings drives the machine through random
 // interleavings of index updates, connects, short and long disconnects
 // (reported or not), batch completions and failures, late reports from dead
-// sessions and old epochs, events, time and restarts. Throughout: no relay
-// has more live filters than its budget, no filter more than 100 values, no
-// item pending on a disconnected relay. At quiescence: every relay's
-// confirmed state equals its target and no event was lost.
+// sessions and old epochs, events, time (Ticks, which drain deferred
+// consolidations) and restarts; one seed in three has a budget below most
+// relays' minimal sets, so consolidations are deferred and meet all of
+// those while queued. Throughout: no relay whose minimal set fits the budget
+// has more live filters than it, no filter more than 100 values, no item
+// pending on a disconnected relay, and every confirmed or pending item is
+// covered by an open live subscription. At quiescence: nothing queued, every
+// relay within its live budget, its confirmed state equal to its target and
+// no event lost.
 func TestPropertyRandomInterleavings(t *testing.T) {
 	seeds := 150
 	if testing.Short() {
@@ -584,6 +686,15 @@ func TestPropertyRandomInterleavings(t *testing.T) {
 	if n, err := strconv.ParseUint(os.Getenv("GRASP_PROPERTY_TRACE"), 10, 64); err == nil {
 		first, seeds = n, 1
 	}
+	var deferred, drained int
+	defer func() {
+		// The interleavings must include deferred consolidations, queued
+		// and drained (seeds ≡ 1 mod 3 have a budget below the minimal sets).
+		if !t.Failed() && seeds >= 3 && (deferred == 0 || drained == 0) {
+			t.Errorf("no deferred consolidation exercised: %d queued, %d drained", deferred, drained)
+		}
+		t.Logf("deferred consolidations: %d queued, %d drained", deferred, drained)
+	}()
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		clear(liveCount)
 		s := newSim(t, seed)
@@ -598,6 +709,8 @@ func TestPropertyRandomInterleavings(t *testing.T) {
 		}
 		s.quiesce()
 		s.checkQuiescent()
+		deferred += s.deferred
+		drained += s.drained
 	}
 }
 
