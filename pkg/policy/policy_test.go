@@ -495,6 +495,46 @@ func TestRule0Integrity(t *testing.T) {
 	}
 }
 
+// TestEvaluateVerified: EvaluateVerified skips the signature check and
+// nothing else, so callers that verified signatures themselves get the same
+// decisions without paying for a second verification.
+func TestEvaluateVerified(t *testing.T) {
+	alice := newUser(t)
+	repoTag := nostr.Tag{"a", alice.coord("repo")}
+	e := newEnv(t)
+	if d := e.submit(t, alice.served(t, "repo", 0)); !d.Accept {
+		t.Fatalf("served repo refused: %+v", d)
+	}
+	tampered := alice.ev(t, 1621, 0, "ok", repoTag)
+	tampered.Content = "tampered"
+	altered := alice.ev(t, 1621, 0, "altered", repoTag)
+	b := []byte(altered.Sig)
+	b[10] = map[bool]byte{true: '1', false: '0'}[b[10] == '0']
+	altered.Sig = string(b)
+	truncated := alice.ev(t, 1621, 0, "truncated", repoTag)
+	truncated.Sig = truncated.Sig[:100]
+	for _, c := range []struct {
+		name               string
+		evt                *nostr.Event
+		evaluate, verified policy.Reason
+	}{
+		{"valid", alice.ev(t, 1621, 0, "fine", repoTag), policy.ReasonAccepted, policy.ReasonAccepted},
+		{"bad id still checked", tampered, policy.ReasonBadID, policy.ReasonBadID},
+		{"size still checked", alice.ev(t, 1617, 0, strings.Repeat("x", 300<<10), repoTag), policy.ReasonTooLarge, policy.ReasonTooLarge},
+		{"unanchored still refused", alice.ev(t, 1, 0, "spam"), policy.ReasonNoReference, policy.ReasonNoReference},
+		{"malformed signature still refused", truncated, policy.ReasonBadSignature, policy.ReasonBadSignature},
+		{"forged signature: only Evaluate can tell", altered, policy.ReasonBadSignature, policy.ReasonAccepted},
+	} {
+		ctx := context.Background()
+		if got := e.p.Evaluate(ctx, c.evt).Reason; got != c.evaluate {
+			t.Errorf("%s: Evaluate = %s, want %s", c.name, got, c.evaluate)
+		}
+		if got := e.p.EvaluateVerified(ctx, c.evt).Reason; got != c.verified {
+			t.Errorf("%s: EvaluateVerified = %s, want %s", c.name, got, c.verified)
+		}
+	}
+}
+
 func TestStatefulRules(t *testing.T) {
 	const ok = policy.ReasonAccepted
 	tests := []struct {

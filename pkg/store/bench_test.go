@@ -129,6 +129,32 @@ func BenchmarkSave(b *testing.B) {
 	}
 }
 
+// BenchmarkSaveBatch is BenchmarkSave through SaveBatch, 256 events per
+// batch (the ingester's default fetch batch).
+func BenchmarkSaveBatch(b *testing.B) {
+	const batch = 256
+	for _, bc := range allBackends() {
+		b.Run(bc.name, func(b *testing.B) {
+			s := bc.open(b)
+			c := newCorpus(100)
+			evts := make([]*nostr.Event, b.N)
+			for i := range evts {
+				evts[i] = c.next()
+			}
+			ctx := context.Background()
+			b.ResetTimer()
+			for start := 0; start < len(evts); start += batch {
+				for _, r := range s.SaveBatch(ctx, evts[start:min(start+batch, len(evts))]) {
+					if r.Err != nil {
+						b.Fatal(r.Err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
 // BenchmarkQuery measures the queries the pipeline makes, per backend, over
 // a store of 20,000 events: replies of a root (#e), by id, an announcement
 // by its address, a repo's events (#a).

@@ -38,6 +38,10 @@ type embedded struct {
 	// safe for concurrent use (badger: an unsynchronised package counter).
 	deleteMu *sync.Mutex
 	stripes  [64]sync.Mutex
+	// batchWriters is how many writes insertBatch keeps in flight: 1 for
+	// backends with one writer lock (lmdb, sqlite3), more for badger,
+	// which commits concurrent transactions together.
+	batchWriters int
 	// inflight counts backend queries being read, so close waits for them.
 	inflight sync.WaitGroup
 	// closeGrace is how long close waits after the last query was read
@@ -80,17 +84,19 @@ func openBadger(dir string, o options) (*embedded, error) {
 	if err := b.Init(); err != nil {
 		return nil, fmt.Errorf("open badger store %s: %w", dir, err)
 	}
-	return &embedded{name: "badger", es: b, maxLimit: o.maxLimit, binaryCaps: true, deleteMu: &badgerlock.Mu,
+	return &embedded{name: "badger", es: b, maxLimit: o.maxLimit, binaryCaps: true, deleteMu: &badgerlock.Mu, batchWriters: 8,
 		// Badger answers one index scan per id or author; bounded so one
 		// query's fan-out stays modest.
 		lim: queryLimits{IDs: 500, Authors: 500},
 	}, nil
 }
 
-func (e *embedded) stripe(key string) *sync.Mutex {
+func (e *embedded) stripe(key string) *sync.Mutex { return &e.stripes[e.stripeIndex(key)] }
+
+func (e *embedded) stripeIndex(key string) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(key))
-	return &e.stripes[h.Sum32()%uint32(len(e.stripes))]
+	return int(h.Sum32() % uint32(len(e.stripes)))
 }
 
 func (e *embedded) limits() queryLimits { return e.lim }
@@ -174,6 +180,113 @@ func (e *embedded) insert(ctx context.Context, evt *nostr.Event) (bool, error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// insertBatch stores regular events with distinct ids. eventstore's
+// backends have no multi-event write, so what is shared is the rest: the
+// stripes of all ids are taken once, and which ids are stored already is
+// one lookup per chunk of ids instead of one per event.
+func (e *embedded) insertBatch(ctx context.Context, evts []*nostr.Event) []SaveResult {
+	res := make([]SaveResult, len(evts))
+	todo := make([]int, 0, len(evts))
+	for n, evt := range evts {
+		if e.binaryCaps {
+			if err := checkBinary(evt); err != nil {
+				res[n].Err = err
+				continue
+			}
+		}
+		todo = append(todo, n)
+	}
+	if len(todo) == 0 {
+		return res
+	}
+	ids := make([]string, len(todo))
+	for k, n := range todo {
+		ids[k] = evts[n].ID
+	}
+	unlock := e.lockStripes(ids)
+	defer unlock()
+	have, err := e.storedIDs(ctx, ids)
+	if err != nil {
+		for _, n := range todo {
+			res[n].Err = fmt.Errorf("look up stored ids: %w", err)
+		}
+		return res
+	}
+	var missing []int
+	for _, n := range todo {
+		if !have[evts[n].ID] {
+			missing = append(missing, n)
+		}
+	}
+	// Several writes in flight at once: badger's single writer then
+	// commits them as one group (one value-log write, one wake-up) instead
+	// of one at a time.
+	var wg sync.WaitGroup
+	writers := min(max(e.batchWriters, 1), len(missing))
+	for w := range writers {
+		wg.Go(func() {
+			for k := w; k < len(missing); k += writers {
+				n := missing[k]
+				if err := ctx.Err(); err != nil {
+					res[n].Err = err
+					continue
+				}
+				if err := e.es.SaveEvent(ctx, evts[n]); err != nil {
+					if !errors.Is(err, eventstore.ErrDupEvent) {
+						res[n].Err = err
+					}
+					continue
+				}
+				res[n].Stored = true
+			}
+		})
+	}
+	wg.Wait()
+	return res
+}
+
+// lockStripes locks the stripes of keys, each once and in index order (so
+// concurrent batches cannot deadlock), and returns the unlock.
+func (e *embedded) lockStripes(keys []string) func() {
+	var want [len(e.stripes)]bool
+	for _, k := range keys {
+		want[e.stripeIndex(k)] = true
+	}
+	for n := range want {
+		if want[n] {
+			e.stripes[n].Lock()
+		}
+	}
+	return func() {
+		for n := range want {
+			if want[n] {
+				e.stripes[n].Unlock()
+			}
+		}
+	}
+}
+
+// storedIDs returns which of ids are stored, in queries of at most the
+// backend's id limit.
+func (e *embedded) storedIDs(ctx context.Context, ids []string) (map[string]bool, error) {
+	have := make(map[string]bool)
+	chunk := len(ids)
+	if e.lim.IDs > 0 {
+		chunk = e.lim.IDs
+	}
+	for start := 0; start < len(ids); start += chunk {
+		part := ids[start:min(start+chunk, len(ids))]
+		found, err := e.query(ctx, nostr.Filter{IDs: part, Limit: len(part)})
+		if err != nil {
+			return nil, err
+		}
+		for _, evt := range found {
+			have[evt.ID] = true
+		}
+	}
+	return have, nil
 }
 
 // maxIndexedTagLen is the longest tag value badger and lmdb index; a filter

@@ -148,6 +148,62 @@ func (p *pgBackend) insert(ctx context.Context, evt *nostr.Event) (bool, error) 
 		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING RETURNING id`, evt, nil)
 }
 
+// pgBatchRows bounds the rows of one multi-row INSERT: 6 parameters each,
+// well under PostgreSQL's 65,535 parameters per statement.
+const pgBatchRows = 500
+
+// insertBatch stores regular events with distinct ids in one multi-row
+// INSERT … ON CONFLICT (id) DO NOTHING per chunk: one round trip and one
+// commit instead of one per event. RETURNING names the rows written, so
+// duplicates are told apart. A failing statement fails its whole chunk.
+func (p *pgBackend) insertBatch(ctx context.Context, evts []*nostr.Event) []SaveResult {
+	res := make([]SaveResult, len(evts))
+	for start := 0; start < len(evts); start += pgBatchRows {
+		part := evts[start:min(start+pgBatchRows, len(evts))]
+		stored, err := p.insertRows(ctx, part)
+		for k, evt := range part {
+			res[start+k] = SaveResult{Stored: stored[evt.ID], Err: err}
+		}
+	}
+	return res
+}
+
+func (p *pgBackend) insertRows(ctx context.Context, evts []*nostr.Event) (map[string]bool, error) {
+	var q strings.Builder
+	q.WriteString(`INSERT INTO ` + p.table + ` (id, pubkey, created_at, kind, rkey, tagvalues, raw) VALUES `)
+	args := make([]any, 0, 7*len(evts))
+	for k, evt := range evts {
+		raw, err := json.Marshal(evt)
+		if err != nil {
+			return nil, fmt.Errorf("encode %s: %w", evt.ID, err)
+		}
+		if k > 0 {
+			q.WriteString(", ")
+		}
+		n := len(args)
+		fmt.Fprintf(&q, "($%d, $%d, $%d, $%d, NULL, $%d, $%d)", n+1, n+2, n+3, n+4, n+5, n+6)
+		args = append(args, evt.ID, evt.PubKey, int64(evt.CreatedAt), evt.Kind, pq.Array(tagIndexValues(evt.Tags)), string(raw))
+	}
+	q.WriteString(` ON CONFLICT (id) DO NOTHING RETURNING id`)
+	rows, err := p.db.QueryContext(ctx, q.String(), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	stored := make(map[string]bool, len(evts))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		stored[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return stored, nil
+}
+
 // replace is one statement: insert the version, or, when the key holds one,
 // overwrite it only if this event supersedes it (newer, or same second and
 // lower id). The unique rkey makes PostgreSQL serialise writers of one key,

@@ -173,6 +173,82 @@ func (s *Store) Save(ctx context.Context, evt *nostr.Event) (stored bool, err er
 	return stored, nil
 }
 
+// SaveResult is what SaveBatch did with one event: what Save would have
+// returned for it.
+type SaveResult struct {
+	// Stored is Save's stored: false for a duplicate, an older version or
+	// an error.
+	Stored bool
+	// Err is Save's error for this event (ErrUnstorable, or why the backend
+	// failed). Events of one batch may fail together (PostgreSQL writes a
+	// batch in one statement) or alone (embedded backends).
+	Err error
+}
+
+// batchInserter is implemented by backends that store several regular
+// events in fewer round trips than one insert each. The events have
+// distinct ids; results are per event, in order.
+type batchInserter interface {
+	insertBatch(ctx context.Context, evts []*nostr.Event) []SaveResult
+}
+
+// SaveBatch stores evts with the effect of calling Save on each, in order,
+// and returns one result per event: the same id/duplicate and
+// replaceable-version semantics, so a later copy of an id in the batch is a
+// duplicate and of two versions of one key the Supersedes winner is kept.
+// Regular events are written together (PostgreSQL: one multi-row INSERT per
+// chunk; badger: one id lookup for the batch, then the writes), which is
+// what makes it cheaper than Save per event; replaceable and addressable
+// events, rare and order-sensitive, go through Save one by one.
+//
+// It is not atomic: on an error some events may be stored (their result
+// says so) and others not. Callers retry the failed ones, by themselves if
+// one bad event must not hold up the rest.
+func (s *Store) SaveBatch(ctx context.Context, evts []*nostr.Event) []SaveResult {
+	res := make([]SaveResult, len(evts))
+	first := make(map[string]int, len(evts)) // id → position of its first copy
+	var regular []*nostr.Event
+	var at []int
+	for n, evt := range evts {
+		if IsReplaceable(evt.Kind) {
+			continue
+		}
+		if _, dup := first[evt.ID]; dup {
+			continue
+		}
+		first[evt.ID] = n
+		regular = append(regular, evt)
+		at = append(at, n)
+	}
+	if len(regular) > 0 {
+		var out []SaveResult
+		if bi, ok := s.b.(batchInserter); ok {
+			out = bi.insertBatch(ctx, regular)
+		} else {
+			out = make([]SaveResult, len(regular))
+			for k, evt := range regular {
+				out[k].Stored, out[k].Err = s.b.insert(ctx, evt)
+			}
+		}
+		for k, r := range out {
+			if r.Err != nil {
+				r.Stored = false
+				r.Err = fmt.Errorf("save %s (kind %d) in %s store: %w", regular[k].ID, regular[k].Kind, s.kind, r.Err)
+			}
+			res[at[k]] = r
+		}
+	}
+	for n, evt := range evts {
+		if IsReplaceable(evt.Kind) {
+			res[n].Stored, res[n].Err = s.Save(ctx, evt)
+		} else if f := first[evt.ID]; f != n {
+			// A later copy: a duplicate of the first, or as failed as it.
+			res[n] = SaveResult{Err: res[f].Err}
+		}
+	}
+	return res
+}
+
 // Delete removes one event.
 func (s *Store) Delete(ctx context.Context, evt *nostr.Event) error {
 	if err := s.b.delete(ctx, evt); err != nil {

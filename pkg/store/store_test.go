@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/fiatjaf/eventstore"
@@ -52,6 +53,22 @@ func mustSave(t *testing.T, s *store.Store, evt *nostr.Event, want bool) {
 	}
 	if got != want {
 		t.Fatalf("save kind %d at %d (id %.8s) stored = %v, want %v", evt.Kind, evt.CreatedAt, evt.ID, got, want)
+	}
+}
+
+// wantBatch checks SaveBatch results: stored per event, errors none.
+func wantBatch(t *testing.T, res []store.SaveResult, noErr bool, stored ...bool) {
+	t.Helper()
+	if len(res) != len(stored) {
+		t.Fatalf("%d results, want %d", len(res), len(stored))
+	}
+	for n, r := range res {
+		if noErr && r.Err != nil {
+			t.Fatalf("event %d: %v", n, r.Err)
+		}
+		if r.Stored != stored[n] {
+			t.Fatalf("event %d stored = %v, want %v (results %+v)", n, r.Stored, stored[n], res)
+		}
 	}
 }
 
@@ -181,6 +198,118 @@ func TestSemantics(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantOnly(t, mustQuery(t, s, nostr.Filter{Kinds: []int{30617}}), versions[len(versions)-1])
+		}},
+		{"batch: one copy per id, within the batch and across", func(t *testing.T, bc backendCase) {
+			s := bc.open(t)
+			f := getFixtures(t)
+			a, b, c := f.many[200], f.many[201], f.many[202]
+			mustSave(t, s, a, true)
+			res := s.SaveBatch(ctx, []*nostr.Event{a, b, c, b, a})
+			wantBatch(t, res, true, false, true, true, false, false)
+			if got := mustQuery(t, s, nostr.Filter{IDs: []string{a.ID, b.ID, c.ID}, Limit: 10}); len(got) != 3 {
+				t.Fatalf("stored %d of the 3 ids, want each once", len(got))
+			}
+			wantBatch(t, s.SaveBatch(ctx, []*nostr.Event{c, b}), true, false, false)
+		}},
+		{"batch: versions of one key as if saved in order", func(t *testing.T, bc backendCase) {
+			s := bc.open(t)
+			f := getFixtures(t)
+			d := nostr.Tags{{"d", "batch"}}
+			v1 := signed(t, f.sk, 30617, 100, d, "")
+			v2 := signed(t, f.sk, 30617, 200, d, "")
+			v0 := signed(t, f.sk, 30617, 50, d, "")
+			note := f.many[210]
+			wantBatch(t, s.SaveBatch(ctx, []*nostr.Event{v1, note, v2, v0}), true, true, true, true, false)
+			wantOnly(t, mustQuery(t, s, nostr.Filter{Kinds: []int{30617}}), v2)
+			wantOnly(t, mustQuery(t, s, nostr.Filter{IDs: []string{note.ID}}), note)
+		}},
+		{"batch: an unstorable event fails alone", func(t *testing.T, bc backendCase) {
+			s := bc.open(t)
+			f := getFixtures(t)
+			big := signed(t, f.sk, 1617, 10, nil, strings.Repeat("+ line\n", 10_000))
+			a, b := f.many[220], f.many[221]
+			res := s.SaveBatch(ctx, []*nostr.Event{a, big, b})
+			if !bc.binaryCaps {
+				wantBatch(t, res, true, true, true, true)
+				return
+			}
+			if res[1].Stored || !errors.Is(res[1].Err, store.ErrUnstorable) {
+				t.Fatalf("70 kB patch in a batch = %+v, want ErrUnstorable", res[1])
+			}
+			if !res[0].Stored || res[0].Err != nil || !res[2].Stored || res[2].Err != nil {
+				t.Fatalf("the other events = %+v, %+v; want both stored", res[0], res[2])
+			}
+		}},
+		{"batch: larger than a backend chunk", func(t *testing.T, bc backendCase) {
+			s := bc.open(t)
+			f := getFixtures(t)
+			res := s.SaveBatch(ctx, f.many)
+			for n, r := range res {
+				if !r.Stored || r.Err != nil {
+					t.Fatalf("event %d of %d: %+v, want stored", n, len(f.many), r)
+				}
+			}
+			items, err := s.Items(ctx, nostr.Filter{Kinds: []int{1}})
+			if err != nil || len(items) != len(f.many) {
+				t.Fatalf("Items = %d, %v; want all %d", len(items), err, len(f.many))
+			}
+			for n, r := range s.SaveBatch(ctx, f.many) {
+				if r.Stored || r.Err != nil {
+					t.Fatalf("second batch, event %d: %+v, want a duplicate", n, r)
+				}
+			}
+		}},
+		{"batch: concurrent overlapping batches store each id once", func(t *testing.T, bc backendCase) {
+			s := bc.open(t)
+			f := getFixtures(t)
+			evts := f.many[300:700]
+			var stored atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			for w := range 4 {
+				wg.Go(func() {
+					// Overlapping windows, each in its own order.
+					part := slices.Clone(evts[w*50 : w*50+250])
+					if w%2 == 1 {
+						slices.Reverse(part)
+					}
+					for _, r := range s.SaveBatch(ctx, part) {
+						if r.Err != nil {
+							errs <- r.Err
+							return
+						}
+						if r.Stored {
+							stored.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			want := 3*50 + 250 // the union of the four windows
+			if got := stored.Load(); got != int64(want) {
+				t.Fatalf("stored reported %d times, want once per id (%d)", got, want)
+			}
+			if got := mustQuery(t, s, nostr.Filter{Kinds: []int{1}, Limit: 1000}); len(got) != want {
+				t.Fatalf("store holds %d, want %d", len(got), want)
+			}
+		}},
+		{"batch: a cancelled context stores nothing and says so", func(t *testing.T, bc backendCase) {
+			s := bc.open(t)
+			f := getFixtures(t)
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			for n, r := range s.SaveBatch(cctx, f.many[230:240]) {
+				if r.Stored || r.Err == nil {
+					t.Fatalf("event %d with a cancelled context: %+v, want an error", n, r)
+				}
+			}
+			if got := mustQuery(t, s, nostr.Filter{Kinds: []int{1}}); len(got) != 0 {
+				t.Fatalf("store holds %d events, want none", len(got))
+			}
 		}},
 		{"delete and Has", func(t *testing.T, bc backendCase) {
 			s := bc.open(t)

@@ -4,9 +4,11 @@
 // relay replicas broadcast it and discovery sees new roots.
 //
 // Every replica attaches to one durable pull consumer on GRASP_EVENTS, so the
-// replicas share the stream. Events are evaluated in parallel (one worker per
-// core by default: signature verification is the dominant cost) and each
-// message is acked only once its event is stored or definitively refused.
+// replicas share the stream. Messages are handled in batches (see
+// pipeline.go): signatures, the dominant cost, are verified in parallel
+// (copies of stored events skip it), then the policy decides the batch in
+// order and the accepted events are written with one SaveBatch; each message
+// is acked only once its event is stored or definitively refused.
 // Store outages hold messages in flight (no ack, no redelivery count) until
 // the store answers again; a message that fails while the store is healthy
 // is redelivered, and after MaxDeliver deliveries moved to the dead-letter
@@ -32,6 +34,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
+	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
 
 // Config is the ingester's configuration (GRASP_* variables).
@@ -45,12 +48,13 @@ type Config struct {
 	MaxDeliver int `envconfig:"INGESTER_MAX_DELIVER" default:"20"`
 	// AckWait is how long one event may take before it is redelivered.
 	AckWait time.Duration `envconfig:"INGESTER_ACK_WAIT" default:"30s"`
-	// Workers evaluate events in parallel; 0 means two per CPU (at least
-	// four): verification is CPU-bound, but each event also waits on store
-	// and NATS round trips, which extra workers overlap.
+	// Workers verify the signatures of a batch in parallel; 0 means two
+	// per CPU (at least four). At most one per core is used: verification
+	// is CPU-bound, and store and NATS waits happen in another stage.
 	Workers int `envconfig:"INGESTER_WORKERS" default:"0"`
-	// FetchBatch is how many messages one pull asks for; with Workers it
-	// bounds the messages (and so the memory) this replica holds.
+	// FetchBatch is how many messages one pull asks for and the largest
+	// batch decided and written together; it bounds the messages (and so
+	// the memory) this replica holds to about 4×FetchBatch.
 	FetchBatch int `envconfig:"INGESTER_FETCH_BATCH" default:"256"`
 	// RetryDelay is how long a message that failed while the store was
 	// healthy waits before its redelivery.
@@ -100,6 +104,8 @@ func (c Config) withDefaults() Config {
 type Store interface {
 	policy.Lookup
 	Save(ctx context.Context, evt *nostr.Event) (stored bool, err error)
+	// SaveBatch stores several events as Save would each, in order.
+	SaveBatch(ctx context.Context, evts []*nostr.Event) []store.SaveResult
 	Delete(ctx context.Context, evt *nostr.Event) error
 }
 
@@ -117,6 +123,8 @@ type Ingester struct {
 	// this replica: a deletion evaluated and applied while one of its
 	// targets is being evaluated and saved could miss it (the target's
 	// "deleted by its author" check ran before the deletion was stored).
+	// A batch holding a deletion takes it exclusively; other batches and
+	// wake-ups of parked events share it.
 	deletions sync.RWMutex
 	// outage is set while the store is unreachable, for logs and the gauge.
 	outage outageState
@@ -195,6 +203,13 @@ func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []
 			return true, err
 		}
 	}
+	i.publishStored(&evt, data)
+	return true, nil
+}
+
+// publishStored announces a stored event on grasp.stored.<kind>; data is its
+// JSON.
+func (i *Ingester) publishStored(evt *nostr.Event, data []byte) {
 	out := nats.NewMsg(i.bus.Names.StoredSubject(evt.Kind))
 	out.Data = data
 	out.Header.Set(bus.HeaderOrigin, "ingester")
@@ -203,7 +218,6 @@ func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []
 		// only find a duplicate.
 		i.log.Warn("publish stored event", "id", evt.ID, "err", err)
 	}
-	return true, nil
 }
 
 // applyDeletion removes the events a stored NIP-09 deletion names, by id and

@@ -26,11 +26,18 @@ const wakeQueue = 8192
 // ~7,000 stored events/s, below initial-sync bursts.
 const wakeWorkers = 4
 
+// wakeChunk is how many stored-event notifications share one "is anything
+// parked?" check.
+const wakeChunk = 256
+
 // park puts an event refused only for a missing reference in the lot, then
 // evaluates it once more: what it waits for may have been stored between the
 // refusal and the park, and that event's wake-up could not see the park yet.
 // An error leaves the message to be redelivered.
-func (i *Ingester) park(ctx context.Context, evt *nostr.Event, d policy.Decision, relay string) error {
+//
+// verified says the event's signature was checked already, so the
+// re-evaluation skips that check.
+func (i *Ingester) park(ctx context.Context, evt *nostr.Event, d policy.Decision, relay string, verified bool) error {
 	p, parked, err := i.lot.Park(ctx, evt, string(d.Reason), d.Missing, relay)
 	if err != nil {
 		return fmt.Errorf("park %s: %w", evt.ID, err)
@@ -40,12 +47,19 @@ func (i *Ingester) park(ctx context.Context, evt *nostr.Event, d policy.Decision
 	}
 	i.log.Debug("event parked", "id", evt.ID, "kind", evt.Kind, "reason", string(d.Reason),
 		"missing", len(d.Missing), "relay", relay)
-	return i.reevaluate(ctx, p)
+	return i.reevaluate(ctx, p, verified)
 }
 
 // wake re-evaluates parked events when an event they could depend on is
 // stored by any writer (ingester replicas, relay replicas). One ingester
 // replica per stored event (queue group), since the lot is shared.
+//
+// Finding the waiters of one stored event costs a stream-info request per
+// reference it carries, so notifications are taken in chunks and the lot is
+// asked once per chunk whether anything is parked at all; when nothing is,
+// the chunk is done. That skips no wake-up: an event parked after the
+// check is re-evaluated by its parker after the park (see park), which is
+// after these events were stored.
 func (i *Ingester) wake(ctx context.Context) error {
 	ch := make(chan *nats.Msg, wakeQueue)
 	sub, err := i.bus.Conn.ChanQueueSubscribe(i.bus.Names.StoredSubjects(), i.bus.Names.Prefix+"-ingester-parking", ch)
@@ -53,30 +67,58 @@ func (i *Ingester) wake(ctx context.Context) error {
 		return fmt.Errorf("subscribe %s: %w", i.bus.Names.StoredSubjects(), err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	jobs := make(chan *nats.Msg, wakeWorkers)
 	var wg sync.WaitGroup
 	for range wakeWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case msg := <-ch:
-					var evt nostr.Event
-					if err := json.Unmarshal(msg.Data, &evt); err != nil {
-						i.log.Warn("undecodable stored event", "subject", msg.Subject, "err", err)
-						continue
-					}
-					if err := i.wakeFor(ctx, &evt); err != nil && ctx.Err() == nil {
-						i.log.Warn("re-evaluating parked events failed", "stored", evt.ID, "kind", evt.Kind, "err", err)
-					}
+		wg.Go(func() {
+			for msg := range jobs {
+				evt, err := decode(msg.Data)
+				if err != nil {
+					i.log.Warn("undecodable stored event", "subject", msg.Subject, "err", err)
+					continue
+				}
+				// As a batch would: no deletion is decided while a woken
+				// target is being stored.
+				i.deletions.RLock()
+				err = i.wakeFor(ctx, evt)
+				i.deletions.RUnlock()
+				if err != nil && ctx.Err() == nil {
+					i.log.Warn("re-evaluating parked events failed", "stored", evt.ID, "kind", evt.Kind, "err", err)
 				}
 			}
-		}()
+		})
 	}
-	wg.Wait()
-	return nil
+	defer wg.Wait()
+	defer close(jobs)
+	chunk := make([]*nats.Msg, 0, wakeChunk)
+	for {
+		chunk = chunk[:0]
+		select {
+		case <-ctx.Done():
+			return nil
+		case msg := <-ch:
+			chunk = append(chunk, msg)
+		}
+	fill:
+		for len(chunk) < wakeChunk {
+			select {
+			case msg := <-ch:
+				chunk = append(chunk, msg)
+			default:
+				break fill
+			}
+		}
+		if n, err := i.lot.Len(ctx); err == nil && n == 0 {
+			continue
+		}
+		for _, msg := range chunk {
+			select {
+			case jobs <- msg:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
 }
 
 // wakeFor re-evaluates the parked events that stored may unblock.
@@ -86,7 +128,7 @@ func (i *Ingester) wakeFor(ctx context.Context, stored *nostr.Event) error {
 		return err
 	}
 	for _, p := range waiting {
-		if err := i.reevaluate(ctx, p); err != nil {
+		if err := i.reevaluate(ctx, p, false); err != nil {
 			return err
 		}
 	}
@@ -96,9 +138,16 @@ func (i *Ingester) wakeFor(ctx context.Context, stored *nostr.Event) error {
 // reevaluate applies the policy to a parked event again: accepted events are
 // stored (and published, which wakes what waits for them in turn) and leave
 // the lot, as do events refused for good; events still waiting stay, with
-// their original age. A store error leaves the event parked.
-func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked) error {
-	d := i.policy.Evaluate(ctx, p.Event)
+// their original age. A store error leaves the event parked. verified skips
+// the signature check, for an event checked in this process; events read
+// back from the lot are checked again.
+func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked, verified bool) error {
+	var d policy.Decision
+	if verified {
+		d = i.policy.EvaluateVerified(ctx, p.Event)
+	} else {
+		d = i.policy.Evaluate(ctx, p.Event)
+	}
 	switch {
 	case d.Accept:
 		data, err := json.Marshal(p.Event)
