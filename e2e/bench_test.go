@@ -21,7 +21,6 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
-	"github.com/grasp-sync/grasp-sync/services/graspd"
 )
 
 // benchPublicURL is the service URL the generated announcements list. It is
@@ -170,7 +169,7 @@ func waitAll(ctx context.Context, st *store.Store, evts []*nostr.Event) error {
 // liveLatencies publishes n events one at a time on a relay their
 // repository lists (alternating new issues and comments on known roots) and
 // measures publish → stored.
-func liveLatencies(t *testing.T, app *graspd.App, ds *Dataset, remotes []*testkit.Relay, n int) []time.Duration {
+func liveLatencies(t *testing.T, app Target, ds *Dataset, remotes []*testkit.Relay, n int) []time.Duration {
 	t.Helper()
 	who := testkit.NewKey()
 	out := make([]time.Duration, 0, n)
@@ -225,7 +224,7 @@ func resyncBytes(t *testing.T, eventsDir string, urls []string, disableNeg bool)
 		defer f.Close()
 		logw = f
 	}
-	var app *graspd.App
+	var app Graspd
 	var stop func()
 	if logw != nil {
 		app, stop = StartGraspd(t, env, logw, "debug")

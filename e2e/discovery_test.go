@@ -7,11 +7,14 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
+// TestLayer2ThenLayer3 runs layer2ThenLayer3 against graspd in-process.
+func TestLayer2ThenLayer3(t *testing.T) { layer2ThenLayer3(t, start) }
+
 // Discovery through layer 2 then layer 3: the announcement on our relay
 // lists a REQ-only and a NIP-77 remote; a patch and an issue (layer 2,
 // tagged with the repository) and a comment on the issue (layer 3, tagged
 // only with the issue's id) arrive from each.
-func TestLayer2ThenLayer3(t *testing.T) {
+func layer2ThenLayer3(t *testing.T, start starter) {
 	plain := testkit.StartRelay(t, testkit.RelayOptions{})
 	neg := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
 	app := start(t, nil)
@@ -83,9 +86,12 @@ func TestHistoryWithAndWithoutNegentropy(t *testing.T) {
 	}
 }
 
+// TestHistory5000CappedAt500 runs history5000CappedAt500 against graspd in-process.
+func TestHistory5000CappedAt500(t *testing.T) { history5000CappedAt500(t, start) }
+
 // History of 5,000 issues through a relay that caps every REQ at 500 (like
 // strfry): the fetcher must page with until to get them all.
-func TestHistory5000CappedAt500(t *testing.T) {
+func history5000CappedAt500(t *testing.T, start starter) {
 	if testing.Short() {
 		t.Skip("SKIP: -short")
 	}

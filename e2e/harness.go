@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -17,7 +15,6 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
-	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
 )
 
@@ -51,7 +48,7 @@ func BaseEnv(dataDir string) Env {
 // StartGraspd starts graspd with env (on top of the process environment)
 // and runs it until stop is called or the test ends (stop is idempotent).
 // The log goes to logw at level (nil: discarded).
-func StartGraspd(t testing.TB, env Env, logw io.Writer, level string) (app *graspd.App, stop func()) {
+func StartGraspd(t testing.TB, env Env, logw io.Writer, level string) (app Graspd, stop func()) {
 	t.Helper()
 	for k, v := range env {
 		// A test restores the variables when it ends; a program (the demo)
@@ -66,11 +63,12 @@ func StartGraspd(t testing.TB, env Env, logw io.Writer, level string) (app *gras
 	if logw != nil {
 		log = obs.NewLogger(logw, level)
 	}
-	return graspdtest.Start(t, log)
+	a, stop := graspdtest.Start(t, log)
+	return Graspd{a}, stop
 }
 
 // CountStored reports how many of ids the app's store holds.
-func CountStored(ctx context.Context, app *graspd.App, ids []string) (int, error) {
+func CountStored(ctx context.Context, app Target, ids []string) (int, error) {
 	n := 0
 	for _, id := range ids {
 		ok, err := app.Store().Has(ctx, id)
@@ -96,7 +94,7 @@ func IDs(evts ...*nostr.Event) []string {
 // WaitStored polls the store until every id is stored or ctx ends, and
 // returns how many were stored. Polling (not a fake clock) is right here:
 // the scenarios run real services on the real clock.
-func WaitStored(ctx context.Context, app *graspd.App, ids []string) (int, error) {
+func WaitStored(ctx context.Context, app Target, ids []string) (int, error) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -112,37 +110,10 @@ func WaitStored(ctx context.Context, app *graspd.App, ids []string) (int, error)
 	}
 }
 
-// Metrics scrapes the app's /metrics and returns every sample as
-// "name{labels}" → value (labels as printed by the Prometheus text format).
-func Metrics(ctx context.Context, app *graspd.App) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+app.MetricsAddr()+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("scrape metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		out[line[:i]] = v
-	}
-	return out, sc.Err()
+// Metrics returns every sample of app's services as "name{labels}" →
+// value (labels as printed by the Prometheus text format).
+func Metrics(ctx context.Context, app Target) (map[string]float64, error) {
+	return app.Metrics(ctx)
 }
 
 // MetricSum sums the samples of metric name whose labels contain every
@@ -168,7 +139,7 @@ func MetricSum(m map[string]float64, name string, match ...string) float64 {
 }
 
 // RelayConnected reports whether the fetcher holds a session to relayURL.
-func RelayConnected(ctx context.Context, app *graspd.App, relayURL string) (bool, error) {
+func RelayConnected(ctx context.Context, app Target, relayURL string) (bool, error) {
 	m, err := Metrics(ctx, app)
 	if err != nil {
 		return false, err
@@ -203,7 +174,7 @@ func Quiescent(m map[string]float64, urls []string) bool {
 }
 
 // WaitQuiescent polls until Quiescent has held for hold, or ctx ends.
-func WaitQuiescent(ctx context.Context, app *graspd.App, urls []string, hold time.Duration) error {
+func WaitQuiescent(ctx context.Context, app Target, urls []string, hold time.Duration) error {
 	var since time.Time
 	for {
 		m, err := Metrics(ctx, app)

@@ -74,10 +74,13 @@ func TestAnnouncementLifecycle(t *testing.T) {
 	waitConnected(t, app, boot.URL, true)
 }
 
+// TestSSRFNeverDialled runs ssrfNeverDialled against graspd in-process.
+func TestSSRFNeverDialled(t *testing.T) { ssrfNeverDialled(t, start) }
+
 // SSRF: an announcement listing a local relay that is not allowlisted and
 // the cloud metadata address is synced from its allowlisted relay only; the
 // other two are never dialled.
-func TestSSRFNeverDialled(t *testing.T) {
+func ssrfNeverDialled(t *testing.T, start starter) {
 	allowed := testkit.StartRelay(t, testkit.RelayOptions{})
 	forbidden := testkit.StartFaultRelay(t, testkit.RelayOptions{})
 	app := start(t, Env{"GRASP_RELAY_ALLOWLIST": allowed.URL[len("ws://"):]})

@@ -9,11 +9,16 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
-	"github.com/grasp-sync/grasp-sync/services/graspd"
 )
 
+// starter starts the deployment a scenario runs against, with BaseEnv
+// plus overrides: start (graspd in-process) or startMulti (one process
+// per service). Scenarios that run in both modes take it as a parameter
+// named start, so their bodies read the same either way.
+type starter func(t *testing.T, overrides Env) Target
+
 // start runs graspd for one scenario with BaseEnv plus overrides.
-func start(t *testing.T, overrides Env) *graspd.App {
+func start(t *testing.T, overrides Env) Target {
 	t.Helper()
 	env := BaseEnv(t.TempDir())
 	for k, v := range overrides {
@@ -32,7 +37,7 @@ func start(t *testing.T, overrides Env) *graspd.App {
 }
 
 // announce publishes a repository announcement to our relay.
-func announce(t *testing.T, app *graspd.App, evts ...*nostr.Event) {
+func announce(t *testing.T, app Target, evts ...*nostr.Event) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -43,13 +48,13 @@ func announce(t *testing.T, app *graspd.App, evts ...*nostr.Event) {
 
 // ourAnnouncement is an announcement of repo d by k that lists us (clone URL
 // on our host and our relay) and the given remote relays.
-func ourAnnouncement(k testkit.Key, app *graspd.App, d string, remotes []string, maintainers []string, opts ...testkit.Option) *nostr.Event {
+func ourAnnouncement(k testkit.Key, app Target, d string, remotes []string, maintainers []string, opts ...testkit.Option) *nostr.Event {
 	return k.Announcement(d, []string{testkit.GraspCloneURL(app.PublicURL(), k.PubKey, d)},
 		append([]string{app.PublicURL()}, remotes...), maintainers, opts...)
 }
 
 // mustArrive waits up to wait for every event to be stored.
-func mustArrive(t *testing.T, app *graspd.App, wait time.Duration, evts ...*nostr.Event) {
+func mustArrive(t *testing.T, app Target, wait time.Duration, evts ...*nostr.Event) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
@@ -70,7 +75,7 @@ func mustArrive(t *testing.T, app *graspd.App, wait time.Duration, evts ...*nost
 // mustNotArrive gives the pipeline settle to act, then checks none of evts
 // is stored. It is used after a positive control in the same scenario has
 // arrived, so "not stored" is not just "not yet".
-func mustNotArrive(t *testing.T, app *graspd.App, settle time.Duration, evts ...*nostr.Event) {
+func mustNotArrive(t *testing.T, app Target, settle time.Duration, evts ...*nostr.Event) {
 	t.Helper()
 	time.Sleep(settle) // absence needs a bound; the positive control came first
 	for _, e := range evts {

@@ -67,9 +67,12 @@ func TestMaintainersRecursive(t *testing.T) {
 	mustNotArrive(t, app, time.Second, strangerState)
 }
 
+// TestLiveIssueThenComment runs liveIssueThenComment against graspd in-process.
+func TestLiveIssueThenComment(t *testing.T) { liveIssueThenComment(t, start) }
+
 // Live: once the repository is synced, an issue and immediately a comment on
 // it (before any layer 3 subscription for the issue can exist) both arrive.
-func TestLiveIssueThenComment(t *testing.T) {
+func liveIssueThenComment(t *testing.T, start starter) {
 	remote := testkit.StartRelay(t, testkit.RelayOptions{})
 	app := start(t, nil)
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
