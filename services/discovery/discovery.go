@@ -2,7 +2,10 @@
 // like any nostr client (so it works in front of any GRASP relay), pages
 // through its history, stays live, and writes the repositories this service
 // hosts — with their relays and root events — to the grasp_repo_index KV
-// bucket, one batch window at a time. One instance is active at a time
+// bucket, one batch window at a time. It also takes the stored-event
+// announcements the writers publish on NATS (grasp.stored.<kind>), so what
+// is stored while its websocket to the relay is down still reaches the index
+// (see storedFeed). One instance is active at a time
 // (pkg/leader); the others stand by.
 package discovery
 
@@ -58,7 +61,9 @@ type Config struct {
 	// ResyncInterval is how often the index is rebuilt from the relay's
 	// whole history (0: never). A catch-up with since misses events stored
 	// during a disconnection with an older created_at (synced history); the
-	// resync picks them up.
+	// resync picks them up. The writers' stored-event announcements on NATS
+	// (grasp.stored.<kind>) cover such gaps while NATS is up; the resync
+	// remains the backstop.
 	ResyncInterval time.Duration `envconfig:"DISCOVERY_RESYNC_INTERVAL" default:"24h"`
 	// MaxRelaysPerAnnouncement bounds the relays one announcement adds.
 	MaxRelaysPerAnnouncement int `envconfig:"MAX_RELAYS_PER_ANNOUNCEMENT" default:"20"`
@@ -133,6 +138,9 @@ type Discovery struct {
 	log          *slog.Logger
 	metrics      *metrics
 	listsService func(*nostr.Event) bool
+	// storedQueue bounds the stored feed (DefaultStoredQueue; tests lower
+	// it).
+	storedQueue int
 
 	// state is what Ready reports: one of the state* constants.
 	state atomic.Int32
@@ -163,9 +171,10 @@ func New(cfg Config, b *bus.Bus, serviceURL string, listsService func(*nostr.Eve
 			MaxPerAnnouncement: cfg.MaxRelaysPerAnnouncement,
 			ListsService:       listsService,
 		},
-		clock:   clk,
-		log:     log.With("service", "discovery", "relay", cfg.RelayURL, "instance", cfg.InstanceID),
-		metrics: newMetrics(reg),
+		clock:       clk,
+		log:         log.With("service", "discovery", "relay", cfg.RelayURL, "instance", cfg.InstanceID),
+		metrics:     newMetrics(reg),
+		storedQueue: DefaultStoredQueue,
 	}
 	return d
 }
@@ -257,7 +266,15 @@ type term struct {
 	// since is the catch-up bound of the next session (nil: whole history).
 	since *nostr.Timestamp
 	// loaded is set once the bucket has been read and reconciled.
-	loaded  bool
+	loaded bool
+	// window is the open batch window (nil: none); it outlives a session,
+	// so what the stored feed brings between sessions is written too.
+	window <-chan time.Time
+	// gap, when set, is the stored feed's mark at the moment the
+	// self-subscription was lost, kept until a history read completes. If
+	// the feed may have lost something since (see storedFeed), the catch-up
+	// of the next session reads the whole history instead of using since.
+	gap     *gapMark
 	refused map[string]int // Refused counts already exported
 	log     *slog.Logger
 }
@@ -271,10 +288,18 @@ func (d *Discovery) active(ctx context.Context, kv jetstream.KeyValue, log *slog
 	} else {
 		log.Info("bootstrap relays published", "relays", len(d.cfg.BootstrapRelays))
 	}
+	// The stored feed is opened before the first history read and kept for
+	// the whole term, across sessions: it is what covers the gaps between
+	// them.
+	feed, err := d.subscribeStored(log)
+	if err != nil {
+		return err
+	}
+	defer feed.stop()
 	backoff := d.cfg.BackoffBase
 	resyncAt := d.resyncTimer()
 	for ctx.Err() == nil {
-		lost, live, err := d.session(ctx, t, resyncAt)
+		lost, live, err := d.session(ctx, t, feed, resyncAt)
 		d.state.Store(stateActive)
 		d.metrics.connected.Set(0)
 		if ctx.Err() != nil {
@@ -289,19 +314,45 @@ func (d *Discovery) active(ctx context.Context, kv jetstream.KeyValue, log *slog
 		if live {
 			backoff = d.cfg.BackoffBase
 		}
+		if t.gap == nil {
+			m := d.mark(feed)
+			t.gap = &m
+		}
 		if !lost.IsZero() {
 			s := nostr.Timestamp(lost.Add(-d.cfg.ReconnectBuffer).Unix())
 			t.since = &s
 		}
 		log.Warn("self-subscription lost, reconnecting", "err", err, "backoff", backoff.String(), "since", t.since)
-		select {
-		case <-ctx.Done():
+		if !d.between(ctx, t, feed, backoff) {
 			return nil
-		case <-d.clock.After(backoff):
 		}
 		backoff = min(backoff*2, d.cfg.BackoffMax)
 	}
 	return nil
+}
+
+// between waits out the reconnect backoff while keeping the index current
+// from the stored feed (the relay may be down for long). It reports false
+// when ctx ended.
+func (d *Discovery) between(ctx context.Context, t *term, feed *storedFeed, backoff time.Duration) bool {
+	wait := d.clock.After(backoff)
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wait:
+			return true
+		case evt := <-feed.events:
+			d.applyStored(t, evt)
+		case <-t.window:
+			t.window = nil
+			// Not loaded yet: the first history read has not completed,
+			// the entries stay pending until it has.
+			if t.loaded && !d.flush(ctx, t) {
+				t.window = d.clock.After(d.cfg.BatchWindow)
+			}
+		}
+	}
 }
 
 func (d *Discovery) newTerm(kv jetstream.KeyValue, log *slog.Logger) *term {
@@ -329,7 +380,7 @@ func (d *Discovery) resyncTimer() <-chan time.Time {
 // read can fall between the two. It returns when the live stream was lost
 // (lost: when; zero if history was not complete, so the next catch-up must
 // start from the old since) and whether the stream had become live.
-func (d *Discovery) session(ctx context.Context, t *term, resync <-chan time.Time) (lost time.Time, live bool, err error) {
+func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resync <-chan time.Time) (lost time.Time, live bool, err error) {
 	log := t.log.With("session", d.sessions.Add(1))
 	defer func(parent *slog.Logger) { t.log = parent }(t.log)
 	t.log = log
@@ -343,6 +394,14 @@ func (d *Discovery) session(ctx context.Context, t *term, resync <-chan time.Tim
 		return time.Time{}, false, fmt.Errorf("live subscription: %w", err)
 	}
 	defer sub.Close()
+	// The live stream is up: from here on it brings everything. If the
+	// stored feed may have missed something while it was down, a since
+	// catch-up could miss it too (old created_at): read the whole history.
+	if t.gap != nil && t.since != nil && !d.complete(feed, *t.gap) {
+		t.log.Warn("stored-event feed incomplete during the disconnection; reading the whole history",
+			"dropped", feed.dropped.Load()-t.gap.dropped)
+		t.since = nil
+	}
 	hconn, err := d.dial(ctx)
 	if err != nil {
 		return time.Time{}, false, err
@@ -380,7 +439,6 @@ func (d *Discovery) session(ctx context.Context, t *term, resync <-chan time.Tim
 	d.metrics.connected.Set(1)
 	t.log.Info("self-subscription connected", "since", t.since)
 
-	var window <-chan time.Time
 	historyDone := false
 	lostNow := func() time.Time {
 		if historyDone {
@@ -399,31 +457,34 @@ func (d *Discovery) session(ctx context.Context, t *term, resync <-chan time.Tim
 				return time.Time{}, false, fmt.Errorf("history: %w", herr)
 			}
 			historyDone = true
+			t.gap = nil // caught up: the gap is covered
 			if !t.loaded {
 				if err := d.load(ctx, t); err != nil {
 					t.log.Warn("index bucket not reconciled yet, retrying at the next window", "err", err)
-					window = d.clock.After(d.cfg.BatchWindow)
+					t.window = d.clock.After(d.cfg.BatchWindow)
 					continue
 				}
 			}
 			d.flush(ctx, t)
 			d.state.Store(stateConnected) // live and caught up: ready
 		case evt := <-sub.Events():
-			if d.apply(t, evt) && window == nil {
-				window = d.clock.After(d.cfg.BatchWindow)
+			if d.apply(t, evt) && t.window == nil {
+				t.window = d.clock.After(d.cfg.BatchWindow)
 			}
-		case <-window:
-			window = nil
+		case evt := <-feed.events:
+			d.applyStored(t, evt)
+		case <-t.window:
+			t.window = nil
 			if historyDone && !t.loaded {
 				if err := d.load(ctx, t); err != nil {
 					t.log.Warn("index bucket not reconciled yet, retrying at the next window", "err", err)
-					window = d.clock.After(d.cfg.BatchWindow)
+					t.window = d.clock.After(d.cfg.BatchWindow)
 					continue
 				}
 				d.state.Store(stateConnected)
 			}
 			if t.loaded && !d.flush(ctx, t) {
-				window = d.clock.After(d.cfg.BatchWindow) // retry what failed
+				t.window = d.clock.After(d.cfg.BatchWindow) // retry what failed
 			}
 		case reason := <-sub.Closed():
 			d.flushIfLoaded(ctx, t)

@@ -18,6 +18,10 @@ type metrics struct {
 	connected  prometheus.Gauge
 	leader     prometheus.Gauge
 	eventsSeen prometheus.Counter
+	// storedSeen and storedDropped count the stored-event announcements
+	// received from NATS and those dropped because the queue was full.
+	storedSeen    prometheus.Counter
+	storedDropped prometheus.Counter
 
 	// batchEvents counts events applied since the last flush (owned by the
 	// active session's goroutine).
@@ -42,12 +46,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		leader:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_discovery_leader", Help: "1 while this instance holds the discovery lease."}),
 		eventsSeen: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_events_total",
 			Help: "Events received from the self-subscription (history and live)."}),
+		storedSeen: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_stored_events_total",
+			Help: "Stored-event announcements (grasp.stored.<kind>) received from the writers over NATS."}),
+		storedDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_stored_events_dropped_total",
+			Help: "Stored-event announcements dropped because discovery's queue was full (the next reconnect then reads the whole history)."}),
 	}
 	for _, r := range []string{RefusedScheme, RefusedCredentials, RefusedTooLong, RefusedMalformed, RefusedInternal, RefusedTooMany} {
 		m.refused.WithLabelValues(r) // export zeros so rates work from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.repos, m.roots, m.relays, m.batches, m.batchSize, m.batchKeys, m.writes, m.refused, m.connected, m.leader, m.eventsSeen)
+		reg.MustRegister(m.repos, m.roots, m.relays, m.batches, m.batchSize, m.batchKeys, m.writes, m.refused, m.connected, m.leader, m.eventsSeen, m.storedSeen, m.storedDropped)
 	}
 	return m
 }
