@@ -3,7 +3,6 @@ package bus
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,7 +42,8 @@ func DefaultOptions() Options {
 
 // Setup creates or updates every stream and KV bucket of the contract. It is
 // idempotent, so every service calls it at start and any of them can come up
-// first.
+// first; in a cluster, where concurrent callers can time out on a stream
+// another one just created, each step is retried within ctx (EnsureStream).
 func Setup(ctx context.Context, js jetstream.JetStream, n Names, o Options) error {
 	if o.Replicas <= 0 {
 		o.Replicas = 1
@@ -81,8 +81,8 @@ func Setup(ctx context.Context, js jetstream.JetStream, n Names, o Options) erro
 		},
 	}
 	for _, cfg := range streams {
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		if _, err := EnsureStream(ctx, js, cfg); err != nil {
+			return err
 		}
 	}
 	buckets := []jetstream.KeyValueConfig{
@@ -97,8 +97,8 @@ func Setup(ctx context.Context, js jetstream.JetStream, n Names, o Options) erro
 		},
 	}
 	for _, cfg := range buckets {
-		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
-			return fmt.Errorf("create kv bucket %s: %w", cfg.Bucket, err)
+		if _, err := EnsureKeyValue(ctx, js, cfg); err != nil {
+			return err
 		}
 	}
 	return SetupLeases(ctx, js, n, o)
@@ -124,13 +124,10 @@ func SetupLeases(ctx context.Context, js jetstream.JetStream, n Names, o Options
 		Storage:        o.Storage,
 		Replicas:       o.Replicas,
 	}
-	_, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	_, err := EnsureKeyValue(ctx, js, cfg)
 	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
 		cfg.LimitMarkerTTL = 0
-		_, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+		_, err = EnsureKeyValue(ctx, js, cfg)
 	}
-	if err != nil {
-		return fmt.Errorf("create kv bucket %s: %w", cfg.Bucket, err)
-	}
-	return nil
+	return err
 }

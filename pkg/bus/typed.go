@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/grasp-sync/grasp-sync/pkg/clock"
 )
 
 // HeaderType names the protobuf message type of a control message (its full
@@ -87,12 +89,18 @@ type ConsumeConfig struct {
 // Consume attaches to (creating if needed) a durable pull consumer with
 // explicit acks and runs handle for each message, one at a time, until ctx is
 // done. Processing in order keeps per-relay ordering of commands and reports.
+//
+// It returns ctx's error when ctx ends, and an error when the consumer
+// cannot be created or stops under it (deleted, its stream recreated, the
+// iterator closed): the caller decides whether to attach again, see
+// ConsumeRestarting. It never returns nil while ctx is alive, so a caller
+// cannot mistake a dead consumer for a finished one.
 func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) error {
 	cc := cfg.Consumer
 	cc.AckPolicy = jetstream.AckExplicitPolicy
-	cons, err := b.JS.CreateOrUpdateConsumer(ctx, cfg.Stream, cc)
+	cons, err := EnsureConsumer(ctx, b.JS, cfg.Stream, cc)
 	if err != nil {
-		return fmt.Errorf("consumer %s on %s: %w", cc.Durable, cfg.Stream, err)
+		return err
 	}
 	log := cfg.Log
 	if log == nil {
@@ -102,7 +110,10 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) er
 	if delay == 0 {
 		delay = time.Second
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(256))
+	// Missing heartbeats are reported so that a consumer that vanished
+	// without a "consumer deleted" notice (its stream lost or recreated
+	// while we were disconnected) is noticed: pulls on it go nowhere.
+	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return fmt.Errorf("consume %s on %s: %w", cc.Durable, cfg.Stream, err)
 	}
@@ -112,8 +123,23 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) er
 	for {
 		msg, err := it.Next()
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+				errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrBadRequest) {
+				return fmt.Errorf("consumer %s on %s stopped: %w", cc.Durable, cfg.Stream, err)
+			}
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				// Silence is normal while the connection is down or the
+				// consumer's leader moves; a consumer the server no longer
+				// has is not.
+				ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, ierr := cons.Info(ictx)
+				cancel()
+				if errors.Is(ierr, jetstream.ErrConsumerNotFound) || errors.Is(ierr, jetstream.ErrStreamNotFound) {
+					return fmt.Errorf("consumer %s on %s is gone: %w", cc.Durable, cfg.Stream, ierr)
+				}
 			}
 			log.Warn("consumer fetch failed", "stream", cfg.Stream, "consumer", cc.Durable, "err", err)
 			continue
@@ -133,6 +159,52 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) er
 			continue
 		}
 		_ = msg.Ack()
+	}
+}
+
+// RestartBackoff shapes ConsumeRestarting's waits between attachments.
+type RestartBackoff struct {
+	// Min is the first wait; each failure in a row doubles it up to Max.
+	// A consumer that ran for at least Max before failing starts again
+	// from Min.
+	Min, Max time.Duration
+}
+
+// ConsumeRestarting runs Consume until ctx is done, attaching again with
+// backoff whenever the consumer cannot be created or stops (a NATS node
+// lost, the stream recreated). A service that holds work by lease — a shard
+// — must use it: a held lease whose consumer stopped for good means nobody
+// handles that work, and no other replica takes it over. It returns only
+// ctx's error.
+func (b *Bus) ConsumeRestarting(ctx context.Context, clk clock.Clock, bo RestartBackoff, cfg ConsumeConfig, handle Handler) error {
+	if bo.Min <= 0 {
+		bo.Min = 500 * time.Millisecond
+	}
+	if bo.Max < bo.Min {
+		bo.Max = max(bo.Min, 30*time.Second)
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	wait := bo.Min
+	for {
+		started := clk.Now()
+		err := b.Consume(ctx, cfg, handle)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if clk.Now().Sub(started) >= bo.Max {
+			wait = bo.Min
+		}
+		log.Error("consumer stopped; attaching again", "stream", cfg.Stream, "consumer", cfg.Consumer.Durable,
+			"retry_in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-clk.After(wait):
+		}
+		wait = min(2*wait, bo.Max)
 	}
 }
 

@@ -171,8 +171,10 @@ func Open(ctx context.Context, b *bus.Bus, cfg Config, clk clock.Clock, log *slo
 		}
 	}
 	maxAge := cfg.MaxAge + backstop
+	// EnsureStream: replicas starting together in a cluster race on these
+	// creates, and a lost answer must not end the process.
 	var err error
-	l.events, err = b.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	l.events, err = bus.EnsureStream(ctx, b.JS, jetstream.StreamConfig{
 		Name:        b.Names.ParkedStream(),
 		Description: "events waiting for something they reference (pkg/parking)",
 		Subjects:    []string{b.Names.ParkedSubjects()},
@@ -186,9 +188,9 @@ func Open(ctx context.Context, b *bus.Bus, cfg Config, clk clock.Clock, log *slo
 		Storage:           jetstream.FileStorage,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create stream %s: %w", b.Names.ParkedStream(), err)
+		return nil, err // EnsureStream names the stream
 	}
-	l.wake, err = b.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	l.wake, err = bus.EnsureStream(ctx, b.JS, jetstream.StreamConfig{
 		Name:              b.Names.ParkedWakeStream(),
 		Description:       "wake-up index of parked events: reference token → parked event id (pkg/parking)",
 		Subjects:          []string{b.Names.ParkedWakeSubjects("")},
@@ -200,7 +202,7 @@ func Open(ctx context.Context, b *bus.Bus, cfg Config, clk clock.Clock, log *slo
 		Storage:           jetstream.FileStorage,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create stream %s: %w", b.Names.ParkedWakeStream(), err)
+		return nil, err
 	}
 	return l, nil
 }
@@ -357,6 +359,38 @@ func (l *Lot) Waiting(ctx context.Context, stored *nostr.Event) ([]Parked, error
 		}
 	}
 	return out, nil
+}
+
+// Scan returns up to limit parked events in parking order, starting at stream
+// sequence from (0 or 1: the oldest), and the sequence to resume at; next is
+// 0 once the end of the lot is reached. It lets a caller re-evaluate the
+// whole lot a bounded slice at a time, the safety net for wake-ups that
+// were lost (a core-NATS notice buffered in a replica that died). Events
+// parked meanwhile get higher sequences, so a scan that wraps around sees
+// every event that stays parked. Undecodable entries are dropped on the way.
+func (l *Lot) Scan(ctx context.Context, from uint64, limit int) (parked []Parked, next uint64, err error) {
+	seq := from
+	if seq == 0 {
+		seq = 1
+	}
+	for len(parked) < limit {
+		msg, err := l.events.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(l.names.ParkedSubjects()))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return parked, 0, nil
+		}
+		if err != nil {
+			return parked, seq, fmt.Errorf("parking: scan from %d: %w", seq, err)
+		}
+		seq = msg.Sequence + 1
+		p, err := l.decode(msg)
+		if err != nil {
+			l.log.Warn("undecodable parked event dropped", "id", p.Event.ID, "err", err)
+			l.remove(ctx, p)
+			continue
+		}
+		parked = append(parked, p)
+	}
+	return parked, seq, nil
 }
 
 // Unpark takes a re-evaluated event out of the lot; outcome labels the

@@ -352,3 +352,62 @@ func BenchmarkWaiting(b *testing.B) {
 		}
 	}
 }
+
+// TestScanInSlices walks the lot a slice at a time in parking order, skips
+// what left the lot, sees what was parked meanwhile, and ends with next 0.
+func TestScanInSlices(t *testing.T) {
+	ctx := context.Background()
+	f := open(t, testkit.StartNATS(t), parking.Config{}, clock.NewFake(t0))
+	bob := testkit.NewKey()
+	root := bob.Note("root")
+	var evts []*nostr.Event
+	var handles []parking.Parked
+	for i := 0; i < 5; i++ {
+		evt := bob.Note(strings.Repeat("s", i+1), testkit.WithTags(nostr.Tag{"e", root.ID}))
+		p, _, err := f.lot.Park(ctx, evt, "no-reference", []string{root.ID}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		evts, handles = append(evts, evt), append(handles, p)
+	}
+	f.lot.Unpark(ctx, handles[1], "stored")
+
+	var seen []string
+	first, next, err := f.lot.Scan(ctx, 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != 2 || next == 0 {
+		t.Fatalf("first slice: %d events, next %d; want 2 and more to come", len(first), next)
+	}
+	for _, p := range first {
+		seen = append(seen, p.Event.ID)
+	}
+	// Parked after the scan began: seen before it ends.
+	late := bob.Note("late", testkit.WithTags(nostr.Tag{"e", root.ID}))
+	if _, _, err := f.lot.Park(ctx, late, "no-reference", []string{root.ID}, ""); err != nil {
+		t.Fatal(err)
+	}
+	for next != 0 {
+		var got []parking.Parked
+		if got, next, err = f.lot.Scan(ctx, next, 2); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range got {
+			seen = append(seen, p.Event.ID)
+		}
+	}
+	want := []string{evts[0].ID, evts[2].ID, evts[3].ID, evts[4].ID, late.ID}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("scanned %v\nwant    %v (parking order, the unparked one skipped)", seen, want)
+	}
+	// A scanned handle unparks like any other.
+	again, _, err := f.lot.Scan(ctx, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.lot.Unpark(ctx, again[0], "stored")
+	if n, _ := f.lot.Len(ctx); n != 4 {
+		t.Fatalf("Len = %d after unparking a scanned event, want 4", n)
+	}
+}

@@ -260,12 +260,14 @@ func (f *Fetcher) RelayBucket() string { return f.bucketPrefix() + "_fetcher_rel
 // Run serves the shards this replica holds until ctx is done, then releases
 // them.
 func (f *Fetcher) Run(ctx context.Context) error {
-	leasesKV, err := f.bus.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	// EnsureKeyValue: replicas starting together in a cluster race on these
+	// buckets, and a lost answer must not end the process.
+	leasesKV, err := bus.EnsureKeyValue(ctx, f.bus.JS, jetstream.KeyValueConfig{
 		Bucket: f.LeaseBucket(), Description: "fetcher shard leases and members", TTL: f.cfg.LeaseTTL, History: 1})
 	if err != nil {
 		return fmt.Errorf("lease bucket: %w", err)
 	}
-	relaysKV, err := f.bus.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	relaysKV, err := bus.EnsureKeyValue(ctx, f.bus.JS, jetstream.KeyValueConfig{
 		Bucket: f.RelayBucket(), Description: "relays the planner asked fetchers to keep connected, per shard", History: 1})
 	if err != nil {
 		return fmt.Errorf("relay bucket: %w", err)
@@ -302,13 +304,17 @@ func (f *Fetcher) gainShard(parent context.Context, shard int) {
 	go func() {
 		defer sr.wg.Done()
 		f.resumeRelays(sr)
-		err := f.bus.Consume(ctx, bus.ConsumeConfig{
+		// The consumer is attached again whenever it stops (a NATS node
+		// lost, the stream recreated) for as long as the shard is held:
+		// a held shard without a consumer would stall its relays, and no
+		// other replica would take it over.
+		_ = f.bus.ConsumeRestarting(ctx, f.clock, bus.RestartBackoff{Min: time.Second, Max: 30 * time.Second}, bus.ConsumeConfig{
 			Stream: f.bus.Names.FetchCmdStream(),
 			Consumer: jetstream.ConsumerConfig{
 				Durable:       fmt.Sprintf("fetcher-shard-%d", shard),
 				FilterSubject: f.bus.Names.FetchCmdSubject(shard),
 			},
-			Log: f.log,
+			Log: f.log.With("shard", shard),
 		}, func(ctx context.Context, msg jetstream.Msg) error {
 			var cmd graspv1.FetchCommand
 			if err := bus.Decode(msg.Data(), msg.Headers(), &cmd); err != nil {
@@ -316,9 +322,6 @@ func (f *Fetcher) gainShard(parent context.Context, shard int) {
 			}
 			return f.handle(ctx, sr, &cmd)
 		})
-		if err != nil && ctx.Err() == nil {
-			f.log.Error("shard consumer stopped", "shard", shard, "err", err)
-		}
 	}()
 }
 

@@ -126,7 +126,9 @@ func (i *Ingester) setupDeadLetter(ctx context.Context) error {
 	if s, err := i.bus.JS.Stream(ctx, i.bus.Names.EventsStream()); err == nil {
 		replicas = s.CachedInfo().Config.Replicas
 	}
-	_, err := i.bus.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	// EnsureStream: ingesters starting together in a cluster race on this
+	// create, and a lost answer must not end the process.
+	_, err := bus.EnsureStream(ctx, i.bus.JS, jetstream.StreamConfig{
 		Name:        i.bus.Names.DeadLetterStream(),
 		Subjects:    []string{i.bus.Names.DeadLetterSubject()},
 		Description: "events the ingesters gave up on after MaxDeliver failures (reason in Grasp-Dead-Reason)",
@@ -136,10 +138,7 @@ func (i *Ingester) setupDeadLetter(ctx context.Context) error {
 		Discard:     jetstream.DiscardOld,
 		Replicas:    max(1, replicas),
 	})
-	if err != nil {
-		return fmt.Errorf("create stream %s: %w", i.bus.Names.DeadLetterStream(), err)
-	}
-	return nil
+	return err
 }
 
 // deadLetter copies a message, headers included, to the dead-letter subject

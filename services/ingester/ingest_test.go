@@ -40,7 +40,14 @@ func TestIngest20k(t *testing.T) {
 		t.Fatalf("workload has %d deliveries, want ≥ 20,000", len(w.deliveries))
 	}
 	e := newEnv(t)
-	r := e.start(t, fastConfig(), nil)
+	// This test counts refusals per event, so nothing may be redelivered:
+	// under -race on a loaded box messages can wait in the pipeline longer
+	// than fastConfig's 3 s AckWait and be counted again. The sweep is off
+	// so only wake-ups unpark (the sweep has its own tests).
+	cfg := fastConfig()
+	cfg.AckWait = time.Minute
+	cfg.ParkSweep = time.Hour
+	r := e.start(t, cfg, nil)
 	start := time.Now()
 	e.publish(t, w.deliveries)
 	e.waitDrained(t, w.accepted, 6*time.Minute)

@@ -64,6 +64,17 @@ type Config struct {
 	OutageBackoffMax time.Duration `envconfig:"INGESTER_OUTAGE_BACKOFF_MAX" default:"5s"`
 	// LagInterval is how often the consumer lag gauges are refreshed.
 	LagInterval time.Duration `envconfig:"INGESTER_LAG_INTERVAL" default:"5s"`
+	// ParkSweep is how often every parked event is re-evaluated whatever
+	// the wake-ups said: the safety net for a wake-up that was lost (a
+	// grasp.stored notice buffered in a replica that died, an event stored
+	// by a writer that died before announcing it), so no parked event waits
+	// longer than about this (times lot size / ParkSweepMax) for a
+	// dependency that is stored.
+	ParkSweep time.Duration `envconfig:"INGESTER_PARK_SWEEP" default:"30s"`
+	// ParkSweepMax bounds the parked events one sweep re-evaluates; a
+	// larger lot is covered over several sweeps, resuming where the last
+	// one stopped.
+	ParkSweepMax int `envconfig:"INGESTER_PARK_SWEEP_MAX" default:"1000"`
 	// Parking bounds the lot of events waiting for what they reference
 	// (GRASP_PARKING_*).
 	parking.Config
@@ -95,6 +106,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LagInterval <= 0 {
 		c.LagInterval = 5 * time.Second
+	}
+	if c.ParkSweep <= 0 {
+		c.ParkSweep = 30 * time.Second
+	}
+	if c.ParkSweepMax <= 0 {
+		c.ParkSweepMax = 1000
 	}
 	return c
 }
@@ -151,8 +168,8 @@ func New(cfg Config, b *bus.Bus, st Store, serviceURL string, log *slog.Logger, 
 	return i
 }
 
-// WithClock replaces the clock that paces outage backoff and lag polling
-// (tests pass a clock.Fake). Call before Run.
+// WithClock replaces the clock that paces outage backoff, lag polling and
+// the parking sweeps (tests pass a clock.Fake). Call before Run.
 func (i *Ingester) WithClock(c clock.Clock) *Ingester {
 	i.clk = c
 	return i
@@ -181,6 +198,7 @@ func (i *Ingester) Run(ctx context.Context) error {
 	g.Go(func() error { return i.consume(gctx) })
 	g.Go(func() error { return i.wake(gctx) })
 	g.Go(func() error { return lot.Run(gctx) })
+	g.Go(func() error { return i.sweepParked(gctx) })
 	return g.Wait()
 }
 

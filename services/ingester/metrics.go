@@ -36,9 +36,12 @@ type Stats struct {
 // for Stats.
 type metrics struct {
 	consumed, verified, stored, duplicates, parked prometheus.Counter
-	unparked, refused, deadLettered                *prometheus.CounterVec
-	pending, ackPending, outage                    prometheus.Gauge
-	latency                                        prometheus.Histogram
+	// sweepStored counts parked events stored by a sweep rather than a
+	// wake-up: each one is a wake-up that was lost.
+	sweepStored                     prometheus.Counter
+	unparked, refused, deadLettered *prometheus.CounterVec
+	pending, ackPending, outage     prometheus.Gauge
+	latency                         prometheus.Histogram
 
 	nConsumed, nVerified, nStored, nDuplicates, nParked, nUnparked, nDead atomic.Int64
 
@@ -56,6 +59,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		stored:     counter("stored_total", "Events stored (and published on grasp.stored.<kind>)."),
 		duplicates: counter("duplicates_total", "Events skipped because they were already stored."),
 		parked:     counter("parked_total", "Events parked because something they reference had not arrived."),
+		sweepStored: counter("park_sweep_stored_total",
+			"Parked events stored by the periodic sweep rather than a wake-up (each is a wake-up that was lost)."),
 		unparked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grasp_ingester_unparked_total", Help: "Parked events re-evaluated and taken out of the lot, by outcome.",
 		}, []string{"outcome"}),
@@ -83,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.verified, m.stored, m.duplicates, m.parked, m.unparked, m.refused,
-			m.deadLettered, m.pending, m.ackPending, m.outage, m.latency)
+			m.deadLettered, m.pending, m.ackPending, m.outage, m.latency, m.sweepStored)
 	}
 	return m
 }

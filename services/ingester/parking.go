@@ -1,6 +1,7 @@
 package ingester
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,7 +19,7 @@ import (
 // wakeQueue bounds the stored-event notifications waiting for the wake
 // loop. Beyond it NATS drops notifications (counted as slow-consumer
 // errors); the events they would have woken stay parked until another
-// related event is stored or they expire.
+// related event is stored or the next sweep (sweepParked) finds them.
 const wakeQueue = 8192
 
 // wakeWorkers re-evaluate in parallel: one lookup costs about two NATS round
@@ -47,12 +48,15 @@ func (i *Ingester) park(ctx context.Context, evt *nostr.Event, d policy.Decision
 	}
 	i.log.Debug("event parked", "id", evt.ID, "kind", evt.Kind, "reason", string(d.Reason),
 		"missing", len(d.Missing), "relay", relay)
-	return i.reevaluate(ctx, p, verified)
+	_, err = i.reevaluate(ctx, p, verified)
+	return err
 }
 
 // wake re-evaluates parked events when an event they could depend on is
 // stored by any writer (ingester replicas, relay replicas). One ingester
-// replica per stored event (queue group), since the lot is shared.
+// replica per stored event (queue group), since the lot is shared. The
+// notices are core NATS, at most once: those buffered in a replica that
+// dies (or dropped past wakeQueue) are lost, which sweepParked makes up for.
 //
 // Finding the waiters of one stored event costs a stream-info request per
 // reference it carries, so notifications are taken in chunks and the lot is
@@ -128,11 +132,74 @@ func (i *Ingester) wakeFor(ctx context.Context, stored *nostr.Event) error {
 		return err
 	}
 	for _, p := range waiting {
-		if err := i.reevaluate(ctx, p, false); err != nil {
+		if _, err := i.reevaluate(ctx, p, false); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// sweepParked re-evaluates the whole lot, ParkSweepMax events every
+// ParkSweep, until ctx is done. Wake-ups are notices on core NATS: one
+// buffered in a replica that is killed is lost with it, and an event stored
+// by a writer that died before announcing it wakes nothing until its
+// redelivery. The sweep bounds how long such a parked event waits.
+//
+// Every replica sweeps; two replicas re-evaluating one event at once is
+// harmless: the store keeps one copy (the second save is a duplicate and
+// announces nothing), and only the first Unpark removes and counts it. A
+// replica that starts late simply begins its cycle at the oldest event.
+func (i *Ingester) sweepParked(ctx context.Context) error {
+	var from uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-i.clk.After(i.cfg.ParkSweep):
+		}
+		next, err := i.sweepOnce(ctx, from)
+		if err != nil && ctx.Err() == nil {
+			i.log.Warn("parking sweep failed: resuming at the next one", "from", from, "err", err)
+		}
+		from = next
+	}
+}
+
+// sweepOnce re-evaluates up to ParkSweepMax parked events from stream
+// sequence from, and returns where the next sweep resumes (0: the oldest).
+// An event whose re-evaluation fails (the store) stays parked and is
+// retried in the next cycle; the sweep goes on with the others.
+func (i *Ingester) sweepOnce(ctx context.Context, from uint64) (uint64, error) {
+	parked, next, err := i.lot.Scan(ctx, from, i.cfg.ParkSweepMax)
+	stored, failed := 0, 0
+	var firstErr error
+	for _, p := range parked {
+		if ctx.Err() != nil {
+			return from, ctx.Err()
+		}
+		// As a wake-up does: no deletion is decided while a woken target
+		// is being stored.
+		i.deletions.RLock()
+		ok, rerr := i.reevaluate(ctx, p, false)
+		i.deletions.RUnlock()
+		switch {
+		case rerr != nil:
+			failed++
+			firstErr = cmp.Or(firstErr, rerr)
+		case ok:
+			stored++
+			i.m.sweepStored.Inc()
+		}
+	}
+	if stored > 0 {
+		// Each one is a wake-up that went missing: worth knowing even
+		// though the sweep recovered it.
+		i.log.Info("parking sweep stored events whose wake-up was lost", "stored", stored, "scanned", len(parked))
+	}
+	if failed > 0 {
+		err = errors.Join(err, fmt.Errorf("%d of %d parked events could not be re-evaluated, first: %w", failed, len(parked), firstErr))
+	}
+	return next, err
 }
 
 // reevaluate applies the policy to a parked event again: accepted events are
@@ -141,7 +208,10 @@ func (i *Ingester) wakeFor(ctx context.Context, stored *nostr.Event) error {
 // their original age. A store error leaves the event parked. verified skips
 // the signature check, for an event checked in this process; events read
 // back from the lot are checked again.
-func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked, verified bool) error {
+//
+// stored reports whether this call stored the event (not another writer
+// that re-evaluated it at the same time).
+func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked, verified bool) (stored bool, err error) {
 	var d policy.Decision
 	if verified {
 		d = i.policy.EvaluateVerified(ctx, p.Event)
@@ -152,24 +222,25 @@ func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked, verified bo
 	case d.Accept:
 		data, err := json.Marshal(p.Event)
 		if err != nil {
-			return fmt.Errorf("encode parked %s: %w", p.Event.ID, err)
+			return false, fmt.Errorf("encode parked %s: %w", p.Event.ID, err)
 		}
-		stored, err := i.storeAccepted(ctx, p.Event, data)
+		saved, err := i.storeAccepted(ctx, p.Event, data)
 		switch {
 		case errors.Is(err, store.ErrUnstorable):
 			i.lot.Unpark(ctx, p, outcomeUnstorable)
 			i.m.incUnparked(outcomeUnstorable)
-			return nil
+			return false, nil
 		case err != nil:
-			return err
-		case stored:
+			return false, err
+		case saved:
 			i.m.incStoredNoLatency()
 		}
+		stored = saved // false when another writer stored it first
 		i.lot.Unpark(ctx, p, "stored")
 		i.m.incUnparked("stored")
 		i.log.Debug("parked event stored", "id", p.Event.ID, "kind", p.Event.Kind, "relay", p.Relay)
 	case d.Reason == policy.ReasonStoreError:
-		return fmt.Errorf("re-evaluate %s: %w", p.Event.ID, d.Err)
+		return false, fmt.Errorf("re-evaluate %s: %w", p.Event.ID, d.Err)
 	case d.Parkable():
 		// Still waiting for something else.
 	default:
@@ -177,5 +248,5 @@ func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked, verified bo
 		i.m.incUnparked(string(d.Reason))
 		i.log.Debug("parked event refused", "id", p.Event.ID, "kind", p.Event.Kind, "reason", string(d.Reason), "relay", p.Relay)
 	}
-	return nil
+	return stored, nil
 }

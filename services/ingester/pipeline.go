@@ -2,6 +2,7 @@ package ingester
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
@@ -71,7 +72,9 @@ type item struct {
 // verified and the batch being decided; each is at most the NATS max
 // payload.
 func (i *Ingester) consume(ctx context.Context) error {
-	cons, err := i.bus.JS.CreateOrUpdateConsumer(ctx, i.bus.Names.EventsStream(), jetstream.ConsumerConfig{
+	// EnsureConsumer: replicas starting together in a cluster create this
+	// durable at once, and a lost answer must not end the process.
+	cons, err := bus.EnsureConsumer(ctx, i.bus.JS, i.bus.Names.EventsStream(), jetstream.ConsumerConfig{
 		Durable:       i.cfg.Consumer,
 		Description:   "ingesters: verify, decide, store (shared by every replica)",
 		FilterSubject: i.bus.Names.EventsSubjects(),
@@ -84,7 +87,7 @@ func (i *Ingester) consume(ctx context.Context) error {
 		MaxAckPending: max(1024, 4*i.cfg.FetchBatch),
 	})
 	if err != nil {
-		return fmt.Errorf("consumer %s on %s: %w", i.cfg.Consumer, i.bus.Names.EventsStream(), err)
+		return err // EnsureConsumer names the consumer and stream
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(i.cfg.FetchBatch))
 	if err != nil {
@@ -463,14 +466,39 @@ func (i *Ingester) duplicate(ctx context.Context, it *item) {
 	}
 	if md, err := it.msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		// A redelivery: an earlier attempt may have stored the event and
-		// died before the wake loop saw it, leaving its dependents parked.
-		// Waking them again is idempotent.
+		// died before announcing it, so neither the wake loops nor the
+		// relays heard of it. Wake its dependants here (reliably: a failure
+		// retries the message) and announce it again; both are idempotent
+		// (relays broadcast by id, subscribers and discovery dedup by id).
 		if err := i.wakeFor(ctx, it.evt); err != nil {
+			it.err = err
+			return
+		}
+		if err := i.reannounce(ctx, it.evt.ID); err != nil {
 			it.err = err
 			return
 		}
 	}
 	i.done(it, outcomeDuplicate)
+}
+
+// reannounce publishes the stored copy of an event on grasp.stored.<kind>
+// again. The stored copy, not the message: a duplicate's signature is not
+// checked (its id is stored), and a forged copy must not be broadcast.
+func (i *Ingester) reannounce(ctx context.Context, id string) error {
+	found, err := i.store.Query(ctx, nostr.Filter{IDs: []string{id}, Limit: 1})
+	if err != nil {
+		return fmt.Errorf("re-announce %s: %w", id, err)
+	}
+	if len(found) == 0 {
+		return nil // deleted meanwhile: nothing to announce
+	}
+	data, err := json.Marshal(found[0])
+	if err != nil {
+		return fmt.Errorf("re-announce %s: %w", id, err)
+	}
+	i.publishStored(found[0], data)
+	return nil
 }
 
 // done counts an item's outcome and acks its message.
@@ -612,7 +640,11 @@ func (b *batch) flush(ctx context.Context) error {
 			it.err = fmt.Errorf("store %s: %w", it.evt.ID, r.Err)
 			failed = it.err
 		case !r.Stored:
-			b.i.done(it, outcomeDuplicate)
+			// Stored by another writer since the lookups: a redelivery
+			// still owes the announcement (see duplicate).
+			if b.i.duplicate(ctx, it); it.err != nil {
+				failed = it.err
+			}
 		default:
 			if it.evt.Kind == 5 {
 				if err := b.i.applyDeletion(ctx, it.evt); err != nil {
