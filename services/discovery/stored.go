@@ -51,7 +51,18 @@ type gapMark struct {
 // subscribeStored starts the stored feed for Kinds; close it with stop.
 func (d *Discovery) subscribeStored(log *slog.Logger) (*storedFeed, error) {
 	f := &storedFeed{events: make(chan *nostr.Event, d.storedQueue)}
+	// One subscription on the family's wildcard, filtered here by subject:
+	// the NATS permissions (deploy/validate derives them from the code)
+	// grant subscribers the wildcard, and a subject check is cheaper than
+	// decoding what discovery does not index.
+	wanted := make(map[string]bool, len(Kinds))
+	for _, k := range Kinds {
+		wanted[d.bus.Names.StoredSubject(k)] = true
+	}
 	handler := func(msg *nats.Msg) {
+		if !wanted[msg.Subject] {
+			return
+		}
 		var evt nostr.Event
 		if err := json.Unmarshal(msg.Data, &evt); err != nil {
 			log.Warn("undecodable stored event", "subject", msg.Subject, "err", err)
@@ -64,15 +75,12 @@ func (d *Discovery) subscribeStored(log *slog.Logger) (*storedFeed, error) {
 			d.metrics.storedDropped.Inc()
 		}
 	}
-	for _, k := range Kinds {
-		subject := d.bus.Names.StoredSubject(k)
-		sub, err := d.bus.Conn.Subscribe(subject, handler)
-		if err != nil {
-			f.stop()
-			return nil, fmt.Errorf("subscribe %s: %w", subject, err)
-		}
-		f.subs = append(f.subs, sub)
+	subject := d.bus.Names.StoredSubjects()
+	sub, err := d.bus.Conn.Subscribe(subject, handler)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe %s: %w", subject, err)
 	}
+	f.subs = append(f.subs, sub)
 	// Flush so the subscriptions are registered at the server before the
 	// history read starts: nothing stored afterwards can fall between the
 	// two.
