@@ -513,9 +513,15 @@ func (d *Discovery) dial(ctx context.Context) (*relayconn.Conn, error) {
 
 // apply folds one event in and reports whether any entry may have changed.
 func (d *Discovery) apply(t *term, evt *nostr.Event) bool {
+	d.metrics.eventsSeen.Inc()
+	return d.fold(t, evt)
+}
+
+// fold applies one event, from the self-subscription or the stored feed, to
+// the index and marks the entries it may have changed for the next write.
+func (d *Discovery) fold(t *term, evt *nostr.Event) bool {
 	d.applied.Add(1)
 	d.metrics.batchEvents++
-	d.metrics.eventsSeen.Inc()
 	changed := t.index.Apply(evt)
 	for _, ref := range changed {
 		t.pending[ref] = struct{}{}

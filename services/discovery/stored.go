@@ -114,14 +114,8 @@ func (d *Discovery) complete(f *storedFeed, m gapMark) bool {
 // applyStored folds in one announced stored event; like a live event, it
 // arms the batch window when an entry may have changed.
 func (d *Discovery) applyStored(t *term, evt *nostr.Event) {
-	d.applied.Add(1)
-	d.metrics.batchEvents++
 	d.metrics.storedSeen.Inc()
-	changed := t.index.Apply(evt)
-	for _, ref := range changed {
-		t.pending[ref] = struct{}{}
-	}
-	if len(changed) > 0 && t.window == nil {
+	if d.fold(t, evt) && t.window == nil {
 		t.window = d.clock.After(d.cfg.BatchWindow)
 	}
 }
