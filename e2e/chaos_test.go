@@ -133,9 +133,7 @@ func (w *chaosWorld) waitExpected(ctx context.Context, app Target) (map[string]b
 // every relay Connected (which the planner reports only once no batch is
 // pending and the quiet period passed) and the ingesters' consumer
 // drained. It does not compare batches started with batches ended, as
-// Quiescent does: a restarted planner's counters start from zero, and
-// batches cleared with a lost fetcher session are neither confirmed nor
-// failed (grasp_planner_batches_total has no event for them).
+// Quiescent does: a restarted planner's counters start from zero.
 func chaosQuiescent(m map[string]float64, urls []string) bool {
 	for _, u := range urls {
 		if RelayStatus(m, u) != StatusConnected {
@@ -148,34 +146,7 @@ func chaosQuiescent(m map[string]float64, urls []string) bool {
 
 // waitChaosQuiescent waits until chaosQuiescent has held for hold.
 func waitChaosQuiescent(ctx context.Context, app Target, urls []string, hold time.Duration) error {
-	var since time.Time
-	for {
-		m, err := app.Metrics(ctx)
-		if err == nil && chaosQuiescent(m, urls) {
-			if since.IsZero() {
-				since = time.Now()
-			} else if time.Since(since) >= hold {
-				return nil
-			}
-		} else {
-			since = time.Time{}
-		}
-		select {
-		case <-ctx.Done():
-			if err == nil {
-				var st []string
-				for _, u := range urls {
-					st = append(st, fmt.Sprintf("%s=%v", u, RelayStatus(m, u)))
-				}
-				err = fmt.Errorf("relay status %s, batches started %v confirmed %v failed %v, ingester pending %v ack pending %v",
-					strings.Join(st, " "), MetricSum(m, "grasp_planner_batches_total", `event="started"`),
-					MetricSum(m, "grasp_planner_batches_total", `event="confirmed"`), MetricSum(m, "grasp_planner_batches_total", `event="failed"`),
-					MetricSum(m, "grasp_ingester_consumer_pending"), MetricSum(m, "grasp_ingester_consumer_ack_pending"))
-			}
-			return fmt.Errorf("not quiescent: %w (last: %v)", ctx.Err(), err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return waitHeld(ctx, app, urls, hold, chaosQuiescent)
 }
 
 // verify checks the end state: exactly the expected set stored (missing

@@ -161,7 +161,8 @@ func RelayStatus(m map[string]float64, relayURL string) float64 {
 const StatusConnected = 3
 
 // Quiescent reports whether every relay in urls is Connected and every
-// historic batch the planner started has ended.
+// historic batch the planner started has ended (confirmed, failed, or
+// abandoned with its session).
 func Quiescent(m map[string]float64, urls []string) bool {
 	for _, u := range urls {
 		if RelayStatus(m, u) != StatusConnected {
@@ -169,16 +170,33 @@ func Quiescent(m map[string]float64, urls []string) bool {
 		}
 	}
 	started := MetricSum(m, "grasp_planner_batches_total", `event="started"`)
-	ended := MetricSum(m, "grasp_planner_batches_total", `event="confirmed"`) + MetricSum(m, "grasp_planner_batches_total", `event="failed"`)
-	return started > 0 && ended >= started
+	return started > 0 && batchesEnded(m) >= started
+}
+
+func batchesEnded(m map[string]float64) float64 {
+	var n float64
+	for _, ev := range []string{"confirmed", "failed", "abandoned"} {
+		n += MetricSum(m, "grasp_planner_batches_total", `event="`+ev+`"`)
+	}
+	return n
 }
 
 // WaitQuiescent polls until Quiescent has held for hold, or ctx ends.
 func WaitQuiescent(ctx context.Context, app Target, urls []string, hold time.Duration) error {
+	return waitHeld(ctx, app, urls, hold, Quiescent)
+}
+
+// waitHeld polls app's metrics until quiet has held for hold, or ctx ends;
+// the error then says where the sync stood at the last reading.
+func waitHeld(ctx context.Context, app Target, urls []string, hold time.Duration, quiet func(map[string]float64, []string) bool) error {
 	var since time.Time
+	var last map[string]float64
 	for {
-		m, err := Metrics(ctx, app)
-		if err == nil && Quiescent(m, urls) {
+		m, err := app.Metrics(ctx)
+		if err == nil {
+			last = m
+		}
+		if err == nil && quiet(m, urls) {
 			if since.IsZero() {
 				since = time.Now()
 			} else if time.Since(since) >= hold {
@@ -189,10 +207,27 @@ func WaitQuiescent(ctx context.Context, app Target, urls []string, hold time.Dur
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("not quiescent: %w", ctx.Err())
+			return fmt.Errorf("not quiescent: %w (last: %s)", ctx.Err(), progress(last, urls))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// progress summarises metrics m for a timeout message: each relay's
+// status, the planner's batches and the ingesters' backlog.
+func progress(m map[string]float64, urls []string) string {
+	if m == nil {
+		return "no metrics read"
+	}
+	var st []string
+	for _, u := range urls {
+		st = append(st, fmt.Sprintf("%s=%v", u, RelayStatus(m, u)))
+	}
+	return fmt.Sprintf("relay status %s; batches started %v confirmed %v failed %v abandoned %v; ingester pending %v ack pending %v",
+		strings.Join(st, " "), MetricSum(m, "grasp_planner_batches_total", `event="started"`),
+		MetricSum(m, "grasp_planner_batches_total", `event="confirmed"`), MetricSum(m, "grasp_planner_batches_total", `event="failed"`),
+		MetricSum(m, "grasp_planner_batches_total", `event="abandoned"`),
+		MetricSum(m, "grasp_ingester_consumer_pending"), MetricSum(m, "grasp_ingester_consumer_ack_pending"))
 }
 
 // PeakRSS is this process's peak resident set size in bytes (VmHWM), 0 where

@@ -97,6 +97,9 @@ const (
 type Observer interface {
 	BatchStarted(relay string, kind BatchKind)
 	BatchFinished(relay string, kind BatchKind, ok bool, took time.Duration)
+	// BatchAbandoned is a batch that will never report: its session ended
+	// or a resync started over. Started = finished + abandoned + in flight.
+	BatchAbandoned(relay string, kind BatchKind)
 	Consolidated(relay string)
 	Reconnected(relay string, kind ReconnectKind)
 }
@@ -105,6 +108,7 @@ type nopObserver struct{}
 
 func (nopObserver) BatchStarted(string, BatchKind)                       {}
 func (nopObserver) BatchFinished(string, BatchKind, bool, time.Duration) {}
+func (nopObserver) BatchAbandoned(string, BatchKind)                     {}
 func (nopObserver) Consolidated(string)                                  {}
 func (nopObserver) Reconnected(string, ReconnectKind)                    {}
 
@@ -500,6 +504,9 @@ func (m *Machine) endSession(s *RelayState, at time.Time) {
 }
 
 func (m *Machine) clearPending(s *RelayState) {
+	for _, b := range s.Batches {
+		m.obs.BatchAbandoned(s.URL, b.Kind)
+	}
 	s.Batches = nil
 	s.minKnown = false
 	for _, p := range s.Pairs {

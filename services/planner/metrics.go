@@ -41,7 +41,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "grasp_planner_relay_roots", Help: "Root events per relay (per repository listing it) whose history is confirmed or pending.",
 		}, []string{"relay", "state"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "grasp_planner_batches_total", Help: "Historic batches started, confirmed and failed, by batch kind.",
+			Name: "grasp_planner_batches_total", Help: "Historic batches started, confirmed, failed and abandoned (their session ended or a resync started over), by batch kind.",
 		}, []string{"event", "kind"}),
 		batchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "grasp_planner_batch_duration_seconds", Help: "Time from a batch's command to its completion report.",
@@ -87,6 +87,11 @@ func (m *Metrics) BatchFinished(_ string, kind BatchKind, ok bool, took time.Dur
 	}
 	m.batches.WithLabelValues(event, kind.String()).Inc()
 	m.batchDuration.WithLabelValues(kind.String(), outcome).Observe(took.Seconds())
+}
+
+// BatchAbandoned implements Observer.
+func (m *Metrics) BatchAbandoned(_ string, kind BatchKind) {
+	m.batches.WithLabelValues("abandoned", kind.String()).Inc()
 }
 
 // Consolidated implements Observer.

@@ -53,11 +53,37 @@ func TestMetricsFollowTheLifecycle(t *testing.T) {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
 	}
+	batchesBalance(t, met, h.m)
+	h.disconnect(relayA, "s2") // the catch-up and item batches die with the session
+	if got := testutil.ToFloat64(met.batches.WithLabelValues("abandoned", "catch_up")); got != 1 {
+		t.Errorf("catch-up batches abandoned = %v, want 1", got)
+	}
+	batchesBalance(t, met, h.m)
 	if n, err := testutil.GatherAndCount(reg, "grasp_planner_batch_duration_seconds"); err != nil || n == 0 {
 		t.Errorf("batch duration histogram: %d series, %v", n, err)
 	}
 	met.relayDropped(relayA)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(""), "grasp_planner_relay_status"); err != nil {
 		t.Errorf("dropped relay still has a status series: %v", err)
+	}
+}
+
+// batchesBalance checks that every batch started is confirmed, failed,
+// abandoned or still in flight, the invariant quiescence checks rely on.
+func batchesBalance(t *testing.T, met *Metrics, m *Machine) {
+	t.Helper()
+	sum := func(event string) float64 {
+		var n float64
+		for _, k := range []BatchKind{BatchLayer1, BatchCatchUp, BatchItems} {
+			n += testutil.ToFloat64(met.batches.WithLabelValues(event, k.String()))
+		}
+		return n
+	}
+	inFlight := 0
+	for _, s := range m.Relays() {
+		inFlight += len(s.Batches)
+	}
+	if started, ended := sum("started"), sum("confirmed")+sum("failed")+sum("abandoned"); started != ended+float64(inFlight) {
+		t.Errorf("batches started %v != confirmed+failed+abandoned %v + in flight %d", started, ended, inFlight)
 	}
 }
