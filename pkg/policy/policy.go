@@ -193,21 +193,21 @@ func (p *Policy) Evaluate(ctx context.Context, evt *nostr.Event) Decision {
 	return p.evaluate(ctx, evt, true)
 }
 
-// EvaluateVerified is Evaluate for an event whose signature the caller has
-// already verified (evt.CheckSignature returned true): every rule runs, the
-// id check included, except that one check. It lets a caller verify many
-// events' signatures in parallel (the dominant cost) and then make the
-// store-dependent decisions in order, without verifying twice. Passing an
-// event whose signature was not verified accepts forgeries.
+// EvaluateVerified is Evaluate for an event whose id and signature the
+// caller has already verified (evt.CheckID and evt.CheckSignature returned
+// true): every rule runs except those two checks. It lets a caller verify
+// many events in parallel (the dominant cost) and then make the
+// store-dependent decisions in order, without hashing or verifying twice.
+// Passing an event that was not verified accepts forgeries.
 func (p *Policy) EvaluateVerified(ctx context.Context, evt *nostr.Event) Decision {
 	return p.evaluate(ctx, evt, false)
 }
 
-func (p *Policy) evaluate(ctx context.Context, evt *nostr.Event, verifySig bool) Decision {
+func (p *Policy) evaluate(ctx context.Context, evt *nostr.Event, verify bool) Decision {
 	if evt == nil {
 		return refuse(ReasonMalformed, "invalid: no event")
 	}
-	if d, ok := p.checkIntegrity(evt, verifySig); !ok {
+	if d, ok := p.checkIntegrity(evt, verify); !ok {
 		return d
 	}
 	if d, ok := p.checkStored(ctx, evt); !ok {
@@ -259,8 +259,8 @@ func (p *Policy) now() time.Time {
 // callers may remember it by id (see Reason). Hashing is linear in the event
 // size, which the transport already bounds (websocket message limits). The
 // cheap content checks come before the signature, the expensive one.
-func (p *Policy) checkIntegrity(evt *nostr.Event, verifySig bool) (Decision, bool) {
-	if !evt.CheckID() {
+func (p *Policy) checkIntegrity(evt *nostr.Event, verify bool) (Decision, bool) {
+	if verify && !evt.CheckID() {
 		return refuse(ReasonBadID, "invalid: event id does not match its content"), false
 	}
 	if !isLowerHex(evt.PubKey, 64) {
@@ -304,7 +304,7 @@ func (p *Policy) checkIntegrity(evt *nostr.Event, verifySig bool) (Decision, boo
 	}
 	// CheckSignature recomputes the hash from the body and ignores evt.ID;
 	// CheckID above is what ties the signature to the id.
-	if !verifySig {
+	if !verify {
 		return Decision{}, true
 	}
 	if ok, err := evt.CheckSignature(); !ok || err != nil {

@@ -495,9 +495,9 @@ func TestRule0Integrity(t *testing.T) {
 	}
 }
 
-// TestEvaluateVerified: EvaluateVerified skips the signature check and
-// nothing else, so callers that verified signatures themselves get the same
-// decisions without paying for a second verification.
+// TestEvaluateVerified: EvaluateVerified skips the id and signature checks
+// and nothing else, so callers that verified both themselves get the same
+// decisions without paying for them twice.
 func TestEvaluateVerified(t *testing.T) {
 	alice := newUser(t)
 	repoTag := nostr.Tag{"a", alice.coord("repo")}
@@ -519,7 +519,7 @@ func TestEvaluateVerified(t *testing.T) {
 		evaluate, verified policy.Reason
 	}{
 		{"valid", alice.ev(t, 1621, 0, "fine", repoTag), policy.ReasonAccepted, policy.ReasonAccepted},
-		{"bad id still checked", tampered, policy.ReasonBadID, policy.ReasonBadID},
+		{"wrong id: only Evaluate can tell", tampered, policy.ReasonBadID, policy.ReasonAccepted},
 		{"size still checked", alice.ev(t, 1617, 0, strings.Repeat("x", 300<<10), repoTag), policy.ReasonTooLarge, policy.ReasonTooLarge},
 		{"unanchored still refused", alice.ev(t, 1, 0, "spam"), policy.ReasonNoReference, policy.ReasonNoReference},
 		{"malformed signature still refused", truncated, policy.ReasonBadSignature, policy.ReasonBadSignature},

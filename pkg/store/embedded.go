@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"os"
 	"sync"
@@ -37,7 +36,7 @@ type embedded struct {
 	// deleteMu serialises deletes where the backend's delete path is not
 	// safe for concurrent use (badger: an unsynchronised package counter).
 	deleteMu *sync.Mutex
-	stripes  [64]sync.Mutex
+	locks    stripes
 	// batchWriters is how many writes insertBatch keeps in flight: 1 for
 	// backends with one writer lock (lmdb, sqlite3), more for badger,
 	// which commits concurrent transactions together.
@@ -89,14 +88,6 @@ func openBadger(dir string, o options) (*embedded, error) {
 		// query's fan-out stays modest.
 		lim: queryLimits{IDs: 500, Authors: 500},
 	}, nil
-}
-
-func (e *embedded) stripe(key string) *sync.Mutex { return &e.stripes[e.stripeIndex(key)] }
-
-func (e *embedded) stripeIndex(key string) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(len(e.stripes)))
 }
 
 func (e *embedded) limits() queryLimits { return e.lim }
@@ -167,19 +158,12 @@ func (e *embedded) insert(ctx context.Context, evt *nostr.Event) (bool, error) {
 			return false, err
 		}
 	}
-	mu := e.stripe(evt.ID)
-	mu.Lock()
+	mu := e.locks.lock(evt.ID)
 	defer mu.Unlock()
 	if has, err := e.has(ctx, evt.ID); err != nil || has {
 		return false, err
 	}
-	if err := e.es.SaveEvent(ctx, evt); err != nil {
-		if errors.Is(err, eventstore.ErrDupEvent) {
-			return false, nil
-		}
-		return false, err
-	}
-	return true, nil
+	return e.save(ctx, evt)
 }
 
 // insertBatch stores regular events with distinct ids. eventstore's
@@ -205,7 +189,7 @@ func (e *embedded) insertBatch(ctx context.Context, evts []*nostr.Event) []SaveR
 	for k, n := range todo {
 		ids[k] = evts[n].ID
 	}
-	unlock := e.lockStripes(ids)
+	unlock := e.locks.lockAll(ids)
 	defer unlock()
 	have, err := e.storedIDs(ctx, ids)
 	if err != nil {
@@ -245,27 +229,6 @@ func (e *embedded) insertBatch(ctx context.Context, evts []*nostr.Event) []SaveR
 	}
 	wg.Wait()
 	return res
-}
-
-// lockStripes locks the stripes of keys, each once and in index order (so
-// concurrent batches cannot deadlock), and returns the unlock.
-func (e *embedded) lockStripes(keys []string) func() {
-	var want [len(e.stripes)]bool
-	for _, k := range keys {
-		want[e.stripeIndex(k)] = true
-	}
-	for n := range want {
-		if want[n] {
-			e.stripes[n].Lock()
-		}
-	}
-	return func() {
-		for n := range want {
-			if want[n] {
-				e.stripes[n].Unlock()
-			}
-		}
-	}
 }
 
 // storedIDs returns which of ids are stored, in queries of at most the
@@ -322,36 +285,21 @@ func (e *embedded) replace(ctx context.Context, evt *nostr.Event) (bool, error) 
 			return false, err
 		}
 	}
-	mu := e.stripe(ReplaceKey(evt))
-	mu.Lock()
+	mu := e.locks.lock(ReplaceKey(evt))
 	defer mu.Unlock()
 	if has, err := e.has(ctx, evt.ID); err != nil || has {
 		return false, err
 	}
-	old, err := e.versions(ctx, evt)
-	if err != nil {
-		return false, fmt.Errorf("read stored versions: %w", err)
-	}
-	for _, v := range old {
-		if !Supersedes(evt, v) {
-			return false, nil
-		}
-	}
-	// Not the backend's ReplaceEvent: badger's and lmdb's look old versions
-	// up through their own index, where an empty or long d tag matches
-	// versions of other keys (and then refuses a valid write) or none.
-	// Save first, then remove what it supersedes: a crash in between leaves
-	// two versions, which the next write to the key cleans up, never none.
+	return replaceVersions(ctx, evt, e.versions, e.save, e.delete)
+}
+
+// save writes evt with the backend, a duplicate being not stored.
+func (e *embedded) save(ctx context.Context, evt *nostr.Event) (bool, error) {
 	if err := e.es.SaveEvent(ctx, evt); err != nil {
 		if errors.Is(err, eventstore.ErrDupEvent) {
 			return false, nil
 		}
 		return false, err
-	}
-	for _, v := range old {
-		if err := e.delete(ctx, v); err != nil {
-			return true, fmt.Errorf("remove superseded version %s: %w", v.ID, err)
-		}
 	}
 	return true, nil
 }

@@ -29,7 +29,7 @@ const DefaultQueryLimit = 100_000
 
 // DefaultScheme is the embedded backend a plain directory opens. Chosen by
 // measurement: see docs/decisions.md, "Embedded store".
-const DefaultScheme = "badger"
+const DefaultScheme = "kv"
 
 // ErrUnstorable marks an event the backend cannot hold (for example content
 // over 65,535 bytes in badger and lmdb). Callers refuse such an event rather
@@ -92,7 +92,8 @@ type Store struct {
 
 // Open opens the store named by rawURL:
 //   - "postgres://…" or "postgresql://…": PostgreSQL (several processes);
-//   - "badger://<dir>", "lmdb://<dir>", "sqlite3://<file>": that embedded
+//   - "kv://<dir>": the store's own layout on badger (one process);
+//   - "badger://<dir>", "lmdb://<dir>", "sqlite3://<file>": that eventstore
 //     backend (one process; lmdb and sqlite3 need a cgo build);
 //   - a plain directory path: the embedded DefaultScheme.
 func Open(rawURL string, opts ...Option) (*Store, error) {
@@ -117,10 +118,12 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 	switch scheme {
 	case "postgres", "postgresql":
 		b, err = openPostgres(rawURL, o)
+	case "kv":
+		b, err = openKV(rest, o)
 	case "badger", "lmdb", "sqlite3":
 		b, err = openEmbedded(scheme, rest, o)
 	default:
-		return nil, fmt.Errorf("store %s: unknown scheme %q (want postgres, badger, lmdb, sqlite3 or a directory)", Redact(rawURL), scheme)
+		return nil, fmt.Errorf("store %s: unknown scheme %q (want postgres, kv, badger, lmdb, sqlite3 or a directory)", Redact(rawURL), scheme)
 	}
 	if err != nil {
 		return nil, err

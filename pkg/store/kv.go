@@ -1,0 +1,616 @@
+package store
+
+import (
+	"bytes"
+	"container/heap"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"slices"
+	"sync"
+
+	dgbadger "github.com/dgraph-io/badger/v4"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// kv is the store's own layout on badger ("kv://DIR", and what a plain
+// directory opens). It exists because eventstore's badger backend costs the
+// ingester more than its signature checks (docs/performance.md, "Ingester"):
+// a 64 KiB encoding buffer and a transaction with a duplicate-check
+// iterator per event, no multi-event write. Here a batch of events is one
+// transaction, events are kept as their JSON (no size caps), and tag values
+// of any length are indexed.
+//
+// Keys (one letter of prefix, then fixed-width fields, so each index sorts
+// by created_at within its prefix):
+//
+//	E serial                          → event JSON
+//	I id(32)                          → serial
+//	C ts serial                       every event, by time
+//	K kind ts serial
+//	A pubkey(32) ts serial
+//	B pubkey(32) kind ts serial
+//	T letter hash(value)(8) ts serial  each single-letter tag's first value
+//
+// ts and kind are 8 bytes big-endian with the sign bit flipped, so negative
+// values sort first; serial is 8 bytes from a badger sequence. An index only
+// narrows: every candidate is loaded and checked with Filter.Matches, so a
+// hash collision costs a read, never a wrong answer. Every write holds the
+// stripe lock of its id (or replaceable key), so badger's conflict
+// detection is not needed; the prefixes are letters so that opening the
+// directory with eventstore's badger backend by mistake cannot clobber them.
+type kv struct {
+	db    *dgbadger.DB
+	seq   *dgbadger.Sequence
+	locks stripes
+	// mu is held shared by every operation and exclusively by close, so
+	// nothing touches the database after it closed.
+	mu     sync.RWMutex
+	closed bool
+}
+
+const (
+	kvRaw      = 'E'
+	kvID       = 'I'
+	kvTime     = 'C'
+	kvKind     = 'K'
+	kvAuthor   = 'A'
+	kvAuthKind = 'B'
+	kvTag      = 'T'
+)
+
+var (
+	kvFormatKey = []byte("v:format")
+	kvFormat    = []byte("grasp-sync events v1")
+	kvSerialKey = []byte("v:serial")
+)
+
+// kvPairLimit is how many author × kind prefixes a query scans before it
+// uses the author index alone.
+const kvPairLimit = 64
+
+// kvTxnBytes is about how much one write transaction carries before it is
+// committed and the next begins, well under badger's batch limit.
+const kvTxnBytes = 4 << 20
+
+func openKV(dir string, o options) (*kv, error) {
+	if dir == "" {
+		return nil, errors.New("store kv://: empty path")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("store kv://%s: %w", dir, err)
+	}
+	opts := dgbadger.DefaultOptions(dir).WithLogger(nil).WithDetectConflicts(false)
+	db, err := dgbadger.Open(opts)
+	if err != nil {
+		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
+	}
+	if err := kvCheckFormat(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
+	}
+	seq, err := db.GetSequence(kvSerialKey, 1024)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open kv store %s: serials: %w", dir, err)
+	}
+	return &kv{db: db, seq: seq}, nil
+}
+
+// kvCheckFormat marks an empty database as ours and refuses one that holds
+// something else (eventstore's badger layout), which it would misread.
+func kvCheckFormat(db *dgbadger.DB) error {
+	return db.Update(func(txn *dgbadger.Txn) error {
+		item, err := txn.Get(kvFormatKey)
+		if err == nil {
+			return item.Value(func(v []byte) error {
+				if !bytes.Equal(v, kvFormat) {
+					return fmt.Errorf("unknown format %q (want %q)", v, kvFormat)
+				}
+				return nil
+			})
+		}
+		if !errors.Is(err, dgbadger.ErrKeyNotFound) {
+			return err
+		}
+		it := txn.NewIterator(dgbadger.IteratorOptions{})
+		it.Rewind()
+		empty := !it.Valid()
+		it.Close()
+		if !empty {
+			return errors.New("the directory holds another layout (eventstore's badger backend? open it as badger://DIR)")
+		}
+		return txn.Set(kvFormatKey, kvFormat)
+	})
+}
+
+// enter guards an operation against a concurrent close.
+func (k *kv) enter() (func(), error) {
+	k.mu.RLock()
+	if k.closed {
+		k.mu.RUnlock()
+		return nil, errors.New("store closed")
+	}
+	return k.mu.RUnlock, nil
+}
+
+func (k *kv) limits() queryLimits { return queryLimits{IDs: 500, Authors: 500} }
+
+func (k *kv) close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return nil
+	}
+	k.closed = true
+	_ = k.seq.Release()
+	return k.db.Close()
+}
+
+// flip makes a signed number's big-endian bytes sort in numeric order.
+func flip(n int64) uint64 { return uint64(n) ^ (1 << 63) }
+
+func kvIDKey(id []byte) []byte { return append([]byte{kvID}, id...) }
+
+func kvRawKey(serial uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{kvRaw}, serial)
+}
+
+// kvTagPrefix is the index prefix of one tag letter and value.
+func kvTagPrefix(letter byte, value string) []byte {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(value))
+	return binary.BigEndian.AppendUint64([]byte{kvTag, letter}, h.Sum64())
+}
+
+func kvKindBytes(kind int) []byte {
+	return binary.BigEndian.AppendUint64(nil, flip(int64(kind)))
+}
+
+// decode32 decodes a 64-character hex id or pubkey.
+func decode32(s string) ([]byte, bool) {
+	if len(s) != 64 {
+		return nil, false
+	}
+	b, err := hex.DecodeString(s)
+	return b, err == nil
+}
+
+// kvIndexKeys are the index keys of evt stored under serial.
+func kvIndexKeys(evt *nostr.Event, pk []byte, serial uint64) [][]byte {
+	suffix := binary.BigEndian.AppendUint64(nil, flip(int64(evt.CreatedAt)))
+	suffix = binary.BigEndian.AppendUint64(suffix, serial)
+	kind := kvKindBytes(evt.Kind)
+	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+	keys := [][]byte{
+		cat([]byte{kvTime}, suffix),
+		cat([]byte{kvKind}, kind, suffix),
+		cat([]byte{kvAuthor}, pk, suffix),
+		cat([]byte{kvAuthKind}, pk, kind, suffix),
+	}
+	var tags [][]byte
+	for _, t := range evt.Tags {
+		if len(t) < 2 || len(t[0]) != 1 {
+			continue
+		}
+		p := kvTagPrefix(t[0][0], t[1])
+		if slices.ContainsFunc(tags, func(q []byte) bool { return bytes.Equal(p, q) }) {
+			continue
+		}
+		tags = append(tags, p)
+		keys = append(keys, cat(p, suffix))
+	}
+	return keys
+}
+
+// kvPrepared is an event ready to write: its decoded id and pubkey.
+type kvPrepared struct {
+	n       int
+	evt     *nostr.Event
+	id, pk  []byte
+	size    int
+	payload []byte
+}
+
+func (k *kv) insert(ctx context.Context, evt *nostr.Event) (bool, error) {
+	r := k.insertBatch(ctx, []*nostr.Event{evt})[0]
+	return r.Stored, r.Err
+}
+
+// insertBatch writes regular events with distinct ids, as few badger
+// transactions as their size allows, holding the stripes of their ids.
+func (k *kv) insertBatch(ctx context.Context, evts []*nostr.Event) []SaveResult {
+	ids := make([]string, len(evts))
+	for n, evt := range evts {
+		ids[n] = evt.ID
+	}
+	unlock := k.locks.lockAll(ids)
+	defer unlock()
+	return k.write(ctx, evts)
+}
+
+// write stores the events not stored yet; the caller holds their stripes
+// (or, for a replaceable event, its key's: only replace writes those ids).
+func (k *kv) write(ctx context.Context, evts []*nostr.Event) []SaveResult {
+	res := make([]SaveResult, len(evts))
+	done, err := k.enter()
+	if err != nil {
+		for n := range res {
+			res[n].Err = err
+		}
+		return res
+	}
+	defer done()
+	var todo []kvPrepared
+	for n, evt := range evts {
+		p, err := kvPrepare(evt)
+		if err != nil {
+			res[n].Err = err
+			continue
+		}
+		p.n = n
+		todo = append(todo, p)
+	}
+	for len(todo) > 0 {
+		if err := ctx.Err(); err != nil {
+			for _, p := range todo {
+				res[p.n].Err = err
+			}
+			break
+		}
+		size, end := 0, 0
+		for end < len(todo) && (end == 0 || size+todo[end].size <= kvTxnBytes) {
+			size += todo[end].size
+			end++
+		}
+		k.writeChunk(todo[:end], res)
+		todo = todo[end:]
+	}
+	return res
+}
+
+func kvPrepare(evt *nostr.Event) (kvPrepared, error) {
+	id, ok := decode32(evt.ID)
+	if !ok {
+		return kvPrepared{}, fmt.Errorf("%w: id %q is not 32 bytes of hex", ErrUnstorable, evt.ID)
+	}
+	pk, ok := decode32(evt.PubKey)
+	if !ok {
+		return kvPrepared{}, fmt.Errorf("%w: pubkey %q is not 32 bytes of hex", ErrUnstorable, evt.PubKey)
+	}
+	payload, err := evt.MarshalJSON()
+	if err != nil {
+		return kvPrepared{}, fmt.Errorf("%w: encode: %v", ErrUnstorable, err)
+	}
+	return kvPrepared{evt: evt, id: id, pk: pk, payload: payload, size: len(payload) + 64*(5+len(evt.Tags))}, nil
+}
+
+// writeChunk stores the events of chunk that are not stored yet in one
+// transaction, and splits the chunk when badger finds it too big.
+func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
+	txn := k.db.NewTransaction(true)
+	defer txn.Discard()
+	var wrote []int
+	err := func() error {
+		for _, p := range chunk {
+			if _, err := txn.Get(kvIDKey(p.id)); err == nil {
+				continue // stored already: a duplicate
+			} else if !errors.Is(err, dgbadger.ErrKeyNotFound) {
+				return err
+			}
+			serial, err := k.seq.Next()
+			if err != nil {
+				return fmt.Errorf("next serial: %w", err)
+			}
+			if err := txn.Set(kvRawKey(serial), p.payload); err != nil {
+				return err
+			}
+			if err := txn.Set(kvIDKey(p.id), binary.BigEndian.AppendUint64(nil, serial)); err != nil {
+				return err
+			}
+			for _, key := range kvIndexKeys(p.evt, p.pk, serial) {
+				if err := txn.Set(key, nil); err != nil {
+					return err
+				}
+			}
+			wrote = append(wrote, p.n)
+		}
+		return txn.Commit()
+	}()
+	switch {
+	case err == nil:
+		for _, n := range wrote {
+			res[n].Stored = true
+		}
+	case errors.Is(err, dgbadger.ErrTxnTooBig) && len(chunk) > 1:
+		txn.Discard()
+		k.writeChunk(chunk[:len(chunk)/2], res)
+		k.writeChunk(chunk[len(chunk)/2:], res)
+	case errors.Is(err, dgbadger.ErrTxnTooBig):
+		res[chunk[0].n].Err = fmt.Errorf("%w: %d bytes is more than one badger transaction holds", ErrUnstorable, chunk[0].size)
+	default:
+		for _, p := range chunk {
+			res[p.n].Err = err
+		}
+	}
+}
+
+func (k *kv) replace(ctx context.Context, evt *nostr.Event) (bool, error) {
+	mu := k.locks.lock(ReplaceKey(evt))
+	defer mu.Unlock()
+	insert := func(ctx context.Context, evt *nostr.Event) (bool, error) {
+		r := k.write(ctx, []*nostr.Event{evt})[0]
+		return r.Stored, r.Err
+	}
+	return replaceVersions(ctx, evt, k.versions, insert, k.delete)
+}
+
+// versions returns every stored version of evt's replaceable key.
+func (k *kv) versions(ctx context.Context, evt *nostr.Event) ([]*nostr.Event, error) {
+	f := nostr.Filter{Kinds: []int{evt.Kind}, Authors: []string{evt.PubKey}, Limit: DefaultQueryLimit}
+	if nostr.IsAddressableKind(evt.Kind) {
+		f.Tags = nostr.TagMap{"d": {evt.Tags.GetD()}}
+	}
+	all, err := k.query(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	key := ReplaceKey(evt)
+	out := all[:0]
+	for _, v := range all {
+		if ReplaceKey(v) == key {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+func (k *kv) delete(_ context.Context, evt *nostr.Event) error {
+	id, ok := decode32(evt.ID)
+	if !ok {
+		return nil // never stored
+	}
+	done, err := k.enter()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return k.db.Update(func(txn *dgbadger.Txn) error {
+		serial, stored, err := kvLookup(txn, id)
+		if err != nil || stored == nil {
+			return err
+		}
+		pk, _ := decode32(stored.PubKey)
+		keys := append(kvIndexKeys(stored, pk, serial), kvRawKey(serial), kvIDKey(id))
+		for _, key := range keys {
+			if err := txn.Delete(key); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// kvLookup finds the stored event with this id: nil if there is none.
+func kvLookup(txn *dgbadger.Txn, id []byte) (uint64, *nostr.Event, error) {
+	item, err := txn.Get(kvIDKey(id))
+	if errors.Is(err, dgbadger.ErrKeyNotFound) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	var serial uint64
+	if err := item.Value(func(v []byte) error {
+		if len(v) != 8 {
+			return fmt.Errorf("id %x: serial of %d bytes", id, len(v))
+		}
+		serial = binary.BigEndian.Uint64(v)
+		return nil
+	}); err != nil {
+		return 0, nil, err
+	}
+	evt, err := kvLoad(txn, serial)
+	return serial, evt, err
+}
+
+// kvLoad reads the event stored under serial: nil if there is none.
+func kvLoad(txn *dgbadger.Txn, serial uint64) (*nostr.Event, error) {
+	item, err := txn.Get(kvRawKey(serial))
+	if errors.Is(err, dgbadger.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	evt := new(nostr.Event)
+	if err := item.Value(evt.UnmarshalJSON); err != nil {
+		return nil, fmt.Errorf("decode event %d: %w", serial, err)
+	}
+	return evt, nil
+}
+
+// query returns up to f.Limit events matching f, newest first (ties: the
+// later write first).
+func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
+	done, err := k.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var out []*nostr.Event
+	err = k.db.View(func(txn *dgbadger.Txn) error {
+		if f.IDs != nil {
+			out, err = kvByIDs(txn, f)
+		} else {
+			out, err = kvScan(ctx, txn, f)
+		}
+		return err
+	})
+	return out, err
+}
+
+func kvByIDs(txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Event, error) {
+	var out []*nostr.Event
+	for _, s := range f.IDs {
+		id, ok := decode32(s)
+		if !ok {
+			continue
+		}
+		_, evt, err := kvLookup(txn, id)
+		if err != nil {
+			return nil, err
+		}
+		if evt != nil && f.Matches(evt) && !slices.ContainsFunc(out, func(e *nostr.Event) bool { return e.ID == evt.ID }) {
+			out = append(out, evt)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *nostr.Event) int { return int(b.CreatedAt - a.CreatedAt) })
+	if len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// kvPrefixes picks the index a filter without ids is answered from and
+// returns its prefixes: a tag (the letter with the fewest values), authors
+// with kinds, authors, kinds, or time alone. nil means nothing can match.
+func kvPrefixes(f nostr.Filter) [][]byte {
+	letter, values := "", []string(nil)
+	for name, vals := range f.Tags {
+		if len(name) == 1 && (values == nil || len(vals) < len(values) || len(vals) == len(values) && name < letter) {
+			letter, values = name, vals
+		}
+	}
+	var out [][]byte
+	if values != nil {
+		for _, v := range slices.Compact(slices.Sorted(slices.Values(values))) {
+			out = append(out, kvTagPrefix(letter[0], v))
+		}
+		return out
+	}
+	var pks [][]byte
+	for _, a := range slices.Compact(slices.Sorted(slices.Values(f.Authors))) {
+		if pk, ok := decode32(a); ok {
+			pks = append(pks, pk)
+		}
+	}
+	kinds := slices.Compact(slices.Sorted(slices.Values(f.Kinds)))
+	switch {
+	case f.Authors != nil && len(pks) == 0, f.Kinds != nil && len(kinds) == 0:
+		return nil
+	case len(pks) > 0 && len(kinds) > 0 && len(pks)*len(kinds) <= kvPairLimit:
+		for _, pk := range pks {
+			for _, kind := range kinds {
+				out = append(out, append(append([]byte{kvAuthKind}, pk...), kvKindBytes(kind)...))
+			}
+		}
+	case len(pks) > 0:
+		for _, pk := range pks {
+			out = append(out, append([]byte{kvAuthor}, pk...))
+		}
+	case len(kinds) > 0:
+		for _, kind := range kinds {
+			out = append(out, append([]byte{kvKind}, kvKindBytes(kind)...))
+		}
+	default:
+		out = append(out, []byte{kvTime})
+	}
+	return out
+}
+
+// kvCursor walks one index prefix from the newest entry back.
+type kvCursor struct {
+	it     *dgbadger.Iterator
+	prefix []byte
+}
+
+// suffix is the current entry's ts and serial, which order the merge.
+func (c *kvCursor) suffix() []byte {
+	key := c.it.Item().Key()
+	return key[len(key)-16:]
+}
+
+type kvCursors []*kvCursor
+
+func (h kvCursors) Len() int           { return len(h) }
+func (h kvCursors) Less(i, j int) bool { return bytes.Compare(h[i].suffix(), h[j].suffix()) > 0 }
+func (h kvCursors) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *kvCursors) Push(x any)        { *h = append(*h, x.(*kvCursor)) }
+func (h *kvCursors) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
+}
+
+// kvScan merges the filter's index prefixes newest first, loading each
+// candidate once and keeping those that match, until f.Limit.
+func kvScan(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Event, error) {
+	prefixes := kvPrefixes(f)
+	upper := binary.BigEndian.AppendUint64(nil, ^uint64(0))
+	if f.Until != nil {
+		upper = binary.BigEndian.AppendUint64(nil, flip(int64(*f.Until)))
+	}
+	upper = binary.BigEndian.AppendUint64(upper, ^uint64(0))
+	var lower uint64
+	if f.Since != nil {
+		lower = flip(int64(*f.Since))
+	}
+	h := make(kvCursors, 0, len(prefixes))
+	defer func() {
+		for _, c := range h {
+			c.it.Close()
+		}
+	}()
+	for _, p := range prefixes {
+		c := &kvCursor{it: txn.NewIterator(dgbadger.IteratorOptions{Prefix: p, Reverse: true}), prefix: p}
+		c.it.Seek(append(slices.Clip(p), upper...))
+		if !c.it.ValidForPrefix(p) {
+			c.it.Close()
+			continue
+		}
+		h = append(h, c)
+	}
+	heap.Init(&h)
+	var out []*nostr.Event
+	seen := make(map[uint64]struct{})
+	for steps := 0; len(h) > 0 && len(out) < f.Limit; steps++ {
+		if steps%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		c := h[0]
+		suffix := c.suffix()
+		ts, serial := binary.BigEndian.Uint64(suffix), binary.BigEndian.Uint64(suffix[8:])
+		if ts < lower {
+			// Older than since: this prefix is done.
+			c.it.Close()
+			heap.Pop(&h)
+			continue
+		}
+		if c.it.Next(); c.it.ValidForPrefix(c.prefix) {
+			heap.Fix(&h, 0)
+		} else {
+			c.it.Close()
+			heap.Pop(&h)
+		}
+		if _, dup := seen[serial]; dup {
+			continue
+		}
+		seen[serial] = struct{}{}
+		evt, err := kvLoad(txn, serial)
+		if err != nil {
+			return nil, err
+		}
+		if evt != nil && f.Matches(evt) {
+			out = append(out, evt)
+		}
+	}
+	return out, nil
+}
