@@ -267,8 +267,11 @@ func keys(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
 	return ks, nil
 }
 
-func readIndex(ctx context.Context, js jetstream.JetStream, names bus.Names, s *Snapshot) error {
-	kv, err := openKV(ctx, js, names.RepoIndexBucket())
+// eachEntry calls fn with every key whose name has prefix in bucket, in key
+// order, and its value; keys deleted between listing and reading are
+// skipped.
+func eachEntry(ctx context.Context, js jetstream.JetStream, bucket, prefix string, fn func(key string, value []byte) error) error {
+	kv, err := openKV(ctx, js, bucket)
 	if err != nil {
 		return err
 	}
@@ -277,62 +280,58 @@ func readIndex(ctx context.Context, js jetstream.JetStream, names bus.Names, s *
 		return err
 	}
 	for _, k := range ks {
+		if !strings.HasPrefix(k, prefix) {
+			continue
+		}
 		e, err := kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			continue // deleted between listing and reading
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("read %s/%s: %w", kv.Bucket(), k, err)
 		}
+		if err := fn(k, e.Value()); err != nil {
+			return fmt.Errorf("decode %s/%s: %w", kv.Bucket(), k, err)
+		}
+	}
+	return nil
+}
+
+func readIndex(ctx context.Context, js jetstream.JetStream, names bus.Names, s *Snapshot) error {
+	err := eachEntry(ctx, js, names.RepoIndexBucket(), "", func(k string, v []byte) error {
 		if k == bus.BootstrapRelaysKey {
 			var b graspv1.BootstrapRelays
-			if proto.Unmarshal(e.Value(), &b) == nil {
+			if proto.Unmarshal(v, &b) == nil {
 				s.Bootstrap = b.GetRelays()
 			}
-			continue
+			return nil
 		}
 		var needs graspv1.RepoSyncNeeds
-		if err := proto.Unmarshal(e.Value(), &needs); err != nil {
-			return fmt.Errorf("decode %s/%s: %w", kv.Bucket(), k, err)
+		if err := proto.Unmarshal(v, &needs); err != nil {
+			return err
 		}
 		s.Repos = append(s.Repos, Repo{
 			Ref: needs.GetRepoRef(), Relays: needs.GetRelays(), Roots: len(needs.GetRootEventIds()),
 			AnnouncementID: needs.GetAnnouncementId(), UpdatedAt: unix(needs.GetUpdatedAt()),
 			rootIDs: needs.GetRootEventIds(),
 		})
-	}
+		return nil
+	})
 	sort.Slice(s.Repos, func(i, j int) bool { return s.Repos[i].Ref < s.Repos[j].Ref })
-	return nil
+	return err
 }
 
 func readRelays(ctx context.Context, js jetstream.JetStream, names bus.Names, s *Snapshot) error {
-	kv, err := openKV(ctx, js, names.RelayStateBucket())
-	if err != nil {
-		return err
-	}
-	ks, err := keys(ctx, kv)
-	if err != nil {
-		return err
-	}
-	for _, k := range ks {
-		if !strings.HasPrefix(k, relayStateKeyPrefix) {
-			continue
-		}
-		e, err := kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("read %s/%s: %w", kv.Bucket(), k, err)
-		}
+	err := eachEntry(ctx, js, names.RelayStateBucket(), relayStateKeyPrefix, func(_ string, v []byte) error {
 		var st graspv1.RelayState
-		if err := proto.Unmarshal(e.Value(), &st); err != nil {
-			return fmt.Errorf("decode %s/%s: %w", kv.Bucket(), k, err)
+		if err := proto.Unmarshal(v, &st); err != nil {
+			return err
 		}
 		s.Relays = append(s.Relays, FromRelayState(&st))
-	}
+		return nil
+	})
 	sort.Slice(s.Relays, func(i, j int) bool { return s.Relays[i].URL < s.Relays[j].URL })
-	return nil
+	return err
 }
 
 // LeaseRoles are the elected roles whose holders a Snapshot reports.
