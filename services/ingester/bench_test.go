@@ -16,7 +16,7 @@ import (
 // benchSpec is the benchmark's workload: valid events only (announcements,
 // issues, comments), so every event pays for verification, policy lookups
 // and a store write.
-var benchSpec = workloadSpec{repos: 10, issuesPerRepo: 40, commentsPerIssue: 11}
+var benchSpec = workloadSpec{repos: 40, issuesPerRepo: 40, commentsPerIssue: 11}
 
 // BenchmarkVerify is the raw signature verification rate (CheckID +
 // CheckSignature, what policy.Evaluate does first) on GOMAXPROCS cores, the
@@ -78,6 +78,7 @@ func BenchmarkIngest(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		e := newEnv(b)
+		e.inProcess = true // graspd's embedded deployment
 		e.publish(b, w.deliveries)
 		// The deployed defaults (fetch batch 256, 30 s ack wait), not the
 		// fault tests' small batches.

@@ -218,6 +218,9 @@ type env struct {
 	bus   *bus.Bus // the publisher's (fetcher's) connection
 	store ingester.Store
 	raw   *store.Store
+	// inProcess connects replicas to the embedded server without TCP, as
+	// graspd's services do.
+	inProcess bool
 }
 
 func newEnv(t testing.TB) *env {
@@ -250,7 +253,13 @@ type replica struct {
 // start runs an ingester replica on its own connection.
 func (e *env) start(t testing.TB, cfg ingester.Config, st ingester.Store) *replica {
 	t.Helper()
-	b, err := bus.Connect(context.Background(), e.nats.URL, "ingester-test", bus.DefaultNames())
+	var b *bus.Bus
+	var err error
+	if e.inProcess {
+		b, err = bus.ConnectInProcess(e.nats.Server, "ingester-test", bus.DefaultNames())
+	} else {
+		b, err = bus.Connect(context.Background(), e.nats.URL, "ingester-test", bus.DefaultNames())
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
