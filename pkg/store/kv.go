@@ -456,7 +456,7 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 
 func kvByIDs(txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Event, error) {
 	var out []*nostr.Event
-	for _, s := range f.IDs {
+	for _, s := range slices.Compact(slices.Sorted(slices.Values(f.IDs))) {
 		id, ok := decode32(s)
 		if !ok {
 			continue
@@ -465,7 +465,7 @@ func kvByIDs(txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		if evt != nil && f.Matches(evt) && !slices.ContainsFunc(out, func(e *nostr.Event) bool { return e.ID == evt.ID }) {
+		if evt != nil && f.Matches(evt) {
 			out = append(out, evt)
 		}
 	}
