@@ -61,6 +61,11 @@ type item struct {
 	check check
 	// received is when the verify stage took the message, for keep-alive.
 	received time.Time
+	// unstored: the verify stage's lookup found the id not stored, so the
+	// decide stage need not ask again. Another writer may store it in
+	// between; the write then reports it not stored, which is settled as a
+	// duplicate.
+	unstored bool
 	// err is set when the item could not be settled for an
 	// infrastructure reason (store error): it is retried.
 	err error
@@ -245,6 +250,9 @@ func (i *Ingester) verify(ctx context.Context, msgs []jetstream.Msg) []*item {
 		}
 		for _, e := range found {
 			stored[e.ID] = true
+		}
+		for _, it := range items {
+			it.unstored = err == nil && it.check == checkVerified && !stored[it.evt.ID]
 		}
 	}
 	i.parallel(items, func(it *item) {
@@ -564,24 +572,31 @@ func (b *batch) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, erro
 
 // prefetch answers the two lookups the policy makes for every event (is
 // its id stored, is it deleted by its author) for the whole batch with one
-// query each, into the cache. The filters are built as the policy builds
+// query each (none for ids the verify stage just found unstored), into the
+// cache. The filters are built as the policy builds
 // them; should they differ, the cache simply misses. A failed or truncated
 // read leaves the cache empty: the policy then asks for itself.
 func (b *batch) prefetch(ctx context.Context, items []*item) {
 	var evts []*nostr.Event
-	var ids []string
+	var ids, ask []string
 	for _, it := range items {
 		if it.check == checkVerified && !b.pending.has(it.evt.ID) {
 			evts = append(evts, it.evt)
 			ids = append(ids, it.evt.ID)
+			if !it.unstored {
+				ask = append(ask, it.evt.ID)
+			}
 		}
 	}
 	if len(evts) < 2 {
 		return
 	}
-	found, err := b.i.store.Query(ctx, nostr.Filter{IDs: ids, Limit: len(ids)})
-	if err != nil {
-		return
+	var found []*nostr.Event
+	if len(ask) > 0 {
+		var err error
+		if found, err = b.i.store.Query(ctx, nostr.Filter{IDs: ask, Limit: len(ask)}); err != nil {
+			return
+		}
 	}
 	byID := make(map[string]*nostr.Event, len(found))
 	for _, e := range found {
