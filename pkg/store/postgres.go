@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -157,12 +158,24 @@ const pgBatchRows = 500
 // commit instead of one per event. RETURNING names the rows written, so
 // duplicates are told apart. A failing statement fails its whole chunk.
 func (p *pgBackend) insertBatch(ctx context.Context, evts []*nostr.Event) []SaveResult {
+	// Rows in id order: concurrent batches that share ids then take their
+	// row locks in one order, where any other order can deadlock (seen:
+	// "pq: deadlock detected" with overlapping batches in reverse order).
+	order := make([]int, len(evts))
+	for n := range order {
+		order[n] = n
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(evts[a].ID, evts[b].ID) })
 	res := make([]SaveResult, len(evts))
-	for start := 0; start < len(evts); start += pgBatchRows {
-		part := evts[start:min(start+pgBatchRows, len(evts))]
+	for start := 0; start < len(order); start += pgBatchRows {
+		at := order[start:min(start+pgBatchRows, len(order))]
+		part := make([]*nostr.Event, len(at))
+		for k, n := range at {
+			part[k] = evts[n]
+		}
 		stored, err := p.insertRows(ctx, part)
-		for k, evt := range part {
-			res[start+k] = SaveResult{Stored: stored[evt.ID], Err: err}
+		for _, n := range at {
+			res[n] = SaveResult{Stored: stored[evts[n].ID], Err: err}
 		}
 	}
 	return res
