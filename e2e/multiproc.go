@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
 // The multi-process mode of the architecture (one process per service, one
@@ -80,17 +80,11 @@ func RemoveBinaries() {
 	}
 }
 
-// FreePort returns a TCP port free on 127.0.0.1 now. Processes that must
-// keep their address across restarts (the relay, which announcements name;
-// NATS nodes, which routes name) get theirs up front this way.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a TCP port free on 127.0.0.1 now (testkit.FreePort).
+// Processes that must keep their address across restarts (the relay, which
+// announcements name; NATS nodes, which routes name) get theirs up front
+// this way.
+func FreePort() (int, error) { return testkit.FreePort() }
 
 // Proc is one child process of a Deployment: a binary with its arguments
 // and environment that can be killed (SIGKILL) and started again with the

@@ -2,7 +2,6 @@ package testkit
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -93,10 +92,9 @@ func (c *NATSCluster) ready() bool {
 // freePort returns a TCP port on 127.0.0.1 nobody listens on now.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := FreePort()
 	if err != nil {
-		t.Fatalf("testkit: find a free port: %v", err)
+		t.Fatalf("testkit: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
