@@ -548,8 +548,14 @@ func (h *kvCursors) Pop() any {
 	return c
 }
 
-// kvScan merges the filter's index prefixes newest first, loading each
-// candidate once and keeping those that match, until f.Limit.
+// kvEachMin is how many prefixes a query must have before kvScan first
+// tries reading them one after another with a single iterator: a badger
+// iterator costs several microseconds to open, and a lookup like "which of
+// these 256 ids has a deletion" has hundreds of mostly empty prefixes.
+const kvEachMin = 8
+
+// kvScan answers f from the filter's index prefixes newest first, loading
+// each candidate once and keeping those that match, until f.Limit.
 func kvScan(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Event, error) {
 	prefixes := kvPrefixes(f)
 	upper := binary.BigEndian.AppendUint64(nil, ^uint64(0))
@@ -561,6 +567,68 @@ func kvScan(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Ev
 	if f.Since != nil {
 		lower = flip(int64(*f.Since))
 	}
+	if len(prefixes) >= kvEachMin {
+		if out, ok, err := kvScanEach(ctx, txn, f, prefixes, upper, lower); err != nil || ok {
+			return out, err
+		}
+	}
+	return kvMerge(ctx, txn, f, prefixes, upper, lower)
+}
+
+// kvScanEach reads every prefix in turn with one iterator, collecting the
+// entries in [since, until], then loads them newest first. It gives up
+// (ok false) as soon as one prefix holds more than f.Limit entries there,
+// where the merge, which stops at the limit, reads less.
+func kvScanEach(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) (out []*nostr.Event, ok bool, err error) {
+	common := prefixes[0]
+	for _, p := range prefixes[1:] {
+		n := 0
+		for n < len(common) && n < len(p) && common[n] == p[n] {
+			n++
+		}
+		common = common[:n]
+	}
+	it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: slices.Clip(common), Reverse: true})
+	defer it.Close()
+	var suffixes [][16]byte
+	for _, p := range prefixes {
+		if err := ctx.Err(); err != nil {
+			return nil, false, err
+		}
+		n := 0
+		for it.Seek(append(slices.Clip(p), upper...)); it.ValidForPrefix(p); it.Next() {
+			key := it.Item().Key()
+			var sfx [16]byte
+			copy(sfx[:], key[len(key)-16:])
+			if binary.BigEndian.Uint64(sfx[:8]) < lower {
+				break
+			}
+			if n++; n > f.Limit {
+				return nil, false, nil
+			}
+			suffixes = append(suffixes, sfx)
+		}
+	}
+	slices.SortFunc(suffixes, func(a, b [16]byte) int { return bytes.Compare(b[:], a[:]) })
+	suffixes = slices.Compact(suffixes)
+	for _, sfx := range suffixes {
+		if len(out) >= f.Limit {
+			break
+		}
+		evt, err := kvLoad(txn, binary.BigEndian.Uint64(sfx[8:]))
+		if err != nil {
+			return nil, false, err
+		}
+		if evt != nil && f.Matches(evt) {
+			out = append(out, evt)
+		}
+	}
+	return out, true, nil
+}
+
+// kvMerge merges the prefixes through a heap of iterators, newest first,
+// and stops at f.Limit matches.
+func kvMerge(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) ([]*nostr.Event, error) {
 	h := make(kvCursors, 0, len(prefixes))
 	defer func() {
 		for _, c := range h {

@@ -25,6 +25,9 @@ func TestQueryMatchesBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	kinds := []int{1, 7, 1621, 1111}
 	values := []string{"x", "y", "", "a-value-much-longer-than-a-hundred-bytes-" + fmt.Sprint(make([]byte, 40)), "30617:abc:repo"}
+	for n := range 15 {
+		values = append(values, fmt.Sprint("v", n))
+	}
 	var evts []*nostr.Event
 	for n := range 300 {
 		var tags nostr.Tags
@@ -60,6 +63,13 @@ func TestQueryMatchesBruteForce(t *testing.T) {
 		}
 		if rng.IntN(2) == 0 {
 			f.Tags = nostr.TagMap{}
+			if rng.IntN(3) == 0 {
+				// Many values of one letter: one iterator reads them in turn.
+				letter := string("eapE"[rng.IntN(4)])
+				for range 8 + rng.IntN(8) {
+					f.Tags[letter] = append(f.Tags[letter], values[rng.IntN(len(values))])
+				}
+			}
 			for range 1 + rng.IntN(2) {
 				letter := string("eapE"[rng.IntN(4)])
 				f.Tags[letter] = append(f.Tags[letter], values[rng.IntN(len(values))])
