@@ -269,14 +269,7 @@ func (e *embedded) versions(ctx context.Context, evt *nostr.Event) ([]*nostr.Eve
 	if err != nil {
 		return nil, err
 	}
-	key := ReplaceKey(evt)
-	out := all[:0]
-	for _, v := range all {
-		if ReplaceKey(v) == key {
-			out = append(out, v)
-		}
-	}
-	return out, nil
+	return sameKey(evt, all), nil
 }
 
 func (e *embedded) replace(ctx context.Context, evt *nostr.Event) (bool, error) {

@@ -46,6 +46,20 @@ func Supersedes(next, prev *nostr.Event) bool {
 	return next.ID < prev.ID
 }
 
+// sameKey keeps the candidates that are versions of evt's replaceable key:
+// backends look versions up by kind, author and d tag, which can also match
+// other keys (an author's other d values, where d is not indexed).
+func sameKey(evt *nostr.Event, candidates []*nostr.Event) []*nostr.Event {
+	key := ReplaceKey(evt)
+	out := candidates[:0]
+	for _, v := range candidates {
+		if ReplaceKey(v) == key {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // queryLimits are how many values of each kind a backend accepts in one
 // query; 0 means unlimited. eventstore's SQL backends fail a whole query that
 // exceeds them, so the store splits filters instead.

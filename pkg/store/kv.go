@@ -359,14 +359,7 @@ func (k *kv) versions(ctx context.Context, evt *nostr.Event) ([]*nostr.Event, er
 	if err != nil {
 		return nil, err
 	}
-	key := ReplaceKey(evt)
-	out := all[:0]
-	for _, v := range all {
-		if ReplaceKey(v) == key {
-			out = append(out, v)
-		}
-	}
-	return out, nil
+	return sameKey(evt, all), nil
 }
 
 func (k *kv) delete(_ context.Context, evt *nostr.Event) error {
