@@ -373,7 +373,7 @@ func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
 		i.deletions.RLock()
 		defer i.deletions.RUnlock()
 	}
-	b := &batch{i: i, pending: newPendingSet(), deferred: newPendingSet(), cache: map[string][]*nostr.Event{}}
+	b := &batch{i: i, pending: newPendingSet(), deferred: newPendingSet(), cache: map[string]lookup{}}
 	b.prefetch(ctx, items)
 	pol := *i.policy
 	pol.Store = b
@@ -538,12 +538,19 @@ type batch struct {
 	// deferred are the events of this pass waiting for the next one:
 	// events depending on them wait too.
 	deferred *pendingSet
-	// cache holds lookup results (by filter) until the batch next writes:
-	// until then only other writers can change them, which is no different
-	// from the lookup having been made a moment earlier. Most events of a
-	// batch ask for the same few announcements. Bounded by the lookups of
-	// one batch.
-	cache map[string][]*nostr.Event
+	// cache holds lookup results (by filterKey) until the batch writes an
+	// event that could change them (see flush): only other writers can
+	// change the rest, which is no different from the lookup having been
+	// made a moment earlier. Most events of a batch ask for the same few
+	// announcements, and the events deferred to a later pass ask again
+	// what the prefetch answered. Bounded by the lookups of one batch.
+	cache map[string]lookup
+}
+
+// lookup is a cached answer and the filter it answers.
+type lookup struct {
+	f    nostr.Filter
+	evts []*nostr.Event
 }
 
 // errDeferred fails a lookup that an event of the batch not written yet
@@ -559,14 +566,14 @@ func (b *batch) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, erro
 		return nil, errDeferred
 	}
 	key := filterKey(f)
-	if r, ok := b.cache[key]; ok {
-		return r, nil
+	if l, ok := b.cache[key]; ok {
+		return l.evts, nil
 	}
 	r, err := b.i.store.Query(ctx, f)
 	if err != nil {
 		return nil, err
 	}
-	b.cache[key] = r
+	b.cache[key] = lookup{f, r}
 	return r, nil
 }
 
@@ -607,7 +614,8 @@ func (b *batch) prefetch(ctx context.Context, items []*item) {
 		if s := byID[e.ID]; s != nil {
 			r = []*nostr.Event{s}
 		}
-		b.cache[filterKey(nostr.Filter{IDs: []string{e.ID}, Limit: 1})] = r
+		f := nostr.Filter{IDs: []string{e.ID}, Limit: 1}
+		b.cache[filterKey(f)] = lookup{f, r}
 	}
 	limit := 4 * len(ids)
 	dels, err := b.i.store.Query(ctx, nostr.Filter{Kinds: []int{5}, Tags: nostr.TagMap{"e": ids}, Limit: limit})
@@ -626,7 +634,7 @@ func (b *batch) prefetch(ctx context.Context, items []*item) {
 				break
 			}
 		}
-		b.cache[filterKey(f)] = r
+		b.cache[filterKey(f)] = lookup{f, r}
 	}
 }
 
@@ -638,8 +646,8 @@ func (b *batch) flush(ctx context.Context) error {
 	if len(items) == 0 {
 		return nil
 	}
+	b.forget(b.pending)
 	b.pending = newPendingSet()
-	clear(b.cache) // what is written below may change any answer
 	evts := make([]*nostr.Event, len(items))
 	for n, it := range items {
 		evts[n] = it.evt
@@ -674,6 +682,23 @@ func (b *batch) flush(ctx context.Context) error {
 		}
 	}
 	return failed
+}
+
+// forget drops the cached answers that writing events may change: those
+// whose filter one of them matches or, when one of them replaces or deletes
+// stored events (which any filter may have found), all of them.
+func (b *batch) forget(events *pendingSet) {
+	for _, it := range events.items {
+		if k := it.evt.Kind; k == 5 || nostr.IsReplaceableKind(k) || nostr.IsAddressableKind(k) {
+			clear(b.cache)
+			return
+		}
+	}
+	for key, l := range b.cache {
+		if events.matches(l.f) {
+			delete(b.cache, key)
+		}
+	}
 }
 
 // pendingSet indexes the accepted, not yet written events of a batch by id,
