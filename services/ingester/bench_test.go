@@ -25,7 +25,19 @@ var benchSpec = workloadSpec{repos: 40, issuesPerRepo: 40, commentsPerIssue: 11}
 // CheckSignature, what policy.Evaluate does first) on GOMAXPROCS cores, the
 // ceiling the ingester is measured against. Run with -cpu 1,2.
 func BenchmarkVerify(b *testing.B) {
-	w := workloadFor(b, benchSpec)
+	evts := decodeAll(b, workloadFor(b, benchSpec))
+	b.ResetTimer()
+	var wall, cpu time.Duration
+	for range b.N {
+		w, c := verifyAll(b, evts)
+		wall, cpu = wall+w, cpu+c
+	}
+	b.ReportMetric(float64(b.N*len(evts))/wall.Seconds(), "events/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*len(evts)), "cpu-µs/event")
+}
+
+// decodeAll decodes the workload's events for verifyAll.
+func decodeAll(b *testing.B, w *workload) []*nostr.Event {
 	evts := make([]*nostr.Event, len(w.deliveries))
 	for n, d := range w.deliveries {
 		evts[n] = new(nostr.Event)
@@ -33,31 +45,30 @@ func BenchmarkVerify(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ResetTimer()
-	start := time.Now()
-	cpu0 := cpuTime()
-	for range b.N {
-		var wg sync.WaitGroup
-		workers := runtime.GOMAXPROCS(0)
-		for wkr := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for n := wkr; n < len(evts); n += workers {
-					e := evts[n]
-					if !e.CheckID() {
-						b.Error("bad id")
-					}
-					if ok, err := e.CheckSignature(); !ok || err != nil {
-						b.Error("bad signature")
-					}
+	return evts
+}
+
+// verifyAll checks every event's id and signature on GOMAXPROCS
+// goroutines and returns the wall and CPU time it took.
+func verifyAll(b *testing.B, evts []*nostr.Event) (wall, cpu time.Duration) {
+	start, cpu0 := time.Now(), cpuTime()
+	var wg sync.WaitGroup
+	workers := runtime.GOMAXPROCS(0)
+	for wkr := range workers {
+		wg.Go(func() {
+			for n := wkr; n < len(evts); n += workers {
+				e := evts[n]
+				if !e.CheckID() {
+					b.Error("bad id")
 				}
-			}()
-		}
-		wg.Wait()
+				if ok, err := e.CheckSignature(); !ok || err != nil {
+					b.Error("bad signature")
+				}
+			}
+		})
 	}
-	b.ReportMetric(float64(b.N*len(evts))/time.Since(start).Seconds(), "events/s")
-	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N*len(evts)), "cpu-µs/event")
+	wg.Wait()
+	return time.Since(start), cpuTime() - cpu0
 }
 
 // cpuTime is the CPU time (user + system) this process has used so far.
@@ -96,13 +107,24 @@ func startProfile(b *testing.B) (stop func()) {
 
 var profiles int
 
-// BenchmarkIngest is end-to-end ingestion on the embedded (badger) store:
-// the events are already in GRASP_EVENTS (the fetcher's part is not
-// measured); one iteration runs a fresh ingester with one worker per
-// GOMAXPROCS until all are stored. Run with -cpu 1,2 beside BenchmarkVerify.
+// BenchmarkIngest is end-to-end ingestion on the embedded store: the
+// events are already in GRASP_EVENTS (the fetcher's part is not measured);
+// one iteration runs a fresh ingester with one worker per GOMAXPROCS until
+// all are stored. Run with -cpu 1,2.
+//
+// Each iteration also verifies the same events the raw way (as
+// BenchmarkVerify does) just before and just after ingesting them, and
+// ratio-% is ingest throughput over that verification throughput: on a VM
+// whose speed drifts by a quarter from one minute to the next, a ratio of
+// two benchmarks run a minute apart measures the drift as much as the
+// ingester.
 func BenchmarkIngest(b *testing.B) {
 	w := workloadFor(b, benchSpec)
-	var total, cpu time.Duration
+	evts := decodeAll(b, w)
+	if len(evts) != len(w.accepted) {
+		b.Fatalf("%d deliveries, %d to store: the ratio needs a workload of valid events only", len(evts), len(w.accepted))
+	}
+	var total, cpu, vWall, vCPU time.Duration
 	for range b.N {
 		b.StopTimer()
 		e := newEnv(b)
@@ -111,6 +133,7 @@ func BenchmarkIngest(b *testing.B) {
 		// The deployed defaults (fetch batch 256, 30 s ack wait), not the
 		// fault tests' small batches.
 		cfg := ingester.Config{Consumer: "ingester"}
+		vw, vc := verifyAll(b, evts)
 		stopProfile := startProfile(b)
 		b.StartTimer()
 		start, cpu0 := time.Now(), cpuTime()
@@ -127,7 +150,14 @@ func BenchmarkIngest(b *testing.B) {
 		b.StopTimer()
 		stopProfile()
 		r.kill(b)
+		vw2, vc2 := verifyAll(b, evts)
+		vWall, vCPU = vWall+(vw+vw2)/2, vCPU+(vc+vc2)/2
 	}
-	b.ReportMetric(float64(b.N*len(w.accepted))/total.Seconds(), "events/s")
-	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*len(w.accepted)), "cpu-µs/event")
+	n := float64(b.N * len(w.accepted))
+	b.ReportMetric(n/total.Seconds(), "events/s")
+	b.ReportMetric(float64(cpu.Microseconds())/n, "cpu-µs/event")
+	b.ReportMetric(float64(b.N*len(evts))/vWall.Seconds(), "verify-events/s")
+	b.ReportMetric(float64(vCPU.Microseconds())/float64(b.N*len(evts)), "verify-cpu-µs/event")
+	b.ReportMetric(100*(n/total.Seconds())/(float64(b.N*len(evts))/vWall.Seconds()), "ratio-%")
+	b.ReportMetric(100*(float64(vCPU)/float64(b.N*len(evts)))/(float64(cpu)/n), "cpu-ratio-%")
 }
