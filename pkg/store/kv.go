@@ -30,16 +30,22 @@ import (
 //
 //	E serial                          → event JSON
 //	I id(32)                          → serial
-//	C ts serial                       every event, by time
 //	K kind ts serial
-//	A pubkey(32) ts serial
 //	B pubkey(32) kind ts serial
 //	T letter hash(value)(8) ts serial  each single-letter tag's first value
+//	N kind                            every kind ever stored
 //
 // ts and kind are 8 bytes big-endian with the sign bit flipped, so negative
 // values sort first; serial is 8 bytes from a badger sequence. An index only
 // narrows: every candidate is loaded and checked with Filter.Matches, so a
-// hash collision costs a read, never a wrong answer. Every write holds the
+// hash collision costs a read, never a wrong answer.
+//
+// There is no index by author alone or by time alone: every key costs the
+// ingester a skiplist insert and a log write, and those lookups are rare.
+// They are answered from B and K with every stored kind (the N keys, held in
+// memory): an author is B pubkey × each kind, "everything newest first" is K
+// × each kind. (Format v1 had both indexes, as A and C; opening a v1
+// directory drops them.) Every write holds the
 // stripe lock of its id (or replaceable key), so badger's conflict
 // detection is not needed; the prefixes are letters so that opening the
 // directory with eventstore's badger backend by mistake cannot clobber them.
@@ -51,27 +57,78 @@ type kv struct {
 	// nothing touches the database after it closed.
 	mu     sync.RWMutex
 	closed bool
+	kinds  kvKinds
+}
+
+// kvKinds is the set of kinds stored at least once. A kind is listed for
+// queries before the write that stores its first event commits (so no
+// query misses an event), and counted as saved once its N key committed
+// with that write (so a failed write leaves it to the next one to save).
+// It never shrinks: a kind whose events were all deleted costs a query one
+// empty prefix.
+type kvKinds struct {
+	mu    sync.RWMutex
+	list  []int // sorted; replaced, never changed in place
+	saved map[int]bool
+}
+
+// all is every listed kind, sorted; callers must not change it.
+func (s *kvKinds) all() []int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.list
+}
+
+// isSaved reports whether kind's N key is stored.
+func (s *kvKinds) isSaved(kind int) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.saved[kind]
+}
+
+// listKinds makes kinds visible to queries.
+func (s *kvKinds) listKinds(kinds ...int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	list := slices.Clone(s.list)
+	for _, k := range kinds {
+		if n, found := slices.BinarySearch(list, k); !found {
+			list = slices.Insert(list, n, k)
+		}
+	}
+	s.list = list
+}
+
+// save records that kinds' N keys are stored.
+func (s *kvKinds) save(kinds ...int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.saved == nil {
+		s.saved = map[int]bool{}
+	}
+	for _, k := range kinds {
+		s.saved[k] = true
+	}
 }
 
 const (
-	kvRaw      = 'E'
-	kvID       = 'I'
-	kvTime     = 'C'
-	kvKind     = 'K'
-	kvAuthor   = 'A'
-	kvAuthKind = 'B'
-	kvTag      = 'T'
+	kvRaw       = 'E'
+	kvID        = 'I'
+	kvKind      = 'K'
+	kvAuthKind  = 'B'
+	kvTag       = 'T'
+	kvKnownKind = 'N'
+	// Format v1's indexes by time and by author alone.
+	kvV1Time   = 'C'
+	kvV1Author = 'A'
 )
 
 var (
 	kvFormatKey = []byte("v:format")
-	kvFormat    = []byte("grasp-sync events v1")
+	kvFormat    = []byte("grasp-sync events v2")
+	kvFormatV1  = []byte("grasp-sync events v1")
 	kvSerialKey = []byte("v:serial")
 )
-
-// kvPairLimit is how many author × kind prefixes a query scans before it
-// uses the author index alone.
-const kvPairLimit = 64
 
 // kvTxnBytes is about how much one write transaction carries before it is
 // committed and the next begins, well under badger's batch limit.
@@ -89,30 +146,105 @@ func openKV(dir string, o options) (*kv, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
 	}
-	if err := kvCheckFormat(db); err != nil {
+	fail := func(err error) (*kv, error) {
 		db.Close()
 		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
 	}
-	seq, err := db.GetSequence(kvSerialKey, 1024)
+	format, err := kvCheckFormat(db)
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("open kv store %s: serials: %w", dir, err)
+		return fail(err)
 	}
-	return &kv{db: db, seq: seq}, nil
+	k := &kv{db: db}
+	if bytes.Equal(format, kvFormatV1) {
+		if err := kvUpgradeV1(db); err != nil {
+			return fail(fmt.Errorf("upgrade from v1: %w", err))
+		}
+	}
+	if err := k.loadKinds(); err != nil {
+		return fail(err)
+	}
+	if k.seq, err = db.GetSequence(kvSerialKey, 1024); err != nil {
+		return fail(fmt.Errorf("serials: %w", err))
+	}
+	return k, nil
 }
 
-// kvCheckFormat marks an empty database as ours and refuses one that holds
-// something else (eventstore's badger layout), which it would misread.
-func kvCheckFormat(db *dgbadger.DB) error {
-	return db.Update(func(txn *dgbadger.Txn) error {
+// kvUpgradeV1 turns a format v1 directory into v2: it records every kind
+// the kind index holds as an N key, then drops v1's time and author indexes.
+// Each step can be repeated, so an upgrade cut short is finished by the next
+// open.
+func kvUpgradeV1(db *dgbadger.DB) error {
+	var kinds [][]byte
+	err := db.View(func(txn *dgbadger.Txn) error {
+		it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{kvKind}})
+		defer it.Close()
+		// One seek per kind: past the kind's last entry to the next kind.
+		for it.Seek([]byte{kvKind}); it.Valid(); {
+			kind := slices.Clone(it.Item().Key()[1:9])
+			kinds = append(kinds, kind)
+			next := binary.BigEndian.Uint64(kind) + 1
+			if next == 0 {
+				break
+			}
+			it.Seek(binary.BigEndian.AppendUint64([]byte{kvKind}, next))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read kinds: %w", err)
+	}
+	wb := db.NewWriteBatch()
+	defer wb.Cancel()
+	for _, kind := range kinds {
+		if err := wb.Set(append([]byte{kvKnownKind}, kind...), nil); err != nil {
+			return fmt.Errorf("record kinds: %w", err)
+		}
+	}
+	if err := wb.Flush(); err != nil {
+		return fmt.Errorf("record kinds: %w", err)
+	}
+	if err := db.DropPrefix([]byte{kvV1Time}, []byte{kvV1Author}); err != nil {
+		return fmt.Errorf("drop v1 indexes: %w", err)
+	}
+	return db.Update(func(txn *dgbadger.Txn) error { return txn.Set(kvFormatKey, kvFormat) })
+}
+
+// loadKinds reads the N keys into k.kinds.
+func (k *kv) loadKinds() error {
+	var kinds []int
+	err := k.db.View(func(txn *dgbadger.Txn) error {
+		it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{kvKnownKind}, PrefetchValues: false})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			if key := it.Item().Key(); len(key) == 9 {
+				kinds = append(kinds, int(int64(binary.BigEndian.Uint64(key[1:])^(1<<63))))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read kinds: %w", err)
+	}
+	k.kinds.listKinds(kinds...)
+	k.kinds.save(kinds...)
+	return nil
+}
+
+// kvCheckFormat marks an empty database as ours and returns the format of
+// one that is ours (this one or v1); it refuses one that holds something
+// else (eventstore's badger layout), which it would misread.
+func kvCheckFormat(db *dgbadger.DB) ([]byte, error) {
+	var format []byte
+	err := db.Update(func(txn *dgbadger.Txn) error {
 		item, err := txn.Get(kvFormatKey)
 		if err == nil {
-			return item.Value(func(v []byte) error {
-				if !bytes.Equal(v, kvFormat) {
-					return fmt.Errorf("unknown format %q (want %q)", v, kvFormat)
-				}
-				return nil
-			})
+			if format, err = item.ValueCopy(nil); err != nil {
+				return err
+			}
+			if !bytes.Equal(format, kvFormat) && !bytes.Equal(format, kvFormatV1) {
+				return fmt.Errorf("unknown format %q (want %q)", format, kvFormat)
+			}
+			return nil
 		}
 		if !errors.Is(err, dgbadger.ErrKeyNotFound) {
 			return err
@@ -124,8 +256,10 @@ func kvCheckFormat(db *dgbadger.DB) error {
 		if !empty {
 			return errors.New("the directory holds another layout (eventstore's badger backend? open it as badger://DIR)")
 		}
+		format = kvFormat
 		return txn.Set(kvFormatKey, kvFormat)
 	})
+	return format, err
 }
 
 // enter guards an operation against a concurrent close.
@@ -187,9 +321,7 @@ func kvIndexKeys(evt *nostr.Event, pk []byte, serial uint64) [][]byte {
 	kind := kvKindBytes(evt.Kind)
 	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 	keys := [][]byte{
-		cat([]byte{kvTime}, suffix),
 		cat([]byte{kvKind}, kind, suffix),
-		cat([]byte{kvAuthor}, pk, suffix),
 		cat([]byte{kvAuthKind}, pk, kind, suffix),
 	}
 	var tags [][]byte
@@ -294,7 +426,7 @@ func kvPrepare(evt *nostr.Event) (kvPrepared, error) {
 func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 	txn := k.db.NewTransaction(true)
 	defer txn.Discard()
-	var wrote []int
+	var wrote, newKinds []int
 	err := func() error {
 		for _, p := range chunk {
 			if _, err := txn.Get(kvIDKey(p.id)); err == nil {
@@ -317,12 +449,20 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 					return err
 				}
 			}
+			if !k.kinds.isSaved(p.evt.Kind) && !slices.Contains(newKinds, p.evt.Kind) {
+				if err := txn.Set(append([]byte{kvKnownKind}, kvKindBytes(p.evt.Kind)...), nil); err != nil {
+					return err
+				}
+				newKinds = append(newKinds, p.evt.Kind)
+			}
 			wrote = append(wrote, p.n)
 		}
+		k.kinds.listKinds(newKinds...)
 		return txn.Commit()
 	}()
 	switch {
 	case err == nil:
+		k.kinds.save(newKinds...)
 		for _, n := range wrote {
 			res[n].Stored = true
 		}
@@ -440,7 +580,7 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 		if f.IDs != nil {
 			out, err = kvByIDs(txn, f)
 		} else {
-			out, err = kvScan(ctx, txn, f)
+			out, err = kvScan(ctx, txn, f, k.kinds.all())
 		}
 		return err
 	})
@@ -471,8 +611,9 @@ func kvByIDs(txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Event, error) {
 
 // kvPrefixes picks the index a filter without ids is answered from and
 // returns its prefixes: a tag (the letter with the fewest values), authors
-// with kinds, authors, kinds, or time alone. nil means nothing can match.
-func kvPrefixes(f nostr.Filter) [][]byte {
+// with kinds (for authors alone, every stored kind), or kinds (for time
+// alone, every stored kind). nil means nothing can match.
+func kvPrefixes(f nostr.Filter, stored []int) [][]byte {
 	letter, values := "", []string(nil)
 	for name, vals := range f.Tags {
 		if len(name) == 1 && (values == nil || len(vals) < len(values) || len(vals) == len(values) && name < letter) {
@@ -496,22 +637,22 @@ func kvPrefixes(f nostr.Filter) [][]byte {
 	switch {
 	case f.Authors != nil && len(pks) == 0, f.Kinds != nil && len(kinds) == 0:
 		return nil
-	case len(pks) > 0 && len(kinds) > 0 && len(pks)*len(kinds) <= kvPairLimit:
+	}
+	if len(kinds) == 0 {
+		kinds = stored
+	}
+	if len(pks) > 0 {
+		// Hundreds of prefixes at worst (the authors limit × the kinds
+		// stored), read in turn by one iterator (kvScanEach).
 		for _, pk := range pks {
 			for _, kind := range kinds {
 				out = append(out, append(append([]byte{kvAuthKind}, pk...), kvKindBytes(kind)...))
 			}
 		}
-	case len(pks) > 0:
-		for _, pk := range pks {
-			out = append(out, append([]byte{kvAuthor}, pk...))
-		}
-	case len(kinds) > 0:
-		for _, kind := range kinds {
-			out = append(out, append([]byte{kvKind}, kvKindBytes(kind)...))
-		}
-	default:
-		out = append(out, []byte{kvTime})
+		return out
+	}
+	for _, kind := range kinds {
+		out = append(out, append([]byte{kvKind}, kvKindBytes(kind)...))
 	}
 	return out
 }
@@ -549,8 +690,8 @@ const kvEachMin = 8
 
 // kvScan answers f from the filter's index prefixes newest first, loading
 // each candidate once and keeping those that match, until f.Limit.
-func kvScan(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Event, error) {
-	prefixes := kvPrefixes(f)
+func kvScan(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, kinds []int) ([]*nostr.Event, error) {
+	prefixes := kvPrefixes(f, kinds)
 	upper := binary.BigEndian.AppendUint64(nil, ^uint64(0))
 	if f.Until != nil {
 		upper = binary.BigEndian.AppendUint64(nil, flip(int64(*f.Until)))
