@@ -314,27 +314,37 @@ func decode32(s string) ([]byte, bool) {
 	return b, err == nil
 }
 
-// kvIndexKeys are the index keys of evt stored under serial.
+// kvIndexKeys are the index keys of evt stored under serial. They share
+// one allocation: a batch writes about ten per event.
 func kvIndexKeys(evt *nostr.Event, pk []byte, serial uint64) [][]byte {
-	suffix := binary.BigEndian.AppendUint64(nil, flip(int64(evt.CreatedAt)))
-	suffix = binary.BigEndian.AppendUint64(suffix, serial)
-	kind := kvKindBytes(evt.Kind)
-	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
-	keys := [][]byte{
-		cat([]byte{kvKind}, kind, suffix),
-		cat([]byte{kvAuthKind}, pk, kind, suffix),
-	}
-	var tags [][]byte
+	var tags [][]byte // each distinct letter and value once
 	for _, t := range evt.Tags {
 		if len(t) < 2 || len(t[0]) != 1 {
 			continue
 		}
 		p := kvTagPrefix(t[0][0], t[1])
-		if slices.ContainsFunc(tags, func(q []byte) bool { return bytes.Equal(p, q) }) {
-			continue
+		if !slices.ContainsFunc(tags, func(q []byte) bool { return bytes.Equal(p, q) }) {
+			tags = append(tags, p)
 		}
-		tags = append(tags, p)
-		keys = append(keys, cat(p, suffix))
+	}
+	const sfx = 16 // ts, serial
+	kind := flip(int64(evt.Kind))
+	buf := make([]byte, 0, (1+8+sfx)+(1+len(pk)+8+sfx)+len(tags)*(10+sfx))
+	keys := make([][]byte, 0, 2+len(tags))
+	key := func(parts ...[]byte) {
+		start := len(buf)
+		for _, p := range parts {
+			buf = append(buf, p...)
+		}
+		buf = binary.BigEndian.AppendUint64(buf, flip(int64(evt.CreatedAt)))
+		buf = binary.BigEndian.AppendUint64(buf, serial)
+		keys = append(keys, buf[start:len(buf):len(buf)])
+	}
+	kb := binary.BigEndian.AppendUint64(nil, kind)
+	key([]byte{kvKind}, kb)
+	key([]byte{kvAuthKind}, pk, kb)
+	for _, p := range tags {
+		key(p)
 	}
 	return keys
 }
@@ -429,7 +439,8 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 	var wrote, newKinds []int
 	err := func() error {
 		for _, p := range chunk {
-			if _, err := txn.Get(kvIDKey(p.id)); err == nil {
+			idKey := kvIDKey(p.id)
+			if _, err := txn.Get(idKey); err == nil {
 				continue // stored already: a duplicate
 			} else if !errors.Is(err, dgbadger.ErrKeyNotFound) {
 				return err
@@ -441,7 +452,7 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 			if err := txn.Set(kvRawKey(serial), p.payload); err != nil {
 				return err
 			}
-			if err := txn.Set(kvIDKey(p.id), binary.BigEndian.AppendUint64(nil, serial)); err != nil {
+			if err := txn.Set(idKey, binary.BigEndian.AppendUint64(nil, serial)); err != nil {
 				return err
 			}
 			for _, key := range kvIndexKeys(p.evt, p.pk, serial) {

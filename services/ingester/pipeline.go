@@ -373,7 +373,8 @@ func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
 		i.deletions.RLock()
 		defer i.deletions.RUnlock()
 	}
-	b := &batch{i: i, pending: newPendingSet(), deferred: newPendingSet(), cache: map[string]lookup{}}
+	// Sized for the two lookups per event the prefetch caches.
+	b := &batch{i: i, pending: newPendingSet(), deferred: newPendingSet(), cache: make(map[string]lookup, 2*len(items))}
 	b.prefetch(ctx, items)
 	pol := *i.policy
 	pol.Store = b
@@ -820,11 +821,15 @@ func filterKey(f nostr.Filter) string {
 	}
 	slices.Sort(tags)
 	for _, k := range tags {
+		sb.WriteString(strconv.Itoa(len(k)))
+		sb.WriteByte(':')
 		sb.WriteString(k)
 		sb.WriteByte('=')
 		for _, v := range f.Tags[k] {
-			sb.WriteString(strconv.Quote(v))
-			sb.WriteByte(',')
+			// Length-prefixed: any byte may follow, none is escaped.
+			sb.WriteString(strconv.Itoa(len(v)))
+			sb.WriteByte(':')
+			sb.WriteString(v)
 		}
 		sb.WriteByte(';')
 	}
