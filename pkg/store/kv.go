@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	dgbadger "github.com/dgraph-io/badger/v4"
 	"github.com/nbd-wtf/go-nostr"
@@ -58,6 +59,12 @@ type kv struct {
 	mu     sync.RWMutex
 	closed bool
 	kinds  kvKinds
+	// ids holds every id stored (see idFilter); nextIDs is the bigger
+	// filter being built to replace it, which writes add to as well.
+	ids, nextIDs atomic.Pointer[idFilter]
+	growing      atomic.Bool
+	// growers is the filter rebuild in progress, which close waits for.
+	growers sync.WaitGroup
 }
 
 // kvKinds is the set of kinds stored at least once. A kind is listed for
@@ -163,6 +170,11 @@ func openKV(dir string, o options) (*kv, error) {
 	if err := k.loadKinds(); err != nil {
 		return fail(err)
 	}
+	ids, err := k.buildIDs(kvIDCapacity)
+	if err != nil {
+		return fail(err)
+	}
+	k.ids.Store(ids)
 	if k.seq, err = db.GetSequence(kvSerialKey, 1024); err != nil {
 		return fail(fmt.Errorf("serials: %w", err))
 	}
@@ -207,6 +219,85 @@ func kvUpgradeV1(db *dgbadger.DB) error {
 		return fmt.Errorf("drop v1 indexes: %w", err)
 	}
 	return db.Update(func(txn *dgbadger.Txn) error { return txn.Set(kvFormatKey, kvFormat) })
+}
+
+// kvIDCapacity is the id filter's smallest capacity: 1.25 MiB.
+var kvIDCapacity int64 = 1 << 20
+
+// buildIDs returns an id filter of every stored id, sized for at least
+// capacity and twice the ids stored.
+func (k *kv) buildIDs(capacity int64) (*idFilter, error) {
+	for {
+		f := newIDFilter(capacity)
+		if err := k.readIDs(f); err != nil {
+			return nil, err
+		}
+		n := f.added.Load()
+		if 2*n <= f.capacity {
+			return f, nil
+		}
+		capacity = 2 * n
+	}
+}
+
+// readIDs adds every stored id to f. Writes that commit after it starts
+// reading are not added: a caller replacing a live filter has set nextIDs
+// before (see growIDs).
+func (k *kv) readIDs(f *idFilter) error {
+	err := k.db.View(func(txn *dgbadger.Txn) error {
+		it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{kvID}})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			if key := it.Item().Key(); len(key) == 33 {
+				f.add(key[1:])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read ids: %w", err)
+	}
+	return nil
+}
+
+// addIDs records stored ids in the filter, and in its replacement if one is
+// being built. Called after the write commits and before its stripes are
+// unlocked, so a writer of the same id (which needs the stripe) sees it; a
+// reader may briefly not, which costs it only a signature check the writer
+// then refuses as a duplicate.
+func (k *kv) addIDs(ids [][]byte) {
+	cur, next := k.ids.Load(), k.nextIDs.Load()
+	for _, id := range ids {
+		cur.add(id)
+		if next != nil {
+			next.add(id)
+		}
+	}
+	if cur.full() && k.growing.CompareAndSwap(false, true) {
+		k.growers.Add(1)
+		go k.growIDs(cur)
+	}
+}
+
+// growIDs replaces a full id filter with one four times its capacity. The
+// new filter is set as nextIDs before the stored ids are read, so every
+// write either committed before the read (and is read) or adds itself to
+// it (see addIDs).
+func (k *kv) growIDs(cur *idFilter) {
+	defer k.growers.Done()
+	defer k.growing.Store(false)
+	next := newIDFilter(4 * cur.capacity)
+	k.nextIDs.Store(next)
+	defer k.nextIDs.Store(nil)
+	done, err := k.enter()
+	if err != nil {
+		return // closed
+	}
+	defer done()
+	if err := k.readIDs(next); err != nil {
+		return // the full filter still answers, with more false "maybe"s
+	}
+	k.ids.Store(next)
 }
 
 // loadKinds reads the N keys into k.kinds.
@@ -276,13 +367,16 @@ func (k *kv) limits() queryLimits { return queryLimits{IDs: 500, Authors: 500} }
 
 func (k *kv) close() error {
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	if k.closed {
+		k.mu.Unlock()
 		return nil
 	}
 	k.closed = true
 	_ = k.seq.Release()
-	return k.db.Close()
+	err := k.db.Close()
+	k.mu.Unlock()
+	k.growers.Wait() // a rebuild that had not begun finds the store closed
+	return err
 }
 
 // flip makes a signed number's big-endian bytes sort in numeric order.
@@ -437,13 +531,20 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 	txn := k.db.NewTransaction(true)
 	defer txn.Discard()
 	var wrote, newKinds []int
+	var wroteIDs [][]byte
+	ids := k.ids.Load()
 	err := func() error {
 		for _, p := range chunk {
 			idKey := kvIDKey(p.id)
-			if _, err := txn.Get(idKey); err == nil {
-				continue // stored already: a duplicate
-			} else if !errors.Is(err, dgbadger.ErrKeyNotFound) {
-				return err
+			// The filter has every id stored, and any writer of this
+			// one holds its stripe: if it has not seen the id, the id
+			// is not stored.
+			if ids.mayHave(p.id) {
+				if _, err := txn.Get(idKey); err == nil {
+					continue // stored already: a duplicate
+				} else if !errors.Is(err, dgbadger.ErrKeyNotFound) {
+					return err
+				}
 			}
 			serial, err := k.seq.Next()
 			if err != nil {
@@ -467,6 +568,7 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 				newKinds = append(newKinds, p.evt.Kind)
 			}
 			wrote = append(wrote, p.n)
+			wroteIDs = append(wroteIDs, p.id)
 		}
 		k.kinds.listKinds(newKinds...)
 		return txn.Commit()
@@ -474,6 +576,7 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 	switch {
 	case err == nil:
 		k.kinds.save(newKinds...)
+		k.addIDs(wroteIDs)
 		for _, n := range wrote {
 			res[n].Stored = true
 		}
@@ -589,7 +692,7 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 	var out []*nostr.Event
 	err = k.db.View(func(txn *dgbadger.Txn) error {
 		if f.IDs != nil {
-			out, err = kvByIDs(txn, f)
+			out, err = kvByIDs(txn, f, k.ids.Load())
 		} else {
 			out, err = kvScan(ctx, txn, f, k.kinds.all())
 		}
@@ -598,11 +701,12 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 	return out, err
 }
 
-func kvByIDs(txn *dgbadger.Txn, f nostr.Filter) ([]*nostr.Event, error) {
+// kvByIDs looks the ids up, skipping those the id filter has never seen.
+func kvByIDs(txn *dgbadger.Txn, f nostr.Filter, ids *idFilter) ([]*nostr.Event, error) {
 	var out []*nostr.Event
 	for _, s := range slices.Compact(slices.Sorted(slices.Values(f.IDs))) {
 		id, ok := decode32(s)
-		if !ok {
+		if !ok || !ids.mayHave(id) {
 			continue
 		}
 		_, evt, err := kvLookup(txn, id)
