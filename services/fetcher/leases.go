@@ -198,13 +198,19 @@ func (l *shardLeases) members(ctx context.Context) ([]string, error) {
 }
 
 // releaseAll gives up every lease and the membership (graceful stop).
+// Each delete gets its own deadline: losing a shard waits for its
+// connections to close (a relay that ignores the close handshake takes 2 s),
+// and a deadline spent on that would leave the lease to expire instead.
 func (l *shardLeases) releaseAll() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
+	del := func(key string, opts ...jetstream.KVDeleteOpt) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = l.kv.Delete(ctx, key, opts...)
+	}
 	for s, ls := range l.owned {
 		l.lose(s, "fetcher stopping")
-		_ = l.kv.Delete(ctx, shardKey(s), jetstream.LastRevision(ls.rev))
+		del(shardKey(s), jetstream.LastRevision(ls.rev))
 		delete(l.owned, s)
 	}
-	_ = l.kv.Delete(ctx, l.member)
+	del(l.member)
 }

@@ -1,7 +1,9 @@
 package fetcher_test
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,10 +112,29 @@ func assertNoLongOverlap(t *testing.T, spans []testkit.ConnSpan, ttl time.Durati
 				end = bEnd
 			}
 			if overlap := end.Sub(start); overlap > ttl {
-				t.Fatalf("two connections open together for %s (TTL %s)", overlap, ttl)
+				t.Fatalf("two connections open together for %s (TTL %s); connections (opened, closed after the first opened):%s",
+					overlap, ttl, describeSpans(spans))
 			}
 		}
 	}
+}
+
+// describeSpans lists connection spans relative to the first one's start,
+// so a failure says which connections overlapped and when.
+func describeSpans(spans []testkit.ConnSpan) string {
+	if len(spans) == 0 {
+		return " none"
+	}
+	var sb strings.Builder
+	t0 := spans[0].Opened
+	for i, s := range spans {
+		closed := "open"
+		if !s.Closed.IsZero() {
+			closed = s.Closed.Sub(t0).String()
+		}
+		fmt.Fprintf(&sb, " #%d %s–%s;", i, s.Opened.Sub(t0), closed)
+	}
+	return sb.String()
 }
 
 func TestRendezvousShards(t *testing.T) {
