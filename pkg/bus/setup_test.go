@@ -3,7 +3,10 @@ package bus_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,9 +96,11 @@ func TestConsumeRestartingAfterConsumerDeleted(t *testing.T) {
 	var handled atomic.Int32
 	cctx, stop := context.WithCancel(ctx)
 	errc := make(chan error, 1)
+	logged := &levels{}
 	go func() {
-		errc <- b.ConsumeRestarting(cctx, clock.Real{}, bus.RestartBackoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+		errc <- b.ConsumeRestarting(cctx, clock.Real{}, bus.RestartBackoff{Min: 10 * time.Millisecond, Max: time.Second},
 			bus.ConsumeConfig{
+				Log:      slog.New(logged),
 				Stream:   b.Names.FetchCmdStream(),
 				Consumer: jetstream.ConsumerConfig{Durable: "shard-2", FilterSubject: b.Names.FetchCmdSubject(2)},
 			}, func(context.Context, jetstream.Msg) error {
@@ -134,4 +139,30 @@ func TestConsumeRestartingAfterConsumerDeleted(t *testing.T) {
 	if err := <-errc; err != context.Canceled {
 		t.Fatalf("ConsumeRestarting returned %v, want context.Canceled", err)
 	}
+	// A restart that succeeds is a warning, not an error an operator is
+	// paged for.
+	if got := logged.get(); len(got) == 0 || slices.Contains(got, slog.LevelError) {
+		t.Fatalf("restarts logged at %v, want warnings only", got)
+	}
+}
+
+// levels is a slog.Handler that keeps the level of every record.
+type levels struct {
+	mu   sync.Mutex
+	seen []slog.Level
+}
+
+func (l *levels) Enabled(context.Context, slog.Level) bool { return true }
+func (l *levels) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seen = append(l.seen, r.Level)
+	return nil
+}
+func (l *levels) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *levels) WithGroup(string) slog.Handler      { return l }
+func (l *levels) get() []slog.Level {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.seen)
 }

@@ -197,7 +197,14 @@ func (b *Bus) ConsumeRestarting(ctx context.Context, clk clock.Clock, bo Restart
 		if clk.Now().Sub(started) >= bo.Max {
 			wait = bo.Min
 		}
-		log.Error("consumer stopped; attaching again", "stream", cfg.Stream, "consumer", cfg.Consumer.Durable,
+		// A stop is expected when a NATS node fails over, and the retry
+		// usually succeeds: a warning. One that keeps failing until the
+		// backoff is at its longest is an error an operator must see.
+		level := slog.LevelWarn
+		if wait >= bo.Max {
+			level = slog.LevelError
+		}
+		log.Log(ctx, level, "consumer stopped; attaching again", "stream", cfg.Stream, "consumer", cfg.Consumer.Durable,
 			"retry_in", wait, "err", err)
 		select {
 		case <-ctx.Done():
