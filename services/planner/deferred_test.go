@@ -3,6 +3,8 @@ package planner
 import (
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // deferRules make one repository's minimal live set (8 filters) exceed the
@@ -54,6 +56,11 @@ func TestDeferredConsolidationRunsInOrder(t *testing.T) {
 		"add wss://b.example s2 1-6 roots=z live=[#e=zL0 #E=zL0 #q=zL0] hist=[#e=z #E=z #q=z]")
 	if n := h.m.DeferredConsolidations(); n != 2 {
 		t.Fatalf("%d consolidations queued, want 2", n)
+	}
+	met := NewMetrics(nil)
+	met.queue(h.m)
+	if g := testutil.ToFloat64(met.deferred); g != 2 {
+		t.Fatalf("grasp_planner_deferred_consolidations = %v, want 2", g)
 	}
 	if next := h.m.NextDeadline(); !next.Equal(h.now) {
 		t.Fatalf("next deadline %s, want now (%s)", next, h.now)

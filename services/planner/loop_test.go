@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
@@ -90,15 +91,21 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 	done := make(chan error, 1)
 	reg := prometheus.NewRegistry()
 	go func() { done <- planner.New(cfg, pb, clock.Real{}, obs.NewLogger(io.Discard, "error"), reg).Run(pctx) }()
-	recomputes := func() uint64 {
+	family := func(name string) *dto.MetricFamily {
 		mfs, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, mf := range mfs {
-			if mf.GetName() == "grasp_planner_recompute_duration_seconds" {
-				return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			if mf.GetName() == name {
+				return mf
 			}
+		}
+		return nil
+	}
+	recomputes := func() uint64 {
+		if mf := family("grasp_planner_recompute_duration_seconds"); mf != nil {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
 		}
 		return 0
 	}
@@ -167,6 +174,10 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 	if replace == nil || commands()[6].GetSessionId() != "s1" || len(replace.GetLiveFilters()) != 7 {
 		t.Fatalf("deferred consolidation: %v", commands()[6])
 	}
+	waitFor(t, ctx, "the deferred-consolidation gauge back at 0", func() bool {
+		mf := family("grasp_planner_deferred_consolidations")
+		return mf != nil && mf.GetMetric()[0].GetGauge().GetValue() == 0
+	})
 	var covered int
 	for _, f := range replace.GetLiveFilters() {
 		for _, tag := range f.GetTags() {

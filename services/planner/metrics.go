@@ -17,6 +17,7 @@ type Metrics struct {
 	batches       *prometheus.CounterVec
 	batchDuration *prometheus.HistogramVec
 	consolidation prometheus.Counter
+	deferred      prometheus.Gauge
 	reconnects    *prometheus.CounterVec
 	relays        *prometheus.GaugeVec
 	recompute     prometheus.Histogram
@@ -50,6 +51,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		consolidation: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "grasp_planner_consolidations_total", Help: "Live subscription consolidations (one ReplaceLive with the minimal set).",
 		}),
+		deferred: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "grasp_planner_deferred_consolidations",
+			Help: "Relays whose live subscriptions wait for a consolidation the loop builds a few at a time.",
+		}),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grasp_planner_reconnects_total", Help: "Relay sessions started, by kind: fresh, quick, long, daily, resume.",
 		}, []string{"kind"}),
@@ -69,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.commands, m.status, m.repos, m.roots, m.batches, m.batchDuration,
-			m.consolidation, m.reconnects, m.relays, m.recompute, m.leader, m.epoch)
+			m.consolidation, m.deferred, m.reconnects, m.relays, m.recompute, m.leader, m.epoch)
 	}
 	return m
 }
@@ -120,6 +125,9 @@ func (m *Metrics) relayDropped(url string) {
 		m.roots.DeleteLabelValues(url, st)
 	}
 }
+
+// queue sets the gauge of relays waiting for a deferred consolidation.
+func (m *Metrics) queue(mach *Machine) { m.deferred.Set(float64(mach.DeferredConsolidations())) }
 
 // totals sets the tracked/connected/dead gauges.
 func (m *Metrics) totals(relays map[RelayID]*RelayState) {

@@ -374,6 +374,7 @@ func (t *term) flush(ctx context.Context) error {
 		}
 		t.log.Debug("command sent", attrs...)
 	}
+	t.p.metrics.queue(t.m)
 	changed, dropped := t.m.TakeDirty()
 	now := t.p.clock.Now()
 	for _, s := range changed {
