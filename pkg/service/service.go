@@ -28,6 +28,8 @@ type Common struct {
 	Prefix string `envconfig:"PREFIX" default:"grasp"`
 	// Replicas of streams and buckets (3 in a NATS cluster).
 	Replicas int `envconfig:"NATS_REPLICAS" default:"1"`
+	// SetupTimeout bounds connecting to NATS and creating the shared streams and buckets at start; past it the binary exits. A cluster electing stream leaders can take tens of seconds.
+	SetupTimeout time.Duration `envconfig:"NATS_SETUP_TIMEOUT" default:"1m"`
 	// MetricsAddr serves /metrics, /healthz and /readyz.
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`
 	// LogLevel is debug, info, warn or error (JSON logs on stderr).
@@ -56,6 +58,9 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 	if err := config.Load(&common); err != nil {
 		return err
 	}
+	if common.SetupTimeout <= 0 {
+		return fmt.Errorf("GRASP_NATS_SETUP_TIMEOUT=%s: must be positive", common.SetupTimeout)
+	}
 	if spec != nil {
 		if err := config.Load(spec); err != nil {
 			return err
@@ -71,7 +76,7 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 		return err
 	}
 	names := bus.Names{Prefix: common.Prefix}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, common.SetupTimeout)
 	defer cancel()
 	b, err := bus.Connect(cctx, common.NATSURL, name, names)
 	if err != nil {

@@ -1,0 +1,22 @@
+package service
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// A set-up timeout that cannot be met is a configuration mistake: one line
+// naming the variable, before anything is dialled or served.
+func TestSetupTimeoutMustBePositive(t *testing.T) {
+	t.Setenv("GRASP_NATS_SETUP_TIMEOUT", "0s")
+	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
+	ran := false
+	err := mainErr("test", nil, func(context.Context, *Env) error { ran = true; return nil })
+	if err == nil || ran {
+		t.Fatalf("mainErr = %v (ran %v), want a refusal", err, ran)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "GRASP_NATS_SETUP_TIMEOUT") || strings.Contains(msg, "\n") {
+		t.Fatalf("error %q: want one line naming GRASP_NATS_SETUP_TIMEOUT", msg)
+	}
+}
