@@ -1,0 +1,304 @@
+package store
+
+import (
+	"bytes"
+	"container/heap"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	dgbadger "github.com/dgraph-io/badger/v4"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// kvLookup finds the stored event with this id: nil if there is none.
+func kvLookup(txn *dgbadger.Txn, id []byte) (uint64, *nostr.Event, error) {
+	item, err := txn.Get(kvIDKey(id))
+	if errors.Is(err, dgbadger.ErrKeyNotFound) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	var serial uint64
+	if err := item.Value(func(v []byte) error {
+		if len(v) != 8 {
+			return fmt.Errorf("id %x: serial of %d bytes", id, len(v))
+		}
+		serial = binary.BigEndian.Uint64(v)
+		return nil
+	}); err != nil {
+		return 0, nil, err
+	}
+	evt, err := kvLoad(txn, serial)
+	return serial, evt, err
+}
+
+// kvLoad reads the event stored under serial: nil if there is none.
+func kvLoad(txn *dgbadger.Txn, serial uint64) (*nostr.Event, error) {
+	item, err := txn.Get(kvRawKey(serial))
+	if errors.Is(err, dgbadger.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	evt := new(nostr.Event)
+	if err := item.Value(evt.UnmarshalJSON); err != nil {
+		return nil, fmt.Errorf("decode event %d: %w", serial, err)
+	}
+	return evt, nil
+}
+
+// query returns up to f.Limit events matching f, newest first (ties: the
+// later write first).
+func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
+	done, err := k.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var out []*nostr.Event
+	err = k.db.View(func(txn *dgbadger.Txn) error {
+		if f.IDs != nil {
+			out, err = kvByIDs(txn, f, k.ids.Load())
+		} else {
+			out, err = kvScan(ctx, txn, f, k.kinds.all())
+		}
+		return err
+	})
+	return out, err
+}
+
+// kvByIDs looks the ids up, skipping those the id filter has never seen.
+func kvByIDs(txn *dgbadger.Txn, f nostr.Filter, ids *idFilter) ([]*nostr.Event, error) {
+	var out []*nostr.Event
+	for _, s := range slices.Compact(slices.Sorted(slices.Values(f.IDs))) {
+		id, ok := decode32(s)
+		if !ok || !ids.mayHave(id) {
+			continue
+		}
+		_, evt, err := kvLookup(txn, id)
+		if err != nil {
+			return nil, err
+		}
+		if evt != nil && f.Matches(evt) {
+			out = append(out, evt)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *nostr.Event) int { return int(b.CreatedAt - a.CreatedAt) })
+	if len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// kvPrefixes picks the index a filter without ids is answered from and
+// returns its prefixes: a tag (the letter with the fewest values), authors
+// with kinds (for authors alone, every stored kind), or kinds (for time
+// alone, every stored kind). nil means nothing can match.
+func kvPrefixes(f nostr.Filter, stored []int) [][]byte {
+	letter, values := "", []string(nil)
+	for name, vals := range f.Tags {
+		if len(name) == 1 && (values == nil || len(vals) < len(values) || len(vals) == len(values) && name < letter) {
+			letter, values = name, vals
+		}
+	}
+	var out [][]byte
+	if values != nil {
+		for _, v := range slices.Compact(slices.Sorted(slices.Values(values))) {
+			out = append(out, kvTagPrefix(letter[0], v))
+		}
+		return out
+	}
+	var pks [][]byte
+	for _, a := range slices.Compact(slices.Sorted(slices.Values(f.Authors))) {
+		if pk, ok := decode32(a); ok {
+			pks = append(pks, pk)
+		}
+	}
+	kinds := slices.Compact(slices.Sorted(slices.Values(f.Kinds)))
+	switch {
+	case f.Authors != nil && len(pks) == 0, f.Kinds != nil && len(kinds) == 0:
+		return nil
+	}
+	if len(kinds) == 0 {
+		kinds = stored
+	}
+	if len(pks) > 0 {
+		// Hundreds of prefixes at worst (the authors limit × the kinds
+		// stored), read in turn by one iterator (kvScanEach).
+		for _, pk := range pks {
+			for _, kind := range kinds {
+				out = append(out, append(append([]byte{kvAuthKind}, pk...), kvKindBytes(kind)...))
+			}
+		}
+		return out
+	}
+	for _, kind := range kinds {
+		out = append(out, append([]byte{kvKind}, kvKindBytes(kind)...))
+	}
+	return out
+}
+
+// kvCursor walks one index prefix from the newest entry back.
+type kvCursor struct {
+	it     *dgbadger.Iterator
+	prefix []byte
+}
+
+// suffix is the current entry's ts and serial, which order the merge.
+func (c *kvCursor) suffix() []byte {
+	key := c.it.Item().Key()
+	return key[len(key)-16:]
+}
+
+type kvCursors []*kvCursor
+
+func (h kvCursors) Len() int           { return len(h) }
+func (h kvCursors) Less(i, j int) bool { return bytes.Compare(h[i].suffix(), h[j].suffix()) > 0 }
+func (h kvCursors) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *kvCursors) Push(x any)        { *h = append(*h, x.(*kvCursor)) }
+func (h *kvCursors) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
+}
+
+// kvEachMin is how many prefixes a query must have before kvScan first
+// tries reading them one after another with a single iterator: a badger
+// iterator costs several microseconds to open, and a lookup like "which of
+// these 256 ids has a deletion" has hundreds of mostly empty prefixes.
+const kvEachMin = 8
+
+// kvScan answers f from the filter's index prefixes newest first, loading
+// each candidate once and keeping those that match, until f.Limit.
+func kvScan(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, kinds []int) ([]*nostr.Event, error) {
+	prefixes := kvPrefixes(f, kinds)
+	upper := binary.BigEndian.AppendUint64(nil, ^uint64(0))
+	if f.Until != nil {
+		upper = binary.BigEndian.AppendUint64(nil, flip(int64(*f.Until)))
+	}
+	upper = binary.BigEndian.AppendUint64(upper, ^uint64(0))
+	var lower uint64
+	if f.Since != nil {
+		lower = flip(int64(*f.Since))
+	}
+	if len(prefixes) >= kvEachMin {
+		if out, ok, err := kvScanEach(ctx, txn, f, prefixes, upper, lower); err != nil || ok {
+			return out, err
+		}
+	}
+	return kvMerge(ctx, txn, f, prefixes, upper, lower)
+}
+
+// kvScanEach reads every prefix in turn with one iterator, collecting the
+// entries in [since, until], then loads them newest first. It gives up
+// (ok false) as soon as one prefix holds more than f.Limit entries there,
+// where the merge, which stops at the limit, reads less.
+func kvScanEach(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) (out []*nostr.Event, ok bool, err error) {
+	common := prefixes[0]
+	for _, p := range prefixes[1:] {
+		n := 0
+		for n < len(common) && n < len(p) && common[n] == p[n] {
+			n++
+		}
+		common = common[:n]
+	}
+	it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: slices.Clip(common), Reverse: true})
+	defer it.Close()
+	var suffixes [][16]byte
+	for _, p := range prefixes {
+		if err := ctx.Err(); err != nil {
+			return nil, false, err
+		}
+		n := 0
+		for it.Seek(append(slices.Clip(p), upper...)); it.ValidForPrefix(p); it.Next() {
+			key := it.Item().Key()
+			var sfx [16]byte
+			copy(sfx[:], key[len(key)-16:])
+			if binary.BigEndian.Uint64(sfx[:8]) < lower {
+				break
+			}
+			if n++; n > f.Limit {
+				return nil, false, nil
+			}
+			suffixes = append(suffixes, sfx)
+		}
+	}
+	slices.SortFunc(suffixes, func(a, b [16]byte) int { return bytes.Compare(b[:], a[:]) })
+	suffixes = slices.Compact(suffixes)
+	for _, sfx := range suffixes {
+		if len(out) >= f.Limit {
+			break
+		}
+		evt, err := kvLoad(txn, binary.BigEndian.Uint64(sfx[8:]))
+		if err != nil {
+			return nil, false, err
+		}
+		if evt != nil && f.Matches(evt) {
+			out = append(out, evt)
+		}
+	}
+	return out, true, nil
+}
+
+// kvMerge merges the prefixes through a heap of iterators, newest first,
+// and stops at f.Limit matches.
+func kvMerge(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) ([]*nostr.Event, error) {
+	h := make(kvCursors, 0, len(prefixes))
+	defer func() {
+		for _, c := range h {
+			c.it.Close()
+		}
+	}()
+	for _, p := range prefixes {
+		c := &kvCursor{it: txn.NewIterator(dgbadger.IteratorOptions{Prefix: p, Reverse: true}), prefix: p}
+		c.it.Seek(append(slices.Clip(p), upper...))
+		if !c.it.ValidForPrefix(p) {
+			c.it.Close()
+			continue
+		}
+		h = append(h, c)
+	}
+	heap.Init(&h)
+	var out []*nostr.Event
+	seen := make(map[uint64]struct{})
+	for steps := 0; len(h) > 0 && len(out) < f.Limit; steps++ {
+		if steps%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		c := h[0]
+		suffix := c.suffix()
+		ts, serial := binary.BigEndian.Uint64(suffix), binary.BigEndian.Uint64(suffix[8:])
+		if ts < lower {
+			// Older than since: this prefix is done.
+			c.it.Close()
+			heap.Pop(&h)
+			continue
+		}
+		if c.it.Next(); c.it.ValidForPrefix(c.prefix) {
+			heap.Fix(&h, 0)
+		} else {
+			c.it.Close()
+			heap.Pop(&h)
+		}
+		if _, dup := seen[serial]; dup {
+			continue
+		}
+		seen[serial] = struct{}{}
+		evt, err := kvLoad(txn, serial)
+		if err != nil {
+			return nil, err
+		}
+		if evt != nil && f.Matches(evt) {
+			out = append(out, evt)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,247 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	dgbadger "github.com/dgraph-io/badger/v4"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// kvIndexKeys are the index keys of evt stored under serial. They share
+// one allocation: a batch writes about ten per event.
+func kvIndexKeys(evt *nostr.Event, pk []byte, serial uint64) [][]byte {
+	var tags [][]byte // each distinct letter and value once
+	for _, t := range evt.Tags {
+		if len(t) < 2 || len(t[0]) != 1 {
+			continue
+		}
+		p := kvTagPrefix(t[0][0], t[1])
+		if !slices.ContainsFunc(tags, func(q []byte) bool { return bytes.Equal(p, q) }) {
+			tags = append(tags, p)
+		}
+	}
+	const sfx = 16 // ts, serial
+	kind := flip(int64(evt.Kind))
+	buf := make([]byte, 0, (1+8+sfx)+(1+len(pk)+8+sfx)+len(tags)*(10+sfx))
+	keys := make([][]byte, 0, 2+len(tags))
+	key := func(parts ...[]byte) {
+		start := len(buf)
+		for _, p := range parts {
+			buf = append(buf, p...)
+		}
+		buf = binary.BigEndian.AppendUint64(buf, flip(int64(evt.CreatedAt)))
+		buf = binary.BigEndian.AppendUint64(buf, serial)
+		keys = append(keys, buf[start:len(buf):len(buf)])
+	}
+	kb := binary.BigEndian.AppendUint64(nil, kind)
+	key([]byte{kvKind}, kb)
+	key([]byte{kvAuthKind}, pk, kb)
+	for _, p := range tags {
+		key(p)
+	}
+	return keys
+}
+
+// kvPrepared is an event ready to write: its decoded id and pubkey.
+type kvPrepared struct {
+	n       int
+	evt     *nostr.Event
+	id, pk  []byte
+	size    int
+	payload []byte
+}
+
+func (k *kv) insert(ctx context.Context, evt *nostr.Event) (bool, error) {
+	r := k.insertBatch(ctx, []*nostr.Event{evt})[0]
+	return r.Stored, r.Err
+}
+
+// insertBatch writes regular events with distinct ids, as few badger
+// transactions as their size allows, holding the stripes of their ids.
+func (k *kv) insertBatch(ctx context.Context, evts []*nostr.Event) []SaveResult {
+	ids := make([]string, len(evts))
+	for n, evt := range evts {
+		ids[n] = evt.ID
+	}
+	unlock := k.locks.lockAll(ids)
+	defer unlock()
+	return k.write(ctx, evts)
+}
+
+// write stores the events not stored yet; the caller holds their stripes
+// (or, for a replaceable event, its key's: only replace writes those ids).
+func (k *kv) write(ctx context.Context, evts []*nostr.Event) []SaveResult {
+	res := make([]SaveResult, len(evts))
+	done, err := k.enter()
+	if err != nil {
+		for n := range res {
+			res[n].Err = err
+		}
+		return res
+	}
+	defer done()
+	var todo []kvPrepared
+	for n, evt := range evts {
+		p, err := kvPrepare(evt)
+		if err != nil {
+			res[n].Err = err
+			continue
+		}
+		p.n = n
+		todo = append(todo, p)
+	}
+	for len(todo) > 0 {
+		if err := ctx.Err(); err != nil {
+			for _, p := range todo {
+				res[p.n].Err = err
+			}
+			break
+		}
+		size, end := 0, 0
+		for end < len(todo) && (end == 0 || size+todo[end].size <= kvTxnBytes) {
+			size += todo[end].size
+			end++
+		}
+		k.writeChunk(todo[:end], res)
+		todo = todo[end:]
+	}
+	return res
+}
+
+func kvPrepare(evt *nostr.Event) (kvPrepared, error) {
+	id, ok := decode32(evt.ID)
+	if !ok {
+		return kvPrepared{}, fmt.Errorf("%w: id %q is not 32 bytes of hex", ErrUnstorable, evt.ID)
+	}
+	pk, ok := decode32(evt.PubKey)
+	if !ok {
+		return kvPrepared{}, fmt.Errorf("%w: pubkey %q is not 32 bytes of hex", ErrUnstorable, evt.PubKey)
+	}
+	payload, err := evt.MarshalJSON()
+	if err != nil {
+		return kvPrepared{}, fmt.Errorf("%w: encode: %v", ErrUnstorable, err)
+	}
+	return kvPrepared{evt: evt, id: id, pk: pk, payload: payload, size: len(payload) + 64*(5+len(evt.Tags))}, nil
+}
+
+// writeChunk stores the events of chunk that are not stored yet in one
+// transaction, and splits the chunk when badger finds it too big.
+func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
+	txn := k.db.NewTransaction(true)
+	defer txn.Discard()
+	var wrote, newKinds []int
+	var wroteIDs [][]byte
+	ids := k.ids.Load()
+	err := func() error {
+		for _, p := range chunk {
+			idKey := kvIDKey(p.id)
+			// The filter has every id stored, and any writer of this
+			// one holds its stripe: if it has not seen the id, the id
+			// is not stored.
+			if ids.mayHave(p.id) {
+				if _, err := txn.Get(idKey); err == nil {
+					continue // stored already: a duplicate
+				} else if !errors.Is(err, dgbadger.ErrKeyNotFound) {
+					return err
+				}
+			}
+			serial, err := k.seq.Next()
+			if err != nil {
+				return fmt.Errorf("next serial: %w", err)
+			}
+			if err := txn.Set(kvRawKey(serial), p.payload); err != nil {
+				return err
+			}
+			if err := txn.Set(idKey, binary.BigEndian.AppendUint64(nil, serial)); err != nil {
+				return err
+			}
+			for _, key := range kvIndexKeys(p.evt, p.pk, serial) {
+				if err := txn.Set(key, nil); err != nil {
+					return err
+				}
+			}
+			if !k.kinds.isSaved(p.evt.Kind) && !slices.Contains(newKinds, p.evt.Kind) {
+				if err := txn.Set(append([]byte{kvKnownKind}, kvKindBytes(p.evt.Kind)...), nil); err != nil {
+					return err
+				}
+				newKinds = append(newKinds, p.evt.Kind)
+			}
+			wrote = append(wrote, p.n)
+			wroteIDs = append(wroteIDs, p.id)
+		}
+		k.kinds.listKinds(newKinds...)
+		return txn.Commit()
+	}()
+	switch {
+	case err == nil:
+		k.kinds.save(newKinds...)
+		k.addIDs(wroteIDs)
+		for _, n := range wrote {
+			res[n].Stored = true
+		}
+	case errors.Is(err, dgbadger.ErrTxnTooBig) && len(chunk) > 1:
+		txn.Discard()
+		k.writeChunk(chunk[:len(chunk)/2], res)
+		k.writeChunk(chunk[len(chunk)/2:], res)
+	case errors.Is(err, dgbadger.ErrTxnTooBig):
+		res[chunk[0].n].Err = fmt.Errorf("%w: %d bytes is more than one badger transaction holds", ErrUnstorable, chunk[0].size)
+	default:
+		for _, p := range chunk {
+			res[p.n].Err = err
+		}
+	}
+}
+
+func (k *kv) replace(ctx context.Context, evt *nostr.Event) (bool, error) {
+	mu := k.locks.lock(ReplaceKey(evt))
+	defer mu.Unlock()
+	insert := func(ctx context.Context, evt *nostr.Event) (bool, error) {
+		r := k.write(ctx, []*nostr.Event{evt})[0]
+		return r.Stored, r.Err
+	}
+	return replaceVersions(ctx, evt, k.versions, insert, k.delete)
+}
+
+// versions returns every stored version of evt's replaceable key.
+func (k *kv) versions(ctx context.Context, evt *nostr.Event) ([]*nostr.Event, error) {
+	f := nostr.Filter{Kinds: []int{evt.Kind}, Authors: []string{evt.PubKey}, Limit: DefaultQueryLimit}
+	if nostr.IsAddressableKind(evt.Kind) {
+		f.Tags = nostr.TagMap{"d": {evt.Tags.GetD()}}
+	}
+	all, err := k.query(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	return sameKey(evt, all), nil
+}
+
+func (k *kv) delete(_ context.Context, evt *nostr.Event) error {
+	id, ok := decode32(evt.ID)
+	if !ok {
+		return nil // never stored
+	}
+	done, err := k.enter()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return k.db.Update(func(txn *dgbadger.Txn) error {
+		serial, stored, err := kvLookup(txn, id)
+		if err != nil || stored == nil {
+			return err
+		}
+		pk, _ := decode32(stored.PubKey)
+		keys := append(kvIndexKeys(stored, pk, serial), kvRawKey(serial), kvIDKey(id))
+		for _, key := range keys {
+			if err := txn.Delete(key); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
