@@ -31,7 +31,7 @@ func connect(t *testing.T, external bool) *bus.Bus {
 		if url == "" {
 			t.Skip("SKIP: GRASP_TEST_NATS_URL is not set; .ci/run sets it to the machine's NATS")
 		}
-		b, err = bus.Connect(ctx, url, "bus-test", names)
+		b, err = bus.Connect(ctx, url, "bus-test", names, bus.Security{})
 	} else {
 		b, err = bus.ConnectInProcess(testkit.StartNATS(t).Server, "bus-test", names)
 	}

@@ -2,7 +2,9 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -18,16 +20,71 @@ type Bus struct {
 	Names Names
 }
 
+// Security is what a service needs to join a NATS deployment that
+// authenticates its clients or uses TLS with a private certificate
+// authority. Empty fields are not used; a user and password or a token go in
+// the URL (nats://user:pass@host).
+type Security struct {
+	// Creds is a NATS credentials file (a user JWT and its nkey seed), for servers with decentralised authentication.
+	Creds string `envconfig:"NATS_CREDS"`
+	// CA is a PEM file of the certificate authorities that sign the NATS servers' TLS certificates (default: the system's).
+	CA string `envconfig:"NATS_CA"`
+	// Cert and Key are a PEM client certificate and its private key, for servers that require TLS client authentication.
+	Cert string `envconfig:"NATS_CERT"`
+	// Cert and Key are a PEM client certificate and its private key, for servers that require TLS client authentication.
+	Key string `envconfig:"NATS_KEY"`
+}
+
+// Check reports a configuration mistake in one line naming the variable: a
+// file that cannot be read, or a certificate without its key.
+func (s Security) Check() error {
+	if (s.Cert == "") != (s.Key == "") {
+		return errors.New("GRASP_NATS_CERT and GRASP_NATS_KEY go together: set both or neither")
+	}
+	for _, f := range []struct{ name, path string }{
+		{"GRASP_NATS_CREDS", s.Creds}, {"GRASP_NATS_CA", s.CA}, {"GRASP_NATS_CERT", s.Cert}, {"GRASP_NATS_KEY", s.Key},
+	} {
+		if f.path == "" {
+			continue
+		}
+		fh, err := os.Open(f.path)
+		if err != nil {
+			return fmt.Errorf("%s=%s: %w", f.name, f.path, err)
+		}
+		fh.Close()
+	}
+	return nil
+}
+
+func (s Security) options() []nats.Option {
+	var opts []nats.Option
+	if s.Creds != "" {
+		opts = append(opts, nats.UserCredentials(s.Creds))
+	}
+	if s.CA != "" {
+		opts = append(opts, nats.RootCAs(s.CA))
+	}
+	if s.Cert != "" {
+		opts = append(opts, nats.ClientCert(s.Cert, s.Key))
+	}
+	return opts
+}
+
 // Connect dials a NATS server by URL. name identifies the service in the
-// server's connection list. It fails fast (no retry on the first connect) so
-// a wrong URL is reported at start, and reconnects forever afterwards.
-func Connect(ctx context.Context, url, name string, names Names) (*Bus, error) {
-	nc, err := nats.Connect(url,
+// server's connection list; sec (often empty) says how to authenticate and
+// which certificate authorities to trust. It fails fast (no retry on the
+// first connect) so a wrong URL is reported at start, and reconnects forever
+// afterwards.
+func Connect(ctx context.Context, url, name string, names Names, sec Security) (*Bus, error) {
+	if err := sec.Check(); err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append([]nats.Option{
 		nats.Name(name),
-		nats.Timeout(5*time.Second),
+		nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
-	)
+	}, sec.options()...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
 	}

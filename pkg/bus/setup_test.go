@@ -45,7 +45,7 @@ func TestSetupConcurrent(t *testing.T) {
 			const callers = 6
 			buses := make([]*bus.Bus, callers)
 			for i := range buses {
-				b, err := bus.Connect(ctx, urls[i%len(urls)], fmt.Sprintf("setup-%d", i), names)
+				b, err := bus.Connect(ctx, urls[i%len(urls)], fmt.Sprintf("setup-%d", i), names, bus.Security{})
 				if err != nil {
 					t.Fatal(err)
 				}

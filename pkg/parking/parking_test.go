@@ -89,7 +89,7 @@ type fixture struct {
 func open(t *testing.T, n *testkit.NATS, cfg parking.Config, clk *clock.Fake) fixture {
 	t.Helper()
 	ctx := context.Background()
-	b, err := bus.Connect(ctx, n.URL, t.Name(), bus.Names{Prefix: "t"})
+	b, err := bus.Connect(ctx, n.URL, t.Name(), bus.Names{Prefix: "t"}, bus.Security{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func waitFor(t *testing.T, cond func() bool) {
 func BenchmarkWaiting(b *testing.B) {
 	ctx := context.Background()
 	n := testkit.StartNATS(b)
-	bb, err := bus.Connect(ctx, n.URL, "bench", bus.Names{Prefix: "t"})
+	bb, err := bus.Connect(ctx, n.URL, "bench", bus.Names{Prefix: "t"}, bus.Security{})
 	if err != nil {
 		b.Fatal(err)
 	}

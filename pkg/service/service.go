@@ -24,6 +24,8 @@ import (
 type Common struct {
 	// NATSURL is the NATS server (or cluster) the service joins.
 	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222"`
+	// Security: credentials and certificate authorities for a secured NATS.
+	bus.Security
 	// Prefix namespaces subjects, streams and buckets.
 	Prefix string `envconfig:"PREFIX" default:"grasp"`
 	// Replicas of streams and buckets (3 in a NATS cluster).
@@ -61,6 +63,9 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 	if common.SetupTimeout <= 0 {
 		return fmt.Errorf("GRASP_NATS_SETUP_TIMEOUT=%s: must be positive", common.SetupTimeout)
 	}
+	if err := common.Security.Check(); err != nil {
+		return err
+	}
 	if spec != nil {
 		if err := config.Load(spec); err != nil {
 			return err
@@ -78,7 +83,7 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 	names := bus.Names{Prefix: common.Prefix}
 	cctx, cancel := context.WithTimeout(ctx, common.SetupTimeout)
 	defer cancel()
-	b, err := bus.Connect(cctx, common.NATSURL, name, names)
+	b, err := bus.Connect(cctx, common.NATSURL, name, names, common.Security)
 	if err != nil {
 		return fmt.Errorf("GRASP_NATS_URL=%s: %w", common.NATSURL, err)
 	}

@@ -20,3 +20,15 @@ func TestSetupTimeoutMustBePositive(t *testing.T) {
 		t.Fatalf("error %q: want one line naming GRASP_NATS_SETUP_TIMEOUT", msg)
 	}
 }
+
+// The NATS security variables are read (bus.Security is embedded in Common)
+// and checked before anything is dialled.
+func TestNATSSecurityVariablesAreRead(t *testing.T) {
+	missing := t.TempDir() + "/ca.pem"
+	t.Setenv("GRASP_NATS_CA", missing)
+	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
+	err := mainErr("test", nil, func(context.Context, *Env) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "GRASP_NATS_CA="+missing) {
+		t.Fatalf("mainErr = %v, want one line naming GRASP_NATS_CA", err)
+	}
+}

@@ -83,7 +83,7 @@ func newEnv(t *testing.T) *env {
 }
 
 func (e *env) connect(name string) *bus.Bus {
-	b, err := bus.Connect(e.ctx, e.nats.URL, name, bus.DefaultNames())
+	b, err := bus.Connect(e.ctx, e.nats.URL, name, bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		e.t.Fatal(err)
 	}

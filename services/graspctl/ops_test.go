@@ -74,7 +74,7 @@ func startSkeleton(t *testing.T) *skeleton {
 	s.remote1.Add(t, patch)
 	s.remote2.Add(t, issue, comment, expired)
 
-	b, err := bus.Connect(context.Background(), app.NATSURL(), "graspctl-test", bus.DefaultNames())
+	b, err := bus.Connect(context.Background(), app.NATSURL(), "graspctl-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,8 @@ type Config struct {
 	NATSListen string `envconfig:"NATS_LISTEN" default:"127.0.0.1:4233"`
 	// NATSURL, when set, uses that external NATS instead of the embedded one.
 	NATSURL string `envconfig:"NATS_URL"`
+	// Security: credentials and certificate authorities for an external, secured NATS.
+	bus.Security
 	// StoreURL is the event store; default: the embedded store under DataDir.
 	StoreURL string `envconfig:"STORE_URL"`
 	// MetricsAddr serves /metrics, /healthz and /readyz.
@@ -214,7 +216,7 @@ func (a *App) connect(ctx context.Context, name string) (*bus.Bus, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(cctx, a.cfg.Graspd.NATSURL, name, names)
+	b, err := bus.Connect(cctx, a.cfg.Graspd.NATSURL, name, names, a.cfg.Graspd.Security)
 	if err != nil {
 		return nil, fmt.Errorf("GRASP_NATS_URL=%s: %w", a.cfg.Graspd.NATSURL, err)
 	}

@@ -33,7 +33,7 @@ func startLostWake(t *testing.T) *lostWake {
 	t.Helper()
 	ctx := context.Background()
 	n := testkit.StartNATS(t)
-	b, err := bus.Connect(ctx, n.URL, "ingester-test", bus.DefaultNames())
+	b, err := bus.Connect(ctx, n.URL, "ingester-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func startPipeline(t *testing.T) *pipeline {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	n := testkit.StartNATS(t)
-	b, err := bus.Connect(ctx, n.URL, "ingester-test", bus.DefaultNames())
+	b, err := bus.Connect(ctx, n.URL, "ingester-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)
 	}

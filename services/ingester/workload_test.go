@@ -226,7 +226,7 @@ type env struct {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	n := testkit.StartNATS(t)
-	b, err := bus.Connect(context.Background(), n.URL, "fetcher-test", bus.DefaultNames())
+	b, err := bus.Connect(context.Background(), n.URL, "fetcher-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func (e *env) start(t testing.TB, cfg ingester.Config, st ingester.Store) *repli
 	if e.inProcess {
 		b, err = bus.ConnectInProcess(e.nats.Server, "ingester-test", bus.DefaultNames())
 	} else {
-		b, err = bus.Connect(context.Background(), e.nats.URL, "ingester-test", bus.DefaultNames())
+		b, err = bus.Connect(context.Background(), e.nats.URL, "ingester-test", bus.DefaultNames(), bus.Security{})
 	}
 	if err != nil {
 		t.Fatal(err)

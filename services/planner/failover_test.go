@@ -90,7 +90,7 @@ func TestKillPlannerDuringInitialSync(t *testing.T) {
 
 	names := bus.Names{Prefix: "grasp"}
 	connect := func(name string) *bus.Bus {
-		b, err := bus.Connect(ctx, app.NATSURL(), name, names)
+		b, err := bus.Connect(ctx, app.NATSURL(), name, names, bus.Security{})
 		if err != nil {
 			t.Fatal(err)
 		}

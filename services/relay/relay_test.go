@@ -645,7 +645,7 @@ func TestLimits(t *testing.T) {
 func TestStoredBroadcast(t *testing.T) {
 	n := testkit.StartNATS(t)
 	ctx := context.Background()
-	b, err := bus.Connect(ctx, n.URL, "relay-test", bus.DefaultNames())
+	b, err := bus.Connect(ctx, n.URL, "relay-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)
 	}

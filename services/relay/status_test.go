@@ -54,7 +54,7 @@ func fetchPage(t *testing.T, url, accept string) (string, string) {
 func TestStatusPage(t *testing.T) {
 	ctx := context.Background()
 	n := testkit.StartNATS(t)
-	b, err := bus.Connect(ctx, n.URL, "status-test", bus.DefaultNames())
+	b, err := bus.Connect(ctx, n.URL, "status-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)
 	}
