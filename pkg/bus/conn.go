@@ -56,7 +56,9 @@ func (s Security) Check() error {
 	return nil
 }
 
-func (s Security) options() []nats.Option {
+// Options are the nats.go options that apply s, for a caller that dials
+// NATS itself (graspctl). Call Check first.
+func (s Security) Options() []nats.Option {
 	var opts []nats.Option
 	if s.Creds != "" {
 		opts = append(opts, nats.UserCredentials(s.Creds))
@@ -84,7 +86,7 @@ func Connect(ctx context.Context, url, name string, names Names, sec Security) (
 		nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
-	}, sec.options()...)...)
+	}, sec.Options()...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
 	}

@@ -1,6 +1,6 @@
 // Command graspctl inspects a running grasp-sync:
 //
-//	graspctl [--nats URL] [--creds FILE] [--prefix P] COMMAND
+//	graspctl [--nats URL] [--creds FILE] [--ca FILE] [--prefix P] COMMAND
 //	  status  [--json] [--watch] [--interval 2s] [--metrics URL]   relay table
 //	  repos   [--relay URL] [--json]               the RepoSyncIndex
 //	  explain [--json] [--relay-url URL] [--service-url URL] REPO_REF
@@ -42,7 +42,7 @@ const (
 	exitUnknownRepo = 5
 )
 
-const usage = `usage: graspctl [--nats URL] [--creds FILE] [--prefix P] COMMAND
+const usage = `usage: graspctl [--nats URL] [--creds FILE] [--ca FILE] [--prefix P] COMMAND
   status  [--json] [--watch] [--interval 2s] [--metrics URL]
   repos   [--relay URL] [--json]
   explain [--json] [--relay-url URL] [--service-url URL] REPO_REF
@@ -92,6 +92,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	global.SetOutput(stderr)
 	url := global.String("nats", envOr("GRASP_NATS_URL", "nats://127.0.0.1:4233"), "NATS server URL (GRASP_NATS_URL)")
 	creds := global.String("creds", os.Getenv("GRASP_NATS_CREDS"), "NATS credentials file (GRASP_NATS_CREDS)")
+	ca := global.String("ca", os.Getenv("GRASP_NATS_CA"), "PEM file of the CAs that sign the NATS servers' certificates (GRASP_NATS_CA)")
 	prefix := global.String("prefix", envOr("GRASP_PREFIX", bus.DefaultPrefix), "subject/bucket prefix (GRASP_PREFIX)")
 	global.Usage = func() { fmt.Fprintln(stderr, usage) }
 	if err := global.Parse(args); err != nil {
@@ -126,7 +127,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return &exitError{exitUsage, errors.New("usage: graspctl explain [--json] REPO_REF (a coordinate 30617:<pubkey>:<identifier>; `graspctl repos` lists them)")}
 	}
 
-	b, err := connect(ctx, *url, *creds, *prefix)
+	// A client certificate, when NATS asks for one, comes from the
+	// environment only, as for the services.
+	sec := bus.Security{Creds: *creds, CA: *ca, Cert: os.Getenv("GRASP_NATS_CERT"), Key: os.Getenv("GRASP_NATS_KEY")}
+	b, err := connect(ctx, *url, sec, *prefix)
 	if err != nil {
 		return err
 	}
@@ -146,15 +150,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // connect reaches NATS with a short timeout and says what to do when it
 // cannot.
-func connect(ctx context.Context, url, creds, prefix string) (*bus.Bus, error) {
-	var opts []nats.Option
-	if creds != "" {
-		if _, err := os.Stat(creds); err != nil {
-			return nil, &exitError{exitUsage, fmt.Errorf("credentials file: %w", err)}
-		}
-		opts = append(opts, nats.UserCredentials(creds))
+func connect(ctx context.Context, url string, sec bus.Security, prefix string) (*bus.Bus, error) {
+	if err := sec.Check(); err != nil {
+		return nil, &exitError{exitUsage, fmt.Errorf("credentials or certificates: %w", err)}
 	}
-	nc, err := nats.Connect(url, append(opts, nats.Name("graspctl"), nats.Timeout(5*time.Second))...)
+	nc, err := nats.Connect(url, append(sec.Options(), nats.Name("graspctl"), nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return nil, &exitError{exitUnreachable, fmt.Errorf("cannot reach NATS at %s: %w (is graspd running? set --nats or GRASP_NATS_URL)", url, err)}
 	}

@@ -24,6 +24,7 @@ func TestExitCodes(t *testing.T) {
 		{"NATS unreachable", []string{"--nats", "nats://127.0.0.1:1", "status"}, exitUnreachable, "is graspd running"},
 		{"bucket missing", []string{"--nats", n.URL, "status"}, exitNoBucket, "start graspd"},
 		{"missing credentials file", []string{"--nats", n.URL, "--creds", "/nonexistent.creds", "status"}, exitUsage, "credentials"},
+		{"missing CA file", []string{"--nats", n.URL, "--ca", "/nonexistent-ca.pem", "status"}, exitUsage, "GRASP_NATS_CA=/nonexistent-ca.pem"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
