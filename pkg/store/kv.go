@@ -221,15 +221,8 @@ func kvUpgradeV1(db *dgbadger.DB) error {
 // loadKinds reads the N keys into k.kinds.
 func (k *kv) loadKinds() error {
 	var kinds []int
-	err := k.db.View(func(txn *dgbadger.Txn) error {
-		it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{kvKnownKind}, PrefetchValues: false})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			if key := it.Item().Key(); len(key) == 9 {
-				kinds = append(kinds, int(int64(binary.BigEndian.Uint64(key[1:])^(1<<63))))
-			}
-		}
-		return nil
+	err := kvEachKey(k.db, kvKnownKind, 9, func(key []byte) {
+		kinds = append(kinds, int(int64(binary.BigEndian.Uint64(key[1:])^(1<<63))))
 	})
 	if err != nil {
 		return fmt.Errorf("read kinds: %w", err)
@@ -237,6 +230,22 @@ func (k *kv) loadKinds() error {
 	k.kinds.listKinds(kinds...)
 	k.kinds.save(kinds...)
 	return nil
+}
+
+// kvEachKey calls fn with every key of one prefix letter that is size bytes
+// long, in one read transaction, without loading values. key is valid only
+// during the call.
+func kvEachKey(db *dgbadger.DB, prefix byte, size int, fn func(key []byte)) error {
+	return db.View(func(txn *dgbadger.Txn) error {
+		it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{prefix}})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			if key := it.Item().Key(); len(key) == size {
+				fn(key)
+			}
+		}
+		return nil
+	})
 }
 
 // kvCheckFormat marks an empty database as ours and returns the format of

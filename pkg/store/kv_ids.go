@@ -2,8 +2,6 @@ package store
 
 import (
 	"fmt"
-
-	dgbadger "github.com/dgraph-io/badger/v4"
 )
 
 // kvIDCapacity is the id filter's smallest capacity: 1.25 MiB.
@@ -29,17 +27,7 @@ func (k *kv) buildIDs(capacity int64) (*idFilter, error) {
 // reading are not added: a caller replacing a live filter has set nextIDs
 // before (see growIDs).
 func (k *kv) readIDs(f *idFilter) error {
-	err := k.db.View(func(txn *dgbadger.Txn) error {
-		it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{kvID}})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			if key := it.Item().Key(); len(key) == 33 {
-				f.add(key[1:])
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := kvEachKey(k.db, kvID, 33, func(key []byte) { f.add(key[1:]) }); err != nil {
 		return fmt.Errorf("read ids: %w", err)
 	}
 	return nil
