@@ -262,6 +262,10 @@ func (w *relayWorker) failed(err error, class string, attempt bool) <-chan time.
 	} else {
 		w.log.Debug("relay failure (repeat)", attrs...)
 	}
+	// The timer starts before the report goes out: whoever acts on the
+	// report (a test advancing a fake clock) finds the retry already
+	// waiting on it.
+	retry := w.f.clock.After(d)
 	w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_Health{Health: &graspv1.Health{
 		State:               state,
 		ConsecutiveFailures: uint32(w.health.Failures),
@@ -269,7 +273,7 @@ func (w *relayWorker) failed(err error, class string, attempt bool) <-chan time.
 		LastError:           err.Error(),
 		FailureClass:        class,
 	}}})
-	return w.f.clock.After(d)
+	return retry
 }
 
 // endSession closes the connection and everything of the session.
