@@ -2,8 +2,6 @@ package relay
 
 import (
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
@@ -128,33 +126,4 @@ func (l prefixList) contains(a netip.Addr) bool {
 		}
 	}
 	return false
-}
-
-// clientAddr is the address a request comes from: the TCP peer, or, when the
-// peer is a trusted proxy, the right-most X-Forwarded-For address that is not
-// itself a trusted proxy (the left-most entries are the client's to forge).
-func clientAddr(r *http.Request, proxies prefixList) netip.Addr {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	peer, err := netip.ParseAddr(host)
-	if err != nil {
-		return netip.Addr{}
-	}
-	peer = peer.Unmap()
-	if !proxies.contains(peer) {
-		return peer
-	}
-	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
-	for i := len(hops) - 1; i >= 0; i-- {
-		a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
-		if err != nil {
-			break
-		}
-		if a = a.Unmap(); !proxies.contains(a) {
-			return a
-		}
-	}
-	return peer
 }

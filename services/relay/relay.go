@@ -84,11 +84,17 @@ type Config struct {
 	// subscriptions while it writes.
 	WriteTimeout time.Duration `envconfig:"RELAY_WRITE_TIMEOUT" default:"10s"`
 	// TrustedAddresses (IPs and CIDR networks, comma-separated) are exempt
-	// from rate and connection limits: our own services, the operator.
+	// from rate and connection limits when they connect directly: our own
+	// services, the operator. A forwarded connection (X-Forwarded-For,
+	// X-Real-IP or Forwarded present) is never exempt.
 	TrustedAddresses string `envconfig:"RELAY_TRUSTED_ADDRESSES" default:"127.0.0.1,::1"`
-	// TrustedProxies (IPs and CIDR networks) may name the client in
-	// X-Forwarded-For; other peers are taken at their TCP address.
-	TrustedProxies string `envconfig:"RELAY_TRUSTED_PROXIES"`
+	// TrustedProxies (IPs and CIDR networks, comma-separated) are the
+	// reverse proxies in front of the relay: a request they forward is
+	// counted as the client its X-Forwarded-For names. Forwarding headers
+	// from other peers are ignored (their clients share the peer's limits).
+	// The default trusts a proxy on the same host; behind a Kubernetes
+	// ingress, name the pod network (docs/deploy.md).
+	TrustedProxies string `envconfig:"RELAY_TRUSTED_PROXIES" default:"127.0.0.1,::1"`
 }
 
 // withDefaults fills zero fields with the documented defaults.
@@ -180,6 +186,9 @@ type Relay struct {
 
 	refused *prometheus.CounterVec
 	stored  prometheus.Counter
+
+	// untrusted remembers peers warned about for forwarding headers.
+	untrusted untrustedForwarders
 }
 
 // New builds the relay over a store. b may be nil for a relay that neither
@@ -392,8 +401,11 @@ func (r *Relay) Handler() http.Handler {
 // serveWebsocket applies the per-address connection limits, then hands the
 // connection to khatru behind the guard.
 func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
-	addr := clientAddr(req, r.proxies)
-	trusted := addr.IsValid() && r.trusted.contains(addr)
+	from := resolveClient(req, r.proxies)
+	if from.forwarded && !from.viaProxy {
+		r.untrusted.warn(r.log, from.peer)
+	}
+	addr, trusted := from.addr, from.exempt(r.trusted)
 	if !trusted {
 		if !r.connects.allow(addr) {
 			r.refused.WithLabelValues("connect-rate").Inc()
@@ -508,6 +520,7 @@ func (r *Relay) Run(ctx context.Context, ln net.Listener) error {
 			}
 		},
 	}
+	r.logClientAddressing()
 	r.log.Info("relay listening", "addr", ln.Addr().String(), "public_url", r.cfg.PublicURL)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
