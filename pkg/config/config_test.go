@@ -83,3 +83,50 @@ func TestEffectiveMasksSecrets(t *testing.T) {
 		}
 	}
 }
+
+type RenamedLimits struct {
+	MaxTags int           `envconfig:"POLICY_MAX_TAGS" default:"2000" formerly:"RELAY_MAX_TAGS"`
+	Skew    time.Duration `envconfig:"POLICY_SKEW" default:"15m" formerly:"RELAY_SKEW"`
+}
+
+type renamedSpec struct {
+	RenamedLimits
+	Other int `envconfig:"OTHER" default:"1"`
+}
+
+// TestFormerNames: a renamed variable is still read under its former name,
+// the new name wins when both agree, and two different values are an error.
+func TestFormerNames(t *testing.T) {
+	tests := []struct {
+		name     string
+		env      map[string]string
+		wantTags int
+		wantSkew time.Duration
+		wantErr  string
+	}{
+		{name: "defaults", wantTags: 2000, wantSkew: 15 * time.Minute},
+		{name: "new name", env: map[string]string{"GRASP_POLICY_MAX_TAGS": "30"}, wantTags: 30, wantSkew: 15 * time.Minute},
+		{name: "former name", env: map[string]string{"GRASP_RELAY_MAX_TAGS": "40", "GRASP_RELAY_SKEW": "1m"}, wantTags: 40, wantSkew: time.Minute},
+		{name: "both agree", env: map[string]string{"GRASP_RELAY_MAX_TAGS": "50", "GRASP_POLICY_MAX_TAGS": "50"}, wantTags: 50, wantSkew: 15 * time.Minute},
+		{name: "both disagree", env: map[string]string{"GRASP_RELAY_MAX_TAGS": "50", "GRASP_POLICY_MAX_TAGS": "60"}, wantErr: `GRASP_POLICY_MAX_TAGS="60" and GRASP_RELAY_MAX_TAGS="50" disagree`},
+		{name: "former name invalid", env: map[string]string{"GRASP_RELAY_MAX_TAGS": "many"}, wantErr: `GRASP_RELAY_MAX_TAGS="many": not a valid int`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			var s renamedSpec
+			err := config.Load(&s)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Load error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || s.MaxTags != tt.wantTags || s.Skew != tt.wantSkew || s.Other != 1 {
+				t.Fatalf("Load = %v, %+v; want MaxTags %d, Skew %s", err, s, tt.wantTags, tt.wantSkew)
+			}
+		})
+	}
+}

@@ -61,17 +61,27 @@ type Lookup interface {
 }
 
 // Limits bounds the size of accepted events. A zero field means "use the
-// default" (see DefaultLimits).
+// default" (see DefaultLimits). They are the one configuration of the policy
+// (GRASP_POLICY_*): the relay judges client events and the ingester synced
+// events with the same values, so an event is accepted or refused the same
+// way whichever path it arrives by (docs/decisions.md, "One policy,
+// configured once"). The former GRASP_RELAY_* names are still read.
 type Limits struct {
-	// MaxEventBytes bounds the event's serialised size.
-	MaxEventBytes int
-	// MaxTags bounds the number of tags.
-	MaxTags int
-	// MaxTagValueBytes bounds each element of each tag. Patches carry big
+	// MaxEventBytes bounds an accepted event's serialised size, for client
+	// and synced events alike (formerly GRASP_RELAY_MAX_EVENT_BYTES, still
+	// read).
+	MaxEventBytes int `envconfig:"POLICY_MAX_EVENT_BYTES" default:"262144" formerly:"RELAY_MAX_EVENT_BYTES"`
+	// MaxTags bounds an accepted event's number of tags, for client and
+	// synced events alike (formerly GRASP_RELAY_MAX_TAGS, still read).
+	MaxTags int `envconfig:"POLICY_MAX_TAGS" default:"2000" formerly:"RELAY_MAX_TAGS"`
+	// MaxTagValueBytes bounds each element of each tag of an accepted
+	// event, for client and synced events alike (formerly
+	// GRASP_RELAY_MAX_TAG_VALUE_BYTES, still read). Patches carry big
 	// content; tags stay small.
-	MaxTagValueBytes int
-	// MaxFutureSkew is how far created_at may lie ahead of the clock.
-	MaxFutureSkew time.Duration
+	MaxTagValueBytes int `envconfig:"POLICY_MAX_TAG_VALUE_BYTES" default:"65536" formerly:"RELAY_MAX_TAG_VALUE_BYTES"`
+	// MaxFutureSkew is how far an accepted event's created_at may lie ahead
+	// of the clock, for client and synced events alike.
+	MaxFutureSkew time.Duration `envconfig:"POLICY_MAX_FUTURE_SKEW" default:"15m"`
 }
 
 // DefaultLimits returns the limits used for unset fields: 256 KiB events,
@@ -228,8 +238,12 @@ func (p *Policy) evaluate(ctx context.Context, evt *nostr.Event, verify bool) De
 }
 
 // limits returns the configured limits with defaults filled in.
-func (p *Policy) limits() Limits {
-	l, def := p.Limits, DefaultLimits()
+func (p *Policy) limits() Limits { return p.Limits.WithDefaults() }
+
+// WithDefaults returns l with its zero (or negative) fields set to
+// DefaultLimits values.
+func (l Limits) WithDefaults() Limits {
+	def := DefaultLimits()
 	if l.MaxEventBytes <= 0 {
 		l.MaxEventBytes = def.MaxEventBytes
 	}

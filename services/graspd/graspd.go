@@ -113,6 +113,13 @@ type App struct {
 // Start binds every listener, opens the store and starts NATS, so that every
 // start-up mistake is reported before anything runs. Run runs the services.
 func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
+	// One policy (docs/decisions.md): the relay and the ingester read the
+	// same GRASP_POLICY_* variables; a Configs built in code must not split
+	// them either.
+	if c.Relay.Limits.WithDefaults() != c.Ingester.Limits.WithDefaults() {
+		return nil, fmt.Errorf("the relay's policy limits %+v differ from the ingester's %+v: both must be the same (GRASP_POLICY_*)",
+			c.Relay.Limits.WithDefaults(), c.Ingester.Limits.WithDefaults())
+	}
 	a := &App{cfg: c, log: log, registry: obs.NewRegistry(), clock: clock.Real{}}
 	ok := false
 	defer func() {

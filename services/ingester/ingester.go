@@ -78,6 +78,9 @@ type Config struct {
 	// Parking bounds the lot of events waiting for what they reference
 	// (GRASP_PARKING_*).
 	parking.Config
+	// Limits are the write policy's limits (GRASP_POLICY_*), the same the
+	// relay applies to client events.
+	policy.Limits
 }
 
 // withDefaults fills zero fields, so a Config built in code (tests, graspd)
@@ -113,6 +116,7 @@ func (c Config) withDefaults() Config {
 	if c.ParkSweepMax <= 0 {
 		c.ParkSweepMax = 1000
 	}
+	c.Limits = c.Limits.WithDefaults()
 	return c
 }
 
@@ -155,11 +159,12 @@ type Ingester struct {
 // New builds an ingester. serviceURL is this GRASP server's public relay URL,
 // which announcements must list. reg may be nil.
 func New(cfg Config, b *bus.Bus, st Store, serviceURL string, log *slog.Logger, reg prometheus.Registerer) *Ingester {
+	cfg = cfg.withDefaults()
 	i := &Ingester{
-		cfg:    cfg.withDefaults(),
+		cfg:    cfg,
 		bus:    b,
 		store:  st,
-		policy: &policy.Policy{ServiceURL: serviceURL, Store: st, Limits: policy.DefaultLimits()},
+		policy: &policy.Policy{ServiceURL: serviceURL, Store: st, Limits: cfg.Limits},
 		log:    log.With("service", "ingester"),
 		reg:    reg,
 		clk:    clock.Real{},

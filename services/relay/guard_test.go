@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
 )
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -387,7 +389,7 @@ func TestConnCounter(t *testing.T) {
 }
 
 func TestInfoDocument(t *testing.T) {
-	r := &Relay{cfg: Config{MaxMessageBytes: 1000, MaxSubscriptions: 3, MaxLimit: 50, MaxTags: 9, MaxEventBytes: 900}}
+	r := &Relay{cfg: Config{MaxMessageBytes: 1000, MaxSubscriptions: 3, MaxLimit: 50, Limits: policy.Limits{MaxTags: 9, MaxEventBytes: 900}}}
 	r.khatru = newRelay(Config{Addr: "127.0.0.1:1", Name: "n", Description: "d", PubKey: strings.Repeat("ab", 32)}, nil, nil, discard(), time.Now).khatru
 	b, _ := json.Marshal(r.Info())
 	var doc map[string]any

@@ -57,11 +57,9 @@ type Config struct {
 	// MaxMessageBytes bounds one websocket message from a client; a bigger
 	// EVENT is refused with "invalid:" and the connection stays open.
 	MaxMessageBytes int64 `envconfig:"RELAY_MAX_MESSAGE_BYTES" default:"512000"`
-	// MaxEventBytes, MaxTags and MaxTagValueBytes bound accepted events
-	// (the policy's limits).
-	MaxEventBytes    int `envconfig:"RELAY_MAX_EVENT_BYTES" default:"262144"`
-	MaxTags          int `envconfig:"RELAY_MAX_TAGS" default:"2000"`
-	MaxTagValueBytes int `envconfig:"RELAY_MAX_TAG_VALUE_BYTES" default:"65536"`
+	// Limits are the write policy's limits (GRASP_POLICY_*), the same the
+	// ingester applies to synced events.
+	policy.Limits
 	// MaxFilters bounds the filters of one REQ.
 	MaxFilters int `envconfig:"RELAY_MAX_FILTERS" default:"20"`
 	// MaxSubscriptions bounds the open subscriptions of one connection.
@@ -110,9 +108,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxMessageBytes <= 0 {
 		c.MaxMessageBytes = 512000
 	}
-	setInt(&c.MaxEventBytes, 256<<10)
-	setInt(&c.MaxTags, 2000)
-	setInt(&c.MaxTagValueBytes, 64<<10)
+	c.Limits = c.Limits.WithDefaults()
 	setInt(&c.MaxFilters, 20)
 	setInt(&c.MaxSubscriptions, 200)
 	setInt(&c.MaxLimit, 500)
@@ -157,7 +153,7 @@ func (c *Config) Validate() error {
 		return config.Invalid("RELAY_PUBKEY", c.PubKey, "want a 64-character hex public key")
 	}
 	if c.MaxEventBytes > 0 && c.MaxMessageBytes > 0 && int64(c.MaxEventBytes) > c.MaxMessageBytes {
-		return config.Invalid("RELAY_MAX_EVENT_BYTES", c.MaxEventBytes, "must not exceed GRASP_RELAY_MAX_MESSAGE_BYTES")
+		return config.Invalid("POLICY_MAX_EVENT_BYTES", c.MaxEventBytes, "must not exceed GRASP_RELAY_MAX_MESSAGE_BYTES (the relay could not receive such an event)")
 	}
 	return nil
 }
@@ -207,9 +203,9 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 		bus:    b,
 		log:    log.With("service", "relay"),
 		origin: nostr.GeneratePrivateKey()[:16],
-		policy: &policy.Policy{ServiceURL: cfg.PublicURL, Store: st, Limits: policy.Limits{
-			MaxEventBytes: cfg.MaxEventBytes, MaxTags: cfg.MaxTags, MaxTagValueBytes: cfg.MaxTagValueBytes,
-		}},
+		policy: &policy.Policy{
+			ServiceURL: cfg.PublicURL, Store: st, Limits: cfg.Limits,
+		},
 		events:   newAddrLimiter(cfg.EventRate, cfg.EventBurst, now),
 		connects: newAddrLimiter(cfg.ConnectRate, cfg.ConnectBurst, now),
 		conns:    &connCounter{max: cfg.MaxConnsPerAddr, count: map[netip.Addr]int{}},
@@ -489,7 +485,7 @@ func (r *Relay) Info() InfoDocument {
 		MaxSubidLength:      64,
 		MaxEventTags:        r.cfg.MaxTags,
 		MaxContentLength:    r.cfg.MaxEventBytes,
-		CreatedAtUpperLimit: int64(policy.DefaultLimits().MaxFutureSkew / time.Second),
+		CreatedAtUpperLimit: int64(r.cfg.Limits.WithDefaults().MaxFutureSkew / time.Second),
 		RestrictedWrites:    true, // the GRASP write policy
 	}
 	return InfoDocument{RelayInformationDocument: info, SupportedGrasps: SupportedGrasps}

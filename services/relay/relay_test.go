@@ -20,6 +20,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
@@ -324,7 +325,7 @@ func TestAcceptanceCasesOverWebsocket(t *testing.T) {
 // wrong id, host confusion, and oversized events both under and over the
 // websocket message limit (the connection survives the latter).
 func TestRefusedWithPrefix(t *testing.T) {
-	s := startServer(t, serverOpts{cfg: Config{MaxMessageBytes: 300_000, MaxEventBytes: 100_000}})
+	s := startServer(t, serverOpts{cfg: Config{MaxMessageBytes: 300_000, Limits: policy.Limits{MaxEventBytes: 100_000}}})
 	c := dial(t, s.url)
 	alice, mallory := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(alice.PubKey, "repo")
