@@ -52,6 +52,9 @@ func TestCompose(t *testing.T) {
 		for _, spec := range specs {
 			loadEnv(t, s.Environment, spec)
 		}
+		if svc == "relay" {
+			checkRelayTrustsProxy(t, s.Environment, dockerPeers)
+		}
 	}
 	for _, svc := range Services {
 		if !seen[svc] {

@@ -217,6 +217,9 @@ func checkPod(t *testing.T, r rendered, w workload, images map[string]string, do
 		if svc == "fetcher" {
 			checkFetcher(t, w, c)
 		}
+		if svc == "relay" {
+			checkRelayTrustsProxy(t, env, podNetworkPeers)
+		}
 	}
 	if w.name == "grasp-nats" && len(p.TopologySpreadConstraints) == 0 {
 		t.Error("NATS pods have no topology spread")

@@ -155,3 +155,11 @@ func (l prefixList) String() string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// MayForward reports whether a peer at addr is one of the configuration's
+// trusted proxies, whose X-Forwarded-For names the client (deploy/validate
+// checks the shipped manifests with it).
+func (c Config) MayForward(addr netip.Addr) bool {
+	proxies, err := parsePrefixes(c.TrustedProxies)
+	return err == nil && proxies.contains(addr)
+}
