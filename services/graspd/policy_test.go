@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -153,4 +154,17 @@ func ingesterRefusals(t *testing.T, app *graspd.App) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// TestSplitPolicyRefused: a configuration built in code cannot give the
+// relay and the ingester different limits.
+func TestSplitPolicyRefused(t *testing.T) {
+	var c graspd.Configs
+	c.Graspd.DataDir = t.TempDir()
+	c.Relay.Addr = "127.0.0.1:0"
+	c.Relay.MaxTags = 10
+	_, err := graspd.Start(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "GRASP_POLICY_") {
+		t.Fatalf("Start with split limits: %v, want an error naming GRASP_POLICY_*", err)
+	}
 }
