@@ -398,7 +398,7 @@ func (r *Relay) Handler() http.Handler {
 // connection to khatru behind the guard.
 func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
 	from := resolveClient(req, r.proxies)
-	if from.forwarded && !from.viaProxy {
+	if from.forwarded && from.peer.IsValid() && !r.proxies.contains(from.peer) {
 		r.untrusted.warn(r.log, from.peer)
 	}
 	addr, trusted := from.addr, from.exempt(r.trusted)
