@@ -237,6 +237,9 @@ func TestProxyOnSameHost(t *testing.T) {
 		}
 	}
 
+	if strings.Contains(logs.String(), "not a trusted proxy") {
+		t.Errorf("a trusted proxy was warned about:\n%s", logs)
+	}
 	// The operator sees what is trusted at start.
 	for _, want := range []string{`trusted_proxies=127.0.0.1,::1`, `exempt_addresses=127.0.0.1,::1`} {
 		if !strings.Contains(logs.String(), want) {
