@@ -408,6 +408,12 @@ func (c *guardConn) step() (bool, error) {
 		return false, errBadFrame // continuation without a message, or a new message inside one
 	}
 	if c.dropping || uint64(len(c.msg))+h.length > uint64(c.lim.maxMessage) {
+		if !c.dropping {
+			// Answered after khatru's answer to the message before.
+			if err := c.settle(); err != nil {
+				return false, err
+			}
+		}
 		return c.drop(h), nil
 	}
 	total := h.headLen + int(h.length)
