@@ -287,3 +287,28 @@ func TestEventsJudgedInOrderSent(t *testing.T) {
 		}
 	}
 }
+
+// Messages without a proper label are answered by the relay and never reach
+// khatru: its NIP-77 fallback parser panics on some (`[","]`), which took
+// the whole process down. Each malformed message gets a NOTICE, in order,
+// and the connection keeps working.
+func TestMalformedMessagesAnsweredInOrder(t *testing.T) {
+	s := startServer(t, serverOpts{})
+	c := dialWS(t, s.url)
+	bad := []string{`[","]`, `"",`, `["REQ"]`, `["NEG-OPEN","n"]`, `["WHAT","x"]`, `["EVENT",1]`}
+	for _, m := range bad {
+		if err := c.conn.WriteMessage(websocket.TextMessage, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.send(nostr.ReqEnvelope{SubscriptionID: "after", Filters: nostr.Filters{{Kinds: []int{1}, Limit: 1}}})
+	for _, m := range bad {
+		parts := c.read()
+		if str(parts[0]) != "NOTICE" {
+			t.Fatalf("answer to %s: %s", m, parts)
+		}
+	}
+	if got := c.untilEOSE("after"); len(got) != 0 {
+		t.Fatalf("events: %v", got)
+	}
+}
