@@ -283,7 +283,7 @@ func TestEventsJudgedInOrderSent(t *testing.T) {
 		var ok bool
 		_ = json.Unmarshal(parts[2], &ok)
 		if !ok {
-			t.Fatalf("event %d refused: %s", i, str(parts[3]))
+			t.Fatalf("%s refused: %s", str(parts[1]), str(parts[3]))
 		}
 	}
 }
