@@ -3,6 +3,7 @@ module github.com/grasp-sync/grasp-sync/services/graspd
 go 1.26.0
 
 require (
+	github.com/fasthttp/websocket v1.5.12
 	github.com/grasp-sync/grasp-sync/pkg v0.0.0
 	github.com/grasp-sync/grasp-sync/services/discovery v0.0.0
 	github.com/grasp-sync/grasp-sync/services/fetcher v0.0.0
@@ -36,7 +37,6 @@ require (
 	github.com/dgraph-io/badger/v4 v4.5.0 // indirect
 	github.com/dgraph-io/ristretto/v2 v2.1.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
-	github.com/fasthttp/websocket v1.5.12 // indirect
 	github.com/fiatjaf/eventstore v0.17.2 // indirect
 	github.com/fiatjaf/khatru v0.19.1 // indirect
 	github.com/golang/groupcache v0.0.0-20241129210726-2c02b8208cf8 // indirect

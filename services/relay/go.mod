@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/coder/websocket v1.8.13
+	github.com/fasthttp/websocket v1.5.12
 	github.com/fiatjaf/eventstore v0.17.2
 	github.com/fiatjaf/khatru v0.19.1
 	github.com/grasp-sync/grasp-sync/pkg v0.0.0
@@ -33,7 +34,6 @@ require (
 	github.com/dgraph-io/badger/v4 v4.5.0 // indirect
 	github.com/dgraph-io/ristretto/v2 v2.1.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
-	github.com/fasthttp/websocket v1.5.12 // indirect
 	github.com/golang/groupcache v0.0.0-20241129210726-2c02b8208cf8 // indirect
 	github.com/google/flatbuffers v24.12.23+incompatible // indirect
 	github.com/google/go-tpm v0.9.8 // indirect

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip77"
 )
 
 // The guard sits between a client's websocket connection and khatru, at the
@@ -29,7 +30,13 @@ import (
 //   - rewrites khatru's "NEG-ERROR" into the standard "NEG-ERR" (rust-nostr
 //     clients do not understand the former and hang until their timeout), with
 //     a NIP-77 reason prefix;
-//   - sees CLOSED messages, so closed subscriptions stop counting.
+//   - sees CLOSED messages, so closed subscriptions stop counting;
+//   - hands khatru a connection's messages one at a time, each once khatru
+//     has finished the one before, so that they take effect in the order
+//     sent (order.go); a REQ reusing an open subscription's id is preceded
+//     by a CLOSE of it (NIP-01: it replaces it);
+//   - answers itself messages khatru could only answer with a parse-failure
+//     NOTICE, and keeps messages without a label from khatru (some crash it).
 //
 // Client messages khatru does get are re-framed as one frame each with an
 // all-zero mask; server frames pass unchanged except NEG-ERROR. Answers the
@@ -45,6 +52,9 @@ type connLimits struct {
 	// writeTimeout bounds one write to the client (zero: 10 s); a write
 	// that times out closes the connection.
 	writeTimeout time.Duration
+	// orderWait bounds how long the next message waits for khatru to
+	// finish the previous one (zero: defaultOrderWait); see order.go.
+	orderWait time.Duration
 }
 
 // connState is what the guard knows about one connection's protocol state.
@@ -59,45 +69,118 @@ func newConnState() *connState { return &connState{subs: map[string]struct{}{}} 
 type verdict struct {
 	forward bool   // hand the message to khatru
 	reply   []byte // a message to send the client instead (JSON), if any
+	what    string // why it was answered instead (metrics), with reply
+	// await is how the guard learns that khatru has finished the message.
+	await awaited
+	// replaces: a REQ with the id of an open subscription, which khatru
+	// would keep alongside the new one; the guard closes it first (NIP-01:
+	// the new REQ replaces it).
+	replaces bool
 }
 
-// inspect decides on one complete client message. eventAllowed is asked
-// (and consumes a token) only for EVENT messages. Pure apart from st and
+// searchUnsupported answers a REQ with a NIP-50 search filter. The guard
+// refuses such REQs before khatru sees them: khatru, refusing a later filter
+// of a REQ, leaves the earlier filters subscribed under an id the client
+// was told is closed.
+const searchUnsupported = "unsupported: full-text search (NIP-50) is not offered here"
+
+// inspect decides on one complete client message and, for a message khatru
+// gets, says what ends khatru's work on it. eventAllowed is asked (and
+// consumes a token) only for EVENT messages. Pure apart from st and
 // eventAllowed, so it is table-tested without sockets.
+//
+// Messages other than EVENT are parsed here with the parser khatru uses
+// (they are small), so the guard knows which envelope khatru will see: what
+// khatru would answer only with a parse-failure NOTICE the guard answers
+// itself, client-to-relay labels khatru ignores are dropped, and a message
+// without a proper label never reaches khatru (whose NIP-77 fallback parser
+// panics on some, e.g. `[","]`, taking the process down).
 func inspect(msg []byte, st *connState, lim connLimits, eventAllowed func() bool) verdict {
-	switch label(msg) {
-	case "EVENT":
+	l := label(msg)
+	if !isLabel(l) {
+		return malformed(errors.New("want a JSON array starting with a label"))
+	}
+	if l == "EVENT" {
+		// khatru answers every EVENT with an OK, or a NOTICE if it cannot
+		// parse it; parsing half a megabyte twice is not needed for that.
 		if eventAllowed != nil && !eventAllowed() {
-			return verdict{reply: okFalse(eventID(msg), "rate-limited: slow down, too many events from your address")}
+			return verdict{reply: okFalse(eventID(msg), "rate-limited: slow down, too many events from your address"), what: "event"}
 		}
-	case "REQ":
-		var parts []json.RawMessage
-		if err := json.Unmarshal(msg, &parts); err != nil || len(parts) < 2 {
-			return verdict{forward: true} // khatru answers malformed messages
-		}
-		var id string
-		if err := json.Unmarshal(parts[1], &id); err != nil {
+		return verdict{forward: true, await: answer("", "OK")}
+	}
+	if strings.HasPrefix(l, "NEG-") {
+		switch env := nip77.ParseNegMessage(string(msg)).(type) {
+		case *nip77.OpenEnvelope:
+			return verdict{forward: true, await: answer(env.SubscriptionID, "NEG-MSG", "NEG-ERROR")}
+		case *nip77.MessageEnvelope:
+			return verdict{forward: true, await: answer(env.SubscriptionID, "NEG-MSG", "NEG-ERROR")}
+		case *nip77.CloseEnvelope:
 			return verdict{forward: true}
+		case *nip77.ErrorEnvelope:
+			return verdict{} // relay-to-client; khatru ignores it
 		}
+		return malformed(nostr.UnknownLabel)
+	}
+	env, err := nostr.NewMessageParser().ParseMessage(string(msg))
+	if err != nil {
+		return malformed(err)
+	}
+	switch env := env.(type) {
+	case *nostr.ReqEnvelope:
+		id := env.SubscriptionID
 		if len(id) > lim.maxSubIDLen {
-			return verdict{reply: closed(id, fmt.Sprintf("invalid: subscription id longer than %d characters", lim.maxSubIDLen))}
+			return verdict{reply: closed(id, fmt.Sprintf("invalid: subscription id longer than %d characters", lim.maxSubIDLen)), what: "req"}
 		}
-		if n := len(parts) - 2; n > lim.maxFilters {
-			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many filters in one REQ (%d, limit %d)", n, lim.maxFilters))}
+		if n := len(env.Filters); n > lim.maxFilters {
+			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many filters in one REQ (%d, limit %d)", n, lim.maxFilters)), what: "req"}
+		}
+		for _, f := range env.Filters {
+			if f.Search != "" {
+				return verdict{reply: closed(id, searchUnsupported), what: "req"}
+			}
 		}
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		if _, open := st.subs[id]; !open && len(st.subs) >= lim.maxSubs {
-			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many open subscriptions (limit %d); CLOSE one first", lim.maxSubs))}
+		_, open := st.subs[id]
+		if !open && len(st.subs) >= lim.maxSubs {
+			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many open subscriptions (limit %d); CLOSE one first", lim.maxSubs)), what: "req"}
 		}
 		st.subs[id] = struct{}{}
-	case "CLOSE":
-		var parts []string
-		if json.Unmarshal(msg, &parts) == nil && len(parts) == 2 {
-			st.forget(parts[1])
+		return verdict{forward: true, await: answer(id, "EOSE", "CLOSED"), replaces: open}
+	case *nostr.CloseEnvelope:
+		id := string(*env)
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if _, open := st.subs[id]; !open {
+			return verdict{} // khatru has nothing to close
+		}
+		delete(st.subs, id)
+		return verdict{forward: true, await: awaited{kind: awaitClose, sub: id}}
+	case *nostr.CountEnvelope:
+		return verdict{forward: true, await: answer(env.SubscriptionID, "COUNT", "CLOSED")}
+	case *nostr.AuthEnvelope:
+		return verdict{forward: true, await: answer("", "OK")}
+	}
+	return verdict{} // NOTICE, EOSE, OK, CLOSED: relay-to-client, khatru ignores them
+}
+
+// malformed is the answer to a message khatru could not parse, worded as
+// khatru words it.
+func malformed(err error) verdict {
+	return verdict{reply: notice(parseFailure + err.Error()), what: "malformed"}
+}
+
+// isLabel reports whether l can be a message label: letters and dashes.
+func isLabel(l string) bool {
+	if l == "" {
+		return false
+	}
+	for _, r := range l {
+		if (r < 'A' || r > 'Z') && (r < 'a' || r > 'z') && r != '-' {
+			return false
 		}
 	}
-	return verdict{forward: true}
+	return true
 }
 
 func (st *connState) forget(id string) {
@@ -218,6 +301,17 @@ type guardConn struct {
 	skip     uint64 // payload bytes of the current frame still to discard
 	rerr     error
 
+	// ordering (order.go). subs is nil when messages are not ordered
+	// (tests of the framing alone).
+	subs      *subContexts
+	seqMu     sync.Mutex
+	waiting   *pending // the forwarded message khatru has not finished
+	held      []byte   // a REQ waiting for the CLOSE of the one it replaces
+	heldOp    byte
+	heldAwait awaited
+	closed    chan struct{} // closed when the connection is
+	closeOnce sync.Once
+
 	// write side.
 	wmu      sync.Mutex
 	upgraded bool     // the HTTP 101 response has been written
@@ -227,12 +321,24 @@ type guardConn struct {
 }
 
 func newGuardConn(c net.Conn, lim connLimits, eventAllowed func() bool, onRefuse func(string)) *guardConn {
-	return &guardConn{Conn: c, lim: lim, st: newConnState(), eventAllowed: eventAllowed, onRefuse: onRefuse}
+	return &guardConn{Conn: c, lim: lim, st: newConnState(), eventAllowed: eventAllowed, onRefuse: onRefuse,
+		closed: make(chan struct{})}
 }
 
-// Read hands khatru the client's frames after inspection.
+// Read hands khatru the client's frames after inspection, each message only
+// once khatru has finished the one before (order.go).
 func (c *guardConn) Read(p []byte) (int, error) {
 	for len(c.out) == 0 {
+		if c.held != nil {
+			err := c.settle()
+			if err == nil {
+				c.forward(c.heldOp, c.held, c.heldAwait)
+			} else {
+				c.rerr = err
+			}
+			c.held = nil
+			continue
+		}
 		if c.rerr != nil {
 			return 0, c.rerr
 		}
@@ -302,6 +408,12 @@ func (c *guardConn) step() (bool, error) {
 		return false, errBadFrame // continuation without a message, or a new message inside one
 	}
 	if c.dropping || uint64(len(c.msg))+h.length > uint64(c.lim.maxMessage) {
+		if !c.dropping {
+			// Answered after khatru's answer to the message before.
+			if err := c.settle(); err != nil {
+				return false, err
+			}
+		}
 		return c.drop(h), nil
 	}
 	total := h.headLen + int(h.length)
@@ -319,8 +431,11 @@ func (c *guardConn) step() (bool, error) {
 	c.rbuf = c.rbuf[total:]
 	if h.fin {
 		c.inMsg = false
-		c.deliver()
+		err := c.deliver()
 		c.msg = c.msg[:0]
+		if err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }
@@ -349,19 +464,116 @@ func (c *guardConn) drop(h frameHeader) bool {
 	return true
 }
 
-// deliver decides on a complete client message.
-func (c *guardConn) deliver() {
-	if c.msgOp != opText {
-		c.out = appendFrame(c.out, c.msgOp, true, true, c.msg)
-		return
+// deliver decides on a complete client message, once khatru has finished
+// the previous one. khatru treats binary messages as text, so does the
+// guard.
+func (c *guardConn) deliver() error {
+	if err := c.settle(); err != nil {
+		return err
 	}
 	v := inspect(c.msg, c.st, c.lim, c.eventAllowed)
-	if v.forward {
-		c.out = appendFrame(c.out, opText, true, true, c.msg)
+	if !v.forward {
+		if v.reply != nil {
+			c.refuse(v.what, v.reply)
+		}
+		return nil
+	}
+	if v.replaces {
+		b, _ := json.Marshal(nostr.CloseEnvelope(v.await.sub))
+		c.forward(opText, b, awaited{kind: awaitClose, sub: v.await.sub})
+		c.held = append([]byte(nil), c.msg...)
+		c.heldOp, c.heldAwait = c.msgOp, v.await
+		return nil
+	}
+	c.forward(c.msgOp, c.msg, v.await)
+	return nil
+}
+
+// forward queues a client message for khatru and notes what will end
+// khatru's work on it.
+func (c *guardConn) forward(op byte, msg []byte, a awaited) {
+	if c.subs != nil && a.kind != awaitNothing {
+		p := &pending{await: a, done: make(chan struct{})}
+		if a.kind == awaitClose {
+			p.ctxs = c.subs.take(a.sub)
+		}
+		c.seqMu.Lock()
+		c.waiting = p
+		c.seqMu.Unlock()
+	}
+	c.out = appendFrame(c.out, op, true, true, msg)
+}
+
+// errOrderWait ends a wait for khatru that took longer than orderWait.
+var errOrderWait = errors.New("khatru did not finish the previous message in time")
+
+// settle waits until khatru has finished the last forwarded message: its
+// answer passed (observe), or for a CLOSE, the subscription's contexts are
+// cancelled. It fails only when the connection is closed; after orderWait
+// it gives up waiting (order.go).
+func (c *guardConn) settle() error {
+	c.seqMu.Lock()
+	p := c.waiting
+	c.seqMu.Unlock()
+	if p == nil {
+		return nil
+	}
+	defer func() {
+		c.seqMu.Lock()
+		if c.waiting == p {
+			c.waiting = nil
+		}
+		c.seqMu.Unlock()
+	}()
+	wait := c.lim.orderWait
+	if wait <= 0 {
+		wait = defaultOrderWait
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	until := func(done <-chan struct{}) error {
+		select {
+		case <-done:
+			return nil
+		case <-c.closed:
+			return net.ErrClosed
+		case <-timer.C:
+			return errOrderWait
+		}
+	}
+	var err error
+	if p.await.kind == awaitClose {
+		for _, ctx := range p.ctxs {
+			if err = until(ctx.Done()); err != nil {
+				break
+			}
+		}
+	} else {
+		err = until(p.done)
+	}
+	if errors.Is(err, errOrderWait) {
+		return nil // the safety net: let the next message go
+	}
+	return err
+}
+
+// observe ends the wait for khatru when msg, a message khatru is writing
+// to the client, is its answer to the last forwarded message.
+func (c *guardConn) observe(msg []byte) {
+	c.seqMu.Lock()
+	defer c.seqMu.Unlock()
+	p := c.waiting
+	if p == nil || p.answered || !p.await.ends(msg) {
 		return
 	}
-	kind := label(c.msg)
-	c.refuse(strings.ToLower(kind), v.reply)
+	p.answered = true
+	close(p.done)
+}
+
+// Close closes the connection and ends any wait for khatru.
+func (c *guardConn) Close() error {
+	c.closeOnce.Do(func() { close(c.closed) })
+	return c.Conn.Close()
 }
 
 func (c *guardConn) refuse(what string, reply []byte) {
@@ -401,7 +613,7 @@ func (c *guardConn) send(b []byte) error {
 	}
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(timeout))
 	if _, err := c.Conn.Write(b); err != nil {
-		_ = c.Conn.Close()
+		_ = c.Close()
 		return err
 	}
 	return nil
@@ -450,20 +662,24 @@ func (c *guardConn) writeFrames(p []byte) (int, error) {
 			break
 		}
 		frame := c.wbuf[:total]
-		if !h.control() && h.opcode != opContinuation && h.fin && !h.masked {
+		starts := !h.control() && h.opcode != opContinuation && !h.masked
+		if starts && h.fin {
 			payload := frame[h.headLen:]
 			if out, closedID := rewriteServerMessage(payload); closedID != "" {
 				c.st.forget(closedID)
 			} else if len(out) != len(payload) || !bytes.Equal(out, payload) {
 				frame = appendFrame(nil, h.opcode, true, false, out)
 			}
-		} else if !h.control() && h.opcode != opContinuation && !h.masked && bytes.HasPrefix(frame[h.headLen:], []byte(`["NEG-ERROR"`)) {
+		} else if starts && bytes.HasPrefix(frame[h.headLen:], []byte(`["NEG-ERROR"`)) {
 			// A fragmented NEG-ERROR (a very long reason): fix the label.
 			payload := bytes.Replace(frame[h.headLen:], []byte(`"NEG-ERROR"`), []byte(`"NEG-ERR"`), 1)
 			frame = appendFrame(nil, h.opcode, false, false, payload)
 		}
 		if err := c.send(frame); err != nil {
 			return 0, err
+		}
+		if starts {
+			c.observe(c.wbuf[h.headLen:total])
 		}
 		c.wbuf = c.wbuf[total:]
 		if !h.control() {

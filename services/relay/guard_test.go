@@ -114,8 +114,22 @@ func TestInspect(t *testing.T) {
 			{msg: `["REQ","c",{}]`, forward: true},
 		}},
 		{"long subscription id", []step{{msg: `["REQ","123456789",{}]`, replyHas: `"invalid: subscription id longer than 8`}}},
-		{"malformed REQ goes to khatru", []step{{msg: `["REQ"`, forward: true}, {msg: `["REQ",5,{}]`, forward: true}}},
-		{"other labels pass", []step{{msg: `["NEG-OPEN","n",{},"61"]`, forward: true}, {msg: `not json`, forward: true}}},
+		{"search refused before khatru", []step{{msg: `["REQ","s",{},{"search":"x"}]`, replyHas: `["CLOSED","s","unsupported: full-text search`}}},
+		{"unparsable messages answered as khatru would", []step{
+			{msg: `["REQ"`, replyHas: `["NOTICE","failed to parse envelope: `},
+			{msg: `["REQ","x",1]`, replyHas: `["NOTICE","failed to parse envelope: `},
+			{msg: `["NEG-OPEN","n"]`, replyHas: `["NOTICE","failed to parse envelope: unknown envelope label"]`},
+			{msg: `["WHAT","n"]`, replyHas: `["NOTICE","failed to parse envelope: unknown envelope label"]`},
+		}},
+		{"no label: never reaches khatru (its NIP-77 parser panics on some)", []step{
+			{msg: `[","]`, replyHas: `["NOTICE","failed to parse envelope: `},
+			{msg: `"",`, replyHas: `["NOTICE","failed to parse envelope: `},
+			{msg: `not json`, replyHas: `["NOTICE","failed to parse envelope: `},
+		}},
+		{"relay-to-client labels dropped, CLOSE of no subscription dropped", []step{
+			{msg: `["EOSE","a"]`}, {msg: `["OK","a",true,""]`}, {msg: `["NEG-ERR","a","x"]`}, {msg: `["CLOSE","zz"]`},
+		}},
+		{"NIP-77 passes", []step{{msg: `["NEG-OPEN","n",{},"61"]`, forward: true}, {msg: `["NEG-MSG","n","61"]`, forward: true}, {msg: `["NEG-CLOSE","n"]`, forward: true}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

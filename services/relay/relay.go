@@ -237,7 +237,7 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 
 	k.RejectEvent = append(k.RejectEvent, r.rejectEvent)
 	k.RejectFilter = append(k.RejectFilter, rejectFilter)
-	k.OverwriteFilter = append(k.OverwriteFilter, r.capLimit)
+	k.OverwriteFilter = append(k.OverwriteFilter, r.capLimit, trackSubscription)
 	// khatru notifies listeners of a client's event without its lock:
 	// the save hook broadcasts under it instead (see pkg/khatrulock), after
 	// an accepted deletion is applied and the event announced to other
@@ -338,7 +338,7 @@ func (r *Relay) capLimit(ctx context.Context, f *nostr.Filter) {
 // rejectFilter refuses what the store cannot answer.
 func rejectFilter(_ context.Context, f nostr.Filter) (bool, string) {
 	if f.Search != "" {
-		return true, "unsupported: full-text search (NIP-50) is not offered here"
+		return true, searchUnsupported
 	}
 	return false, ""
 }
@@ -416,6 +416,11 @@ func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
+	// The guard orders the connection's messages; it learns from the
+	// filter hook (trackSubscription), through the request khatru keeps,
+	// when a CLOSE has taken effect.
+	subs := newSubContexts()
+	req = req.WithContext(context.WithValue(req.Context(), subContextsKey{}, subs))
 	lim := connLimits{
 		maxMessage:   int(r.cfg.MaxMessageBytes),
 		maxFilters:   r.cfg.MaxFilters,
@@ -430,6 +435,7 @@ func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
 	onRefuse := func(what string) { r.refused.WithLabelValues("guard-" + what).Inc() }
 	wrap := func(c net.Conn) net.Conn {
 		g := newGuardConn(c, lim, eventAllowed, onRefuse)
+		g.subs = subs
 		if trusted {
 			return g
 		}
