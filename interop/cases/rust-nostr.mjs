@@ -50,11 +50,8 @@ function syncResult(out, url) {
 
 const sameRelay = (a, b) => a.replace(/\/$/, '') === b.replace(/\/$/, '');
 
-/** missingSummary names how many of want are absent from got. */
-function missing(want, got) {
-  const out = [...want].filter((id) => !got.has(id));
-  return out;
-}
+/** missing lists the ids of want absent from got. */
+const missing = (want, got) => [...want].filter((id) => !got.has(id));
 
 /**
  * sync seeds `count` issues on a served repository through nostr-tools, then
@@ -83,10 +80,13 @@ export async function sync(suite, g, { count = 600, up = 150 } = {}) {
     }
     return new Set(issues.map((e) => e.id));
   });
+  const names = {
+    down: `rust-nostr NIP-77 sync down: learns the ${count} ids it lacks`,
+    fetch: `rust-nostr id fetch after sync: every chunk of 100 complete (${count}/${count})`,
+    up: `rust-nostr NIP-77 sync up: graspd gets the ${up} events it lacked`,
+  };
   if (!seeded) {
-    for (const c of ['sync down learns the ids it lacks', 'id fetch after sync: every chunk complete', 'sync up']) {
-      suite.skipFailed(`rust-nostr ${c}`, 'setup failed');
-    }
+    for (const name of Object.values(names)) suite.skipFailed(name, 'setup failed');
     return;
   }
 
@@ -94,11 +94,11 @@ export async function sync(suite, g, { count = 600, up = 150 } = {}) {
   // is one case, the id fetch that follows another.
   let report;
   let received;
-  const learned = await suite.run(`rust-nostr NIP-77 sync down: learns the ${count} ids it lacks`, async (ctx) => {
+  const learned = await suite.run(names.down, async (ctx) => {
     const keys = Keys.generate();
-    const client = await sdkClient(g.sdkURL ?? g.relayURL, keys, ctx);
+    const client = await sdkClient(g.relayURL, keys, ctx);
     const out = await client.sync(Filter.fromJson(filterJSON), syncOpts(SyncDirection.Down));
-    report = syncResult(out, g.sdkURL ?? g.relayURL);
+    report = syncResult(out, g.relayURL);
     const remote = hex(report.remote);
     const lack = missing(seeded, remote);
     check(lack.length === 0, `reconciliation named ${remote.size} ids; ${lack.length} of ${count} missing`);
@@ -109,7 +109,7 @@ export async function sync(suite, g, { count = 600, up = 150 } = {}) {
     return true;
   }, { timeoutMs: 120_000 });
 
-  await suite.run(`rust-nostr id fetch after sync: every chunk of 100 complete (${count}/${count})`, async () => {
+  await suite.run(names.fetch, async () => {
     if (!learned) fail('the sync down did not complete');
     const lackReport = missing(seeded, received.report);
     const lackDB = missing(seeded, received.db);
@@ -119,9 +119,9 @@ export async function sync(suite, g, { count = 600, up = 150 } = {}) {
   });
 
   // Sync up: a client holding `up` events the relay lacks and 50 it has.
-  await suite.run(`rust-nostr NIP-77 sync up: graspd gets the ${up} events it lacked`, async (ctx) => {
+  await suite.run(names.up, async (ctx) => {
     const keys = Keys.generate();
-    const client = await sdkClient(g.sdkURL ?? g.relayURL, keys, ctx);
+    const client = await sdkClient(g.relayURL, keys, ctx);
     const base = Math.floor(Date.now() / 1000) - up;
     const fresh = [];
     for (let i = 0; i < up; i++) {
@@ -142,7 +142,7 @@ export async function sync(suite, g, { count = 600, up = 150 } = {}) {
     check(Number(await client.database.count(Filter.fromJson(filterJSON))) === up + 50, 'the SDK database does not hold the events');
 
     const out = await client.sync(Filter.fromJson(filterJSON), syncOpts(SyncDirection.Up));
-    const rep = syncResult(out, g.sdkURL ?? g.relayURL);
+    const rep = syncResult(out, g.relayURL);
     const local = hex(rep.local);
     check(missing(freshIDs, local).length === 0 && local.size === up,
       `reconciliation found ${local.size} events the relay lacks, want the ${up} fresh ones`);
