@@ -232,3 +232,29 @@ export async function policy(suite, g) {
     });
   }
 }
+
+/**
+ * burst publishes, on one connection and without waiting for any OK, an
+ * announcement listing the relay and then `count` issues tagging it, as a
+ * client importing a repository's history does. Each issue is judged after
+ * the announcement sent before it on that connection: every OK is true.
+ * Run it first, on a freshly started graspd.
+ */
+export async function burst(suite, g, { count = 500 } = {}) {
+  await suite.run(`nostr-tools burst: announcement then ${count} issues tagging it, unacknowledged, all OK true`, async (ctx) => {
+    const owner = n.newKey();
+    const d = `burst-${Date.now().toString(36)}`;
+    const repo = n.repoRef(owner.pk, d);
+    const ann = n.served(owner, d, g.relayURL);
+    const issues = Array.from({ length: count }, (_, i) => n.issue(owner, repo, `imported issue ${i}`));
+    const w = await connect(g.relayURL, ctx);
+    // nostr-tools writes the EVENTs in call order on the one websocket.
+    const results = await Promise.all([ann, ...issues].map((e) => publish(w, e)));
+    check(results[0].ok, `announcement OK false: ${results[0].msg}`);
+    const refused = results.slice(1).filter((r) => !r.ok);
+    check(refused.length === 0, `${refused.length} of ${count} issues refused, first: "${refused[0]?.msg}"`);
+    const reader = await connect(g.relayURL, ctx);
+    const stored = await query(reader, { kinds: [1621], '#a': [repo], limit: count });
+    check(stored.length === count, `graspd serves ${stored.length}/${count} of the issues`);
+  }, { timeoutMs: 120_000 });
+}
