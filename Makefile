@@ -42,12 +42,13 @@ build:
 		(cd $$m && $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...) || exit 1; \
 	done
 
-## test: formatting, vet, generated-code check and every test with -race
+## test: formatting, vet, generated-code check, every test with -race, then the interop suite
 test: tools fmt-check vet proto-lint
 	@set -e; for m in $(MODULES); do \
 		echo "== go test -race $$m"; \
 		(cd $$m && $(GO) test -race -count=1 $(TESTFLAGS) ./...); \
 	done
+	@$(MAKE) --no-print-directory interop
 
 vet:
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
@@ -119,3 +120,22 @@ demo:
 bench:
 	cd services/ingester && $(GO) test -run '^$$' -bench . -benchtime 3x -cpu 1,2 .
 	cd e2e && GRASP_BENCH=1 $(GO) test -count=1 -timeout 30m -run TestBenchEndToEnd -v .
+
+.PHONY: interop
+
+# The interop suite's clients are pinned npm packages (interop/package-lock.json),
+# installed by `npm ci`; Node >= 20.
+NODE         ?= node
+NPM          ?= npm
+INTEROP_RUNS ?= 1
+
+## interop: graspd driven by clients we did not write (nostr-tools, rust-nostr SDK); INTEROP_RUNS=10 repeats it
+interop: build interop/node_modules/.package-lock.json
+	@echo "== interop (INTEROP_RUNS=$(INTEROP_RUNS))"
+	cd interop && GRASPD=$(BIN)/graspd INTEROP_RUNS=$(INTEROP_RUNS) $(NODE) run.mjs
+
+interop/node_modules/.package-lock.json: interop/package.json interop/package-lock.json
+	@command -v $(NODE) >/dev/null && command -v $(NPM) >/dev/null || { \
+		echo "make interop: node and npm (Node >= 20) are needed for the interop suite; install them (apt-get install nodejs npm)."; exit 1; }
+	cd interop && $(NPM) ci --no-audit --no-fund
+	@touch $@
