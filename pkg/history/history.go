@@ -95,6 +95,10 @@ func (c *Cursor) Next(page []*nostr.Event) (fresh []*nostr.Event) {
 // ErrTooDeep is returned when a read needs more pages than allowed.
 var ErrTooDeep = errors.New("pagination depth exceeded")
 
+// ErrIgnoresUntil means the relay answered a page with events newer than
+// its until, so paging cannot make progress.
+var ErrIgnoresUntil = errors.New("relay ignores until")
+
 // ErrIncomplete is wrapped by the error of a read that could not fetch
 // every event of some one-second slice (see IncompleteError).
 var ErrIncomplete = errors.New("history incomplete")
@@ -194,6 +198,7 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 		return fn(evts)
 	}
 	c := &Cursor{until: f.Until}
+	var read *nostr.Timestamp // the last crowded second read
 	for !c.Done() {
 		pf := f
 		pf.Until = c.Until()
@@ -206,6 +211,12 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 			return st, err
 		}
 		if t, crowded := CrowdedSecond(evts, full); crowded {
+			if read != nil && t >= *read {
+				// Only a relay that ignores until gets here; going on
+				// would read the same second forever.
+				return st, fmt.Errorf("%w: second %d returned again below until %d", ErrIgnoresUntil, t, *read-1)
+			}
+			read = &t
 			st.Seconds++
 			if err := r.readSecond(ctx, f, t, c.boundary, page, deliver, &st); err != nil {
 				return st, err

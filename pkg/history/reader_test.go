@@ -16,13 +16,17 @@ import (
 // simRelay answers REQs from a fixed set the way relays do: newest first,
 // ties in id order, at most cap events per filter.
 type simRelay struct {
-	events []*nostr.Event
-	cap    int
-	reqs   int
+	events      []*nostr.Event
+	cap         int
+	reqs        int
+	ignoreUntil bool
 }
 
 func (s *simRelay) page(_ context.Context, f nostr.Filter) ([]*nostr.Event, error) {
 	s.reqs++
+	if s.ignoreUntil && f.Since == nil {
+		f.Until = nil
+	}
 	var out []*nostr.Event
 	for _, e := range s.events {
 		if f.Matches(e) {
@@ -233,5 +237,19 @@ func TestCrowdedSecond(t *testing.T) {
 		if got != tt.want || crowded != tt.crowded {
 			t.Errorf("%s: CrowdedSecond = %d, %v; want %d, %v", tt.name, got, crowded, tt.want, tt.crowded)
 		}
+	}
+}
+
+// A relay that ignores until on pages sends the crowded second again after
+// it was read: the read stops with an error instead of reading it forever.
+func TestReaderRelayIgnoringUntil(t *testing.T) {
+	relay := &simRelay{events: sim(spread(300, 50, []int{1621}, vals(4)), spread(10, 40, []int{1621}, vals(4))), cap: 100, ignoreUntil: true}
+	rd := &history.Reader{Page: relay.page, Full: 100, MaxPages: 1000}
+	_, err := rd.Read(context.Background(), nostr.Filter{Tags: nostr.TagMap{"a": vals(4)}, Limit: 500}, func([]*nostr.Event) error { return nil })
+	if !errors.Is(err, history.ErrIgnoresUntil) {
+		t.Fatalf("err = %v, want ErrIgnoresUntil", err)
+	}
+	if relay.reqs > 20 {
+		t.Errorf("%d REQs before giving up", relay.reqs)
 	}
 }
