@@ -93,6 +93,8 @@ func (c *Config) Validate() error {
 		return config.Invalid("DISCOVERY_BATCH_WINDOW", c.BatchWindow, "must be positive")
 	case c.PageSize <= 0:
 		return config.Invalid("DISCOVERY_PAGE_SIZE", c.PageSize, "must be positive")
+	case c.RelayMinCap < 0:
+		return config.Invalid("DISCOVERY_RELAY_MIN_CAP", c.RelayMinCap, "must not be negative")
 	case c.BackoffBase <= 0:
 		return config.Invalid("DISCOVERY_BACKOFF_BASE", c.BackoffBase, "must be positive")
 	case c.BackoffMax < c.BackoffBase:

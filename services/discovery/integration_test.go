@@ -491,6 +491,7 @@ func TestConfigValidate(t *testing.T) {
 	for name, mutate := range map[string]func(*Config){
 		"zero window":        func(c *Config) { c.BatchWindow = 0 },
 		"zero page":          func(c *Config) { c.PageSize = 0 },
+		"negative min cap":   func(c *Config) { c.RelayMinCap = -1 },
 		"backoff max < base": func(c *Config) { c.BackoffMax = time.Millisecond },
 		"bad bootstrap":      func(c *Config) { c.BootstrapRelays = []string{"http://x.example"} },
 	} {
