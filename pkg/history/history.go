@@ -26,7 +26,8 @@ import (
 // inclusive, because events sharing that timestamp may have been cut off;
 // ids already seen at the boundary are remembered and skipped. When a page
 // adds nothing new (more events than a page share one created_at), the
-// cursor steps below that timestamp so pagination always terminates.
+// cursor steps below that timestamp so pagination always terminates; the
+// events of that second it could not reach are Reader's job (Below).
 type Cursor struct {
 	until    *nostr.Timestamp
 	boundary map[string]struct{}

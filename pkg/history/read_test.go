@@ -68,7 +68,7 @@ func TestReadCrowdedSecondOnRealRelay(t *testing.T) {
 	older := author.Issue(repo, "older", testkit.At(at-10))
 	for _, nip77 := range []bool{true, false} {
 		r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100, Negentropy: nip77})
-		r.Add(t, append(append(append([]*nostr.Event{issue, older}, layer2...), layer3...))...)
+		r.Add(t, append(append([]*nostr.Event{issue, older}, layer2...), layer3...)...)
 		for _, tc := range []struct {
 			layer  string
 			filter nostr.Filter
