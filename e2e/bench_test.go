@@ -306,13 +306,13 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 			}
 			for _, f := range filters.Layer2(reposOf[i]) {
 				f.Limit = 500
-				if _, err := history.Read(ctx, c, f, 100000, save); err != nil {
+				if _, err := history.Read(ctx, c, f, 100, 100000, save); err != nil {
 					return err
 				}
 			}
 			for _, f := range filters.Layer3(slices.Compact(slices.Sorted(slices.Values(roots)))) {
 				f.Limit = 500
-				if _, err := history.Read(ctx, c, f, 100000, save); err != nil {
+				if _, err := history.Read(ctx, c, f, 100, 100000, save); err != nil {
 					return err
 				}
 			}

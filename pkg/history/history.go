@@ -8,9 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 )
 
@@ -21,11 +26,24 @@ import (
 // inclusive, because events sharing that timestamp may have been cut off;
 // ids already seen at the boundary are remembered and skipped. When a page
 // adds nothing new (more events than a page share one created_at), the
-// cursor steps below that timestamp so pagination always terminates.
+// cursor steps below that timestamp so pagination always terminates; the
+// events of that second it could not reach are Reader's job (Below).
 type Cursor struct {
 	until    *nostr.Timestamp
 	boundary map[string]struct{}
 	done     bool
+}
+
+// Below continues the read below second t, once everything at t has been
+// read (see Reader).
+func (c *Cursor) Below(t nostr.Timestamp) {
+	c.boundary = nil
+	if t == 0 {
+		c.done = true
+		return
+	}
+	next := t - 1
+	c.until = &next
 }
 
 // Until is the until bound of the next page (nil for the first).
@@ -61,7 +79,8 @@ func (c *Cursor) Next(page []*nostr.Event) (fresh []*nostr.Event) {
 		c.boundary = nil
 		return nil
 	}
-	if c.until == nil || oldest != *c.until {
+	if c.boundary == nil || c.until == nil || oldest != *c.until {
+		// (after a step below t the next page can end at t-1 itself)
 		c.boundary = map[string]struct{}{}
 	}
 	for _, e := range page {
@@ -77,38 +96,337 @@ func (c *Cursor) Next(page []*nostr.Event) (fresh []*nostr.Event) {
 // ErrTooDeep is returned when a read needs more pages than allowed.
 var ErrTooDeep = errors.New("pagination depth exceeded")
 
+// ErrIgnoresUntil means the relay answered a page with events newer than
+// its until, so paging cannot make progress.
+var ErrIgnoresUntil = errors.New("relay ignores until")
+
+// ErrIncomplete is wrapped by the error of a read that could not fetch
+// every event of some one-second slice (see IncompleteError).
+var ErrIncomplete = errors.New("history incomplete")
+
+// IncompleteError lists the one-second slices a read could not complete:
+// each still filled a capped page after every list in it had been split
+// down to a single value, and no NIP-77 was available for it. Everything
+// else was read; the caller must not treat the read as complete.
+type IncompleteError struct {
+	Slices []nostr.Filter
+}
+
+func (e *IncompleteError) Error() string {
+	parts := make([]string, 0, min(len(e.Slices), 3))
+	for _, f := range e.Slices[:min(len(e.Slices), 3)] {
+		parts = append(parts, f.String())
+	}
+	more := ""
+	if len(e.Slices) > 3 {
+		more = fmt.Sprintf(" and %d more", len(e.Slices)-3)
+	}
+	return fmt.Sprintf("%s: %d one-second slice(s) hit the relay's cap and cannot be split further: %s%s",
+		ErrIncomplete, len(e.Slices), strings.Join(parts, ", "), more)
+}
+
+// Is makes errors.Is(err, ErrIncomplete) true.
+func (e *IncompleteError) Is(target error) bool { return target == ErrIncomplete }
+
 // Stats describes one paginated read.
 type Stats struct {
 	Pages  int
 	Events int
+	// Seconds counts the one-second slices read apart because a capped
+	// page fell entirely inside one second.
+	Seconds int
+	// Incomplete lists the slices that could not be read completely.
+	Incomplete []nostr.Filter
+}
+
+// Reader reads a relay's stored events for a filter completely, including
+// seconds that hold more events than the relay returns for one REQ (see
+// docs/decisions.md, "History: reading a crowded second completely"). A
+// Reader runs one read at a time.
+type Reader struct {
+	// Page sends one REQ and returns what the relay sent before EOSE; a
+	// short result must never be returned without an error (see Page).
+	Page func(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error)
+	// Full is the smallest page that may have been capped: at most the
+	// smallest cap any relay read applies, and at most the page size. A
+	// page with fewer events is known to be everything the filter matches
+	// below its until. Zero means the filter's limit.
+	Full int
+	// MaxPages bounds the REQs of one read (0: unbounded).
+	MaxPages int
+	// ShortPageEnds ends the read at the first page shorter than Full,
+	// saving the last, empty page; without it the read goes on until a
+	// page brings nothing new, which stays complete even when the relay
+	// caps below Full (except inside a crowded second).
+	ShortPageEnds bool
+	// Second, when set, reads one second of a filter (since = until)
+	// completely by other means than REQ, i.e. NIP-77; have are the ids of
+	// that second already read. An error wrapping negsync.ErrUnsupported
+	// means it cannot, and the slice is split instead.
+	Second func(ctx context.Context, f nostr.Filter, have []string) ([]*nostr.Event, error)
+
+	// noSecond is set during a read once Second said it cannot, so the
+	// other crowded seconds go straight to splitting.
+	noSecond bool
 }
 
 // Read pages through every stored event matching f (f.Until is the
 // starting point if set; f.Limit is the page size) and hands each page's
-// new events to fn.
-func Read(ctx context.Context, r *relayconn.Conn, f nostr.Filter, maxPages int, fn func([]*nostr.Event) error) (Stats, error) {
+// new events to fn. Slices it cannot complete are read as far as the relay
+// allows and reported at the end with an *IncompleteError.
+func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Event) error) (Stats, error) {
 	var st Stats
-	c := &Cursor{until: f.Until}
-	for !c.Done() {
-		if maxPages > 0 && st.Pages >= maxPages {
-			return st, fmt.Errorf("%s: %w after %d pages", r.URL(), ErrTooDeep, st.Pages)
+	r.noSecond = false
+	full := r.Full
+	if full <= 0 || (f.Limit > 0 && f.Limit < full) {
+		full = f.Limit
+	}
+	if full <= 0 {
+		return st, errors.New("history read needs a page size (filter limit or Reader.Full)")
+	}
+	page := func(pf nostr.Filter) ([]*nostr.Event, error) {
+		if r.MaxPages > 0 && st.Pages >= r.MaxPages {
+			return nil, fmt.Errorf("%w after %d pages", ErrTooDeep, st.Pages)
 		}
+		st.Pages++
+		return r.Page(ctx, pf)
+	}
+	deliver := func(evts []*nostr.Event) error {
+		if len(evts) == 0 {
+			return nil
+		}
+		st.Events += len(evts)
+		return fn(evts)
+	}
+	c := &Cursor{until: f.Until}
+	var read *nostr.Timestamp // the last crowded second read
+	for !c.Done() {
 		pf := f
 		pf.Until = c.Until()
-		page, err := Page(ctx, r, pf)
+		evts, err := page(pf)
 		if err != nil {
 			return st, err
 		}
-		st.Pages++
-		fresh := c.Next(page)
-		st.Events += len(fresh)
-		if len(fresh) > 0 {
-			if err := fn(fresh); err != nil {
+		fresh := c.Next(evts)
+		if err := deliver(fresh); err != nil {
+			return st, err
+		}
+		if t, crowded := CrowdedSecond(evts, full); crowded {
+			if read != nil && t >= *read {
+				// Only a relay that ignores until gets here; going on
+				// would read the same second forever.
+				return st, fmt.Errorf("%w: second %d returned again below until %d", ErrIgnoresUntil, t, *read-1)
+			}
+			read = &t
+			st.Seconds++
+			if err := r.readSecond(ctx, f, t, c.boundary, page, deliver, &st); err != nil {
 				return st, err
 			}
+			c.Below(t)
+			continue
+		}
+		if r.ShortPageEnds && len(evts) < full {
+			break // a page shorter than any cap is the whole rest
 		}
 	}
+	if len(st.Incomplete) > 0 {
+		return st, &IncompleteError{Slices: st.Incomplete}
+	}
 	return st, nil
+}
+
+// readSecond reads every event of f at second t: with Second (NIP-77) if
+// it can, otherwise by REQ, splitting the slice (see Split) until each part
+// comes back shorter than full. seen are the ids at t already delivered.
+func (r *Reader) readSecond(ctx context.Context, f nostr.Filter, t nostr.Timestamp, seen map[string]struct{},
+	page func(nostr.Filter) ([]*nostr.Event, error), deliver func([]*nostr.Event) error, st *Stats) error {
+	got := make(map[string]struct{}, len(seen))
+	for id := range seen {
+		got[id] = struct{}{}
+	}
+	unseen := func(evts []*nostr.Event) []*nostr.Event {
+		var out []*nostr.Event
+		for _, e := range evts {
+			if e.CreatedAt != t {
+				continue // a relay ignoring since/until: not this slice's
+			}
+			if _, dup := got[e.ID]; !dup {
+				got[e.ID] = struct{}{}
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	slice := f
+	slice.Since, slice.Until = &t, &t
+	if r.Second != nil && !r.noSecond {
+		have := make([]string, 0, len(got))
+		for id := range got {
+			have = append(have, id)
+		}
+		evts, err := r.Second(ctx, slice, have)
+		if err == nil {
+			return deliver(unseen(evts))
+		}
+		if !errors.Is(err, negsync.ErrUnsupported) {
+			return fmt.Errorf("one-second slice at %d: %w", t, err)
+		}
+		r.noSecond = true // NIP-77 cannot do it here: split instead
+	}
+	queue := []nostr.Filter{slice}
+	for len(queue) > 0 {
+		part := queue[len(queue)-1]
+		queue = queue[:len(queue)-1]
+		evts, err := page(part)
+		if err != nil {
+			return err
+		}
+		if err := deliver(unseen(evts)); err != nil {
+			return err
+		}
+		if len(evts) < r.full(part) {
+			continue
+		}
+		a, b, ok := Split(part)
+		if !ok {
+			st.Incomplete = append(st.Incomplete, part)
+			continue
+		}
+		queue = append(queue, b, a)
+	}
+	return nil
+}
+
+func (r *Reader) full(f nostr.Filter) int {
+	if r.Full <= 0 || (f.Limit > 0 && f.Limit < r.Full) {
+		return f.Limit
+	}
+	return r.Full
+}
+
+// CrowdedSecond reports whether a page may hide events at one second: it
+// is full (at least full events, so it may have been capped) and every
+// event in it shares one created_at, t. Paging with until cannot get past
+// such a second; it must be read on its own.
+func CrowdedSecond(page []*nostr.Event, full int) (t nostr.Timestamp, crowded bool) {
+	if len(page) == 0 || len(page) < full {
+		return 0, false
+	}
+	t = page[0].CreatedAt
+	for _, e := range page[1:] {
+		if e.CreatedAt != t {
+			return 0, false
+		}
+	}
+	return t, true
+}
+
+// Split divides f into two filters that together match every event f
+// matches, by halving its longest list: a tag's values, kinds, authors or
+// ids (an event may match both halves of a tag list; readers drop the
+// duplicate by id). It reports false when every list has at most one
+// value: a filter such as {kinds: [1621], #a: [coordinate]} cannot be
+// narrowed soundly, because a filter can only name values, never exclude
+// them, and the values of an unconstrained field (a filter without kinds
+// matches every kind) cannot be enumerated.
+func Split(f nostr.Filter) (a, b nostr.Filter, ok bool) {
+	best, bestLen := "", 1
+	consider := func(name string, n int) {
+		if n > bestLen {
+			best, bestLen = name, n
+		}
+	}
+	names := make([]string, 0, len(f.Tags))
+	for name := range f.Tags {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		consider("#"+name, len(f.Tags[name]))
+	}
+	consider("kinds", len(f.Kinds))
+	consider("authors", len(f.Authors))
+	consider("ids", len(f.IDs))
+	if best == "" {
+		return f, nostr.Filter{}, false
+	}
+	a, b = f, f
+	half := bestLen / 2
+	switch best {
+	case "kinds":
+		a.Kinds, b.Kinds = slices.Clone(f.Kinds[:half]), slices.Clone(f.Kinds[half:])
+	case "authors":
+		a.Authors, b.Authors = slices.Clone(f.Authors[:half]), slices.Clone(f.Authors[half:])
+	case "ids":
+		a.IDs, b.IDs = slices.Clone(f.IDs[:half]), slices.Clone(f.IDs[half:])
+	default:
+		name := strings.TrimPrefix(best, "#")
+		vals := f.Tags[name]
+		a.Tags, b.Tags = maps.Clone(f.Tags), maps.Clone(f.Tags)
+		a.Tags[name], b.Tags[name] = slices.Clone(vals[:half]), slices.Clone(vals[half:])
+	}
+	return a, b, true
+}
+
+// Read pages through every stored event matching f with one connection
+// (f.Limit is the page size and, unless full is smaller, the threshold of a
+// possibly capped page); a crowded second is read with NIP-77 when the
+// relay offers it, split into REQs otherwise. See Reader.Read.
+func Read(ctx context.Context, r *relayconn.Conn, f nostr.Filter, full, maxPages int, fn func([]*nostr.Event) error) (Stats, error) {
+	rd := &Reader{
+		Page:     func(ctx context.Context, pf nostr.Filter) ([]*nostr.Event, error) { return Page(ctx, r, pf) },
+		Full:     full,
+		MaxPages: maxPages,
+	}
+	rd.Second = NIP77Second(r, negsync.Options{}, rd.Page, func() int { return rd.full(f) })
+	st, err := rd.Read(ctx, f, fn)
+	if err != nil && !errors.Is(err, ErrIncomplete) {
+		err = fmt.Errorf("%s: %w", r.URL(), err)
+	}
+	return st, err
+}
+
+// NIP77Second returns a Reader.Second that reconciles the slice with NIP-77
+// on c (our side: the ids already read) and fetches the rest by id, at most
+// chunk() ids per REQ so no answer can be capped. A relay that names ids it
+// then does not return cannot be trusted for the slice: that is
+// negsync.ErrUnsupported, and the slice is split instead.
+func NIP77Second(c *relayconn.Conn, opts negsync.Options, page func(context.Context, nostr.Filter) ([]*nostr.Event, error), chunk func() int) func(context.Context, nostr.Filter, []string) ([]*nostr.Event, error) {
+	return func(ctx context.Context, f nostr.Filter, have []string) ([]*nostr.Event, error) {
+		local := make([]negsync.Item, 0, len(have))
+		for _, id := range have {
+			local = append(local, negsync.Item{ID: id, CreatedAt: *f.Since})
+		}
+		nf := f
+		nf.Limit, nf.LimitZero = 0, false
+		res, err := negsync.Reconcile(ctx, c, nf, local, opts)
+		if err != nil {
+			return nil, err
+		}
+		n := max(chunk(), 1)
+		var out []*nostr.Event
+		for start := 0; start < len(res.Need); start += n {
+			ids := res.Need[start:min(start+n, len(res.Need))]
+			evts, err := page(ctx, nostr.Filter{IDs: ids, Limit: len(ids)})
+			if err != nil {
+				return out, err
+			}
+			want := make(map[string]struct{}, len(ids))
+			for _, id := range ids {
+				want[id] = struct{}{}
+			}
+			for _, e := range evts {
+				if _, ok := want[e.ID]; ok {
+					delete(want, e.ID)
+					out = append(out, e)
+				}
+			}
+			if len(want) > 0 {
+				return out, &negsync.UnsupportedError{Reason: fmt.Sprintf("%d of %d ids named by NIP-77 not returned", len(want), len(ids))}
+			}
+		}
+		return out, nil
+	}
 }
 
 // Page sends one REQ and returns what the relay sends before EOSE. A

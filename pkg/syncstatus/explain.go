@@ -22,6 +22,10 @@ type RepoRelay struct {
 	PendingRoots int `json:"pending_roots"`
 	// Why says in words why this relay syncs the repository.
 	Why string `json:"why"`
+	// Incomplete, when set, is why this repository is not fully synced
+	// from the relay although the relay was read: its last incomplete
+	// batch (retried on the failure schedule).
+	Incomplete string `json:"incomplete,omitempty"`
 }
 
 // Explanation says which relays a repository is synced from and how far.
@@ -62,6 +66,9 @@ func (s *Snapshot) Explain(ref string) (*Explanation, error) {
 					}
 				}
 				rr.PendingRoots = max(repo.Roots-rr.ConfirmedRoots, 0)
+				if r.IncompleteBatches > 0 && (!rr.RepoConfirmed || rr.PendingRoots > 0) {
+					rr.Incomplete = fmt.Sprintf("%d batches incomplete; last: %s", r.IncompleteBatches, r.LastIncomplete)
+				}
 			}
 			ex.Relays = append(ex.Relays, rr)
 		}

@@ -68,6 +68,12 @@ type Relay struct {
 	LastError           string    `json:"last_error,omitempty"`
 	UpdatedAt           time.Time `json:"updated_at,omitzero"`
 
+	// IncompleteBatches counts, among the historic failures, the batches
+	// that could not read the relay completely (a one-second slice over its
+	// cap); LastIncomplete says what the last one could not read.
+	IncompleteBatches int    `json:"incomplete_batches,omitempty"`
+	LastIncomplete    string `json:"last_incomplete,omitempty"`
+
 	state *graspv1.RelayState
 }
 
@@ -162,6 +168,7 @@ func FromRelayState(st *graspv1.RelayState) Relay {
 		UpdatedAt:        unix(st.GetUpdatedAt()),
 		state:            st,
 	}
+	r.IncompleteBatches, r.LastIncomplete = int(st.GetIncompleteBatches()), st.GetLastIncomplete()
 	return r
 }
 

@@ -108,7 +108,9 @@ func TestReadAndExplain(t *testing.T) {
 		{RelayUrl: r1, Status: graspv1.RelayStatus_RELAY_STATUS_CONNECTED, ConfirmedRepoRefs: []string{repo}, ConfirmedRoots: 3,
 			Confirmed: []*graspv1.ConfirmedRepo{{RepoRef: repo, RepoConfirmed: true, AllRoots: true, RootCount: 3}}},
 		{RelayUrl: r2, Status: graspv1.RelayStatus_RELAY_STATUS_SYNCING, PendingBatches: 2, PendingRoots: 2, ConfirmedRoots: 1,
-			Confirmed: []*graspv1.ConfirmedRepo{{RepoRef: repo, RootPrefixes: prefix}}},
+			Confirmed:         []*graspv1.ConfirmedRepo{{RepoRef: repo, RootPrefixes: prefix}},
+			HistoricFailures:  2,
+			IncompleteBatches: 1, LastIncomplete: "history incomplete: 1 one-second slice(s)"},
 	}, []*graspv1.RepoSyncNeeds{
 		{RepoRef: repo, Relays: []string{r1, r2, "wss://three.example"}, RootEventIds: []string{"a", "b", "c"}},
 		{RepoRef: "30617:bb:other", Relays: []string{r1}},
@@ -124,6 +126,9 @@ func TestReadAndExplain(t *testing.T) {
 	if two.Health != "dead" || two.ConsecutiveFailures != 7 || two.LastError != "dial tcp: connection refused" || one.Health != "" {
 		t.Errorf("health: %s %q/%d/%q, %s %q", r2, two.Health, two.ConsecutiveFailures, two.LastError, r1, one.Health)
 	}
+	if two.IncompleteBatches != 1 || two.LastIncomplete == "" || one.IncompleteBatches != 0 {
+		t.Errorf("incomplete batches: %s %d %q, %s %d", r2, two.IncompleteBatches, two.LastIncomplete, r1, one.IncompleteBatches)
+	}
 	if got := snap.Progress(); got != (syncstatus.Progress{Relays: 2, Connected: 1, Syncing: 1, PendingBatches: 2, PendingRoots: 2, ConfirmedRoots: 4}) {
 		t.Errorf("progress %+v", got)
 	}
@@ -137,7 +142,8 @@ func TestReadAndExplain(t *testing.T) {
 	}
 	want := []syncstatus.RepoRelay{
 		{URL: r1, Status: "Connected", RepoConfirmed: true, ConfirmedRoots: 3, PendingRoots: 0},
-		{URL: r2, Status: "Syncing", RepoConfirmed: false, ConfirmedRoots: 1, PendingRoots: 2},
+		{URL: r2, Status: "Syncing", RepoConfirmed: false, ConfirmedRoots: 1, PendingRoots: 2,
+			Incomplete: "1 batches incomplete; last: history incomplete: 1 one-second slice(s)"},
 		{URL: "wss://three.example", Status: "Untracked", PendingRoots: 3},
 	}
 	if len(ex.Relays) != len(want) {

@@ -51,6 +51,12 @@ type Config struct {
 	PageSize int `envconfig:"DISCOVERY_PAGE_SIZE" default:"500"`
 	// MaxPages bounds one history read.
 	MaxPages int `envconfig:"DISCOVERY_MAX_PAGES" default:"100000"`
+	// RelayMinCap is the smallest per-REQ result cap assumed of the own
+	// relay: a page of at least min(this, PageSize) events that all share
+	// one created_at may hide more of that second, which is then read on
+	// its own (NIP-77, or REQs split by kind). Must not exceed
+	// GRASP_RELAY_MAX_LIMIT.
+	RelayMinCap int `envconfig:"DISCOVERY_RELAY_MIN_CAP" default:"100"`
 	// ReconnectBuffer is subtracted from the moment the live stream was lost
 	// to get the since of the catch-up after a reconnect.
 	ReconnectBuffer time.Duration `envconfig:"DISCOVERY_RECONNECT_BUFFER" default:"15m"`
@@ -87,6 +93,8 @@ func (c *Config) Validate() error {
 		return config.Invalid("DISCOVERY_BATCH_WINDOW", c.BatchWindow, "must be positive")
 	case c.PageSize <= 0:
 		return config.Invalid("DISCOVERY_PAGE_SIZE", c.PageSize, "must be positive")
+	case c.RelayMinCap < 0:
+		return config.Invalid("DISCOVERY_RELAY_MIN_CAP", c.RelayMinCap, "must not be negative")
 	case c.BackoffBase <= 0:
 		return config.Invalid("DISCOVERY_BACKOFF_BASE", c.BackoffBase, "must be positive")
 	case c.BackoffMax < c.BackoffBase:
@@ -112,6 +120,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PageSize <= 0 {
 		c.PageSize = 500
+	}
+	if c.RelayMinCap <= 0 {
+		c.RelayMinCap = 100
 	}
 	if c.MaxPages <= 0 {
 		c.MaxPages = 100_000
@@ -418,7 +429,7 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 		defer close(exited)
 		defer hconn.Close()
 		f := nostr.Filter{Kinds: Kinds, Since: t.since, Limit: d.cfg.PageSize}
-		st, err := history.Read(hctx, hconn, f, d.cfg.MaxPages, func(evts []*nostr.Event) error {
+		st, err := history.Read(hctx, hconn, f, min(d.cfg.PageSize, d.cfg.RelayMinCap), d.cfg.MaxPages, func(evts []*nostr.Event) error {
 			select {
 			case pages <- evts:
 				return nil
@@ -454,6 +465,11 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 			}
 		case herr := <-histDone:
 			if herr != nil {
+				if errors.Is(herr, history.ErrIncomplete) {
+					// Never caught up on a guess: not ready, read again
+					// after the backoff (docs/decisions.md).
+					d.metrics.historyIncomplete.Inc()
+				}
 				return time.Time{}, false, fmt.Errorf("history: %w", herr)
 			}
 			historyDone = true

@@ -491,6 +491,7 @@ func TestConfigValidate(t *testing.T) {
 	for name, mutate := range map[string]func(*Config){
 		"zero window":        func(c *Config) { c.BatchWindow = 0 },
 		"zero page":          func(c *Config) { c.PageSize = 0 },
+		"negative min cap":   func(c *Config) { c.RelayMinCap = -1 },
 		"backoff max < base": func(c *Config) { c.BackoffMax = time.Millisecond },
 		"bad bootstrap":      func(c *Config) { c.BootstrapRelays = []string{"http://x.example"} },
 	} {
@@ -507,5 +508,53 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := (&Config{}).Validate(); err == nil {
 		t.Error("empty config accepted")
+	}
+}
+
+// TestHistoryCrowdedSecond: 1,000 announcements share one created_at on an
+// own relay that returns at most 100 events per REQ. With NIP-77 every one
+// reaches the index; without it the second cannot be read completely, and
+// discovery says so (metric, not ready, read again) instead of indexing the
+// 100 it saw as if that were all.
+func TestHistoryCrowdedSecond(t *testing.T) {
+	owner := testkit.NewKey()
+	at := nostr.Now() - 1000
+	evts := make([]*nostr.Event, 1000)
+	var wg sync.WaitGroup
+	for w := range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for i := w; i < len(evts); i += runtime.GOMAXPROCS(0) {
+				evts[i] = announce(owner, fmt.Sprint("crowded-", i), []string{"wss://a.example"}, testkit.At(at))
+			}
+		})
+	}
+	wg.Wait()
+	for _, nip77 := range []bool{true, false} {
+		t.Run(fmt.Sprintf("nip77=%v", nip77), func(t *testing.T) {
+			relay := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100, Negentropy: nip77})
+			for _, evt := range evts {
+				if err := relay.Store.SaveEvent(context.Background(), evt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e := newEnv(t)
+			in := e.start(t, Config{RelayURL: relay.URL, BatchWindow: 50 * time.Millisecond, PageSize: 500}, clock.Real{})
+			if nip77 {
+				eventually(t, 60*time.Second, "1,000 index entries", func() bool { return len(entries(t, e.kv)) == 1000 })
+				eventually(t, 10*time.Second, "ready", func() bool { return in.d.Ready() == nil })
+				if v := testutil.ToFloat64(in.d.metrics.historyIncomplete); v != 0 {
+					t.Errorf("incomplete histories = %v, want 0", v)
+				}
+				return
+			}
+			// Two incomplete reads: the first, and its retry after the
+			// reconnect backoff.
+			eventually(t, 60*time.Second, "the history reported incomplete twice", func() bool {
+				return testutil.ToFloat64(in.d.metrics.historyIncomplete) >= 2
+			})
+			if err := in.d.Ready(); err == nil {
+				t.Error("discovery reports ready with an incomplete history")
+			}
+		})
 	}
 }

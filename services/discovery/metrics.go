@@ -22,6 +22,9 @@ type metrics struct {
 	// received from NATS and those dropped because the queue was full.
 	storedSeen    prometheus.Counter
 	storedDropped prometheus.Counter
+	// historyIncomplete counts history reads that could not read some
+	// one-second slice completely (see docs/decisions.md).
+	historyIncomplete prometheus.Counter
 
 	// batchEvents counts events applied since the last flush (owned by the
 	// active session's goroutine).
@@ -50,12 +53,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Stored-event announcements (grasp.stored.<kind>) received from the writers over NATS."}),
 		storedDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_stored_events_dropped_total",
 			Help: "Stored-event announcements dropped because discovery's queue was full (the next reconnect then reads the whole history)."}),
+		historyIncomplete: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_history_incomplete_total",
+			Help: "Self-subscription history reads that left a one-second slice incomplete (more events in one second than the own relay returns per REQ, and no NIP-77): the read is retried after the reconnect backoff and discovery does not report ready."}),
 	}
 	for _, r := range []string{RefusedScheme, RefusedCredentials, RefusedTooLong, RefusedMalformed, RefusedInternal, RefusedTooMany} {
 		m.refused.WithLabelValues(r) // export zeros so rates work from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.repos, m.roots, m.relays, m.batches, m.batchSize, m.batchKeys, m.writes, m.refused, m.connected, m.leader, m.eventsSeen, m.storedSeen, m.storedDropped)
+		reg.MustRegister(m.repos, m.roots, m.relays, m.batches, m.batchSize, m.batchKeys, m.writes, m.refused, m.connected, m.leader, m.eventsSeen, m.storedSeen, m.storedDropped, m.historyIncomplete)
 	}
 	return m
 }

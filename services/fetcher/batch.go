@@ -42,8 +42,15 @@ func (w *relayWorker) runBatch(s *session, batch string, hist []nostr.Filter) {
 	}
 	b := &batchRun{w: w, s: s, id: batch, pub: &windowPublisher{js: w.f.bus.JS, window: w.f.cfg.PublishWindow}}
 	var err error
+	var incomplete []*history.IncompleteError
 	for _, f := range hist {
-		if err = b.part(f); err != nil {
+		err = b.part(f)
+		var inc *history.IncompleteError
+		if errors.As(err, &inc) {
+			// Read what can be read; the batch is reported incomplete.
+			incomplete, err = append(incomplete, inc), nil
+		}
+		if err != nil {
 			break
 		}
 	}
@@ -59,9 +66,20 @@ func (w *relayWorker) runBatch(s *session, batch string, hist []nostr.Filter) {
 	}
 	done := &graspv1.BatchDone{BatchId: batch, Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_OK, Method: method,
 		EventsReceived: b.received, BytesReceived: b.bytes, Pages: uint32(b.pages), FallbackReason: s.fallbackReason()}
-	if err != nil {
+	switch {
+	case err != nil:
 		done.Outcome = graspv1.BatchOutcome_BATCH_OUTCOME_FAILED
 		done.Error = err.Error()
+	case len(incomplete) > 0:
+		var slices []nostr.Filter
+		for _, inc := range incomplete {
+			slices = append(slices, inc.Slices...)
+		}
+		w.f.m.incompleteSlices.Add(float64(len(slices)))
+		err = &history.IncompleteError{Slices: slices}
+		done.Outcome = graspv1.BatchOutcome_BATCH_OUTCOME_INCOMPLETE
+		done.Error = err.Error()
+		done.IncompleteSlices = uint32(len(slices))
 	}
 	w.f.m.pages.Observe(float64(b.pages))
 	w.f.m.batches.WithLabelValues(strings.TrimPrefix(done.Outcome.String(), "BATCH_OUTCOME_"), strings.TrimPrefix(method.String(), "SYNC_METHOD_")).Inc()
@@ -210,40 +228,43 @@ func (b *batchRun) dropHeld(missing map[string]struct{}) error {
 }
 
 // req reads f completely with REQ+EOSE, paginating with until while pages
-// may have been capped; history.Cursor makes it terminate even when more
-// events than a page share one created_at.
+// may have been capped. A capped page that falls entirely inside one second
+// makes that second read on its own, split into narrower REQs until each
+// comes back under the cap (history.Reader; docs/decisions.md). NIP-77 is
+// not tried for such a slice here: this path runs only when NIP-77 is
+// disabled or has failed for the session, and when it works it reads the
+// whole filter without a cap. A slice that cannot be narrowed further is
+// returned as a *history.IncompleteError after everything else was read.
 func (b *batchRun) req(f nostr.Filter) error {
 	w := b.w
 	f.Limit, f.LimitZero = w.f.cfg.PageSize, false
-	full := min(w.f.cfg.PageSize, w.f.cfg.RelayMinCap)
-	c := &history.Cursor{}
-	first := true
-	for pages := 0; ; pages++ {
-		if pages >= w.f.cfg.MaxPages {
-			return fmt.Errorf("%s: %w after %d pages", w.url, history.ErrTooDeep, pages)
-		}
-		pf := f
-		if !first {
-			pf.Until = c.Until()
-		}
-		page, n, err := b.page(pf)
-		b.bytes += n
-		w.f.m.historicBytes.WithLabelValues("req").Add(float64(n))
-		if err != nil {
-			return err
-		}
-		first = false // the first page starts at the filter's own until
-		fresh := c.Next(page)
-		for _, evt := range fresh {
+	rd := &history.Reader{
+		Page: func(_ context.Context, pf nostr.Filter) ([]*nostr.Event, error) {
+			page, n, err := b.page(pf)
+			b.bytes += n
+			w.f.m.historicBytes.WithLabelValues("req").Add(float64(n))
+			return page, err
+		},
+		Full:          min(w.f.cfg.PageSize, w.f.cfg.RelayMinCap),
+		MaxPages:      w.f.cfg.MaxPages,
+		ShortPageEnds: true,
+	}
+	st, err := rd.Read(b.s.ctx, f, func(evts []*nostr.Event) error {
+		for _, evt := range evts {
 			if err := b.emit(evt, nostr.Filters{f}); err != nil {
 				return err
 			}
 		}
-		// A page shorter than any cap a relay applies is the whole rest.
-		if c.Done() || len(page) < full {
-			return nil
-		}
+		return nil
+	})
+	w.f.m.crowdedSeconds.Add(float64(st.Seconds))
+	if errors.Is(err, history.ErrTooDeep) {
+		return fmt.Errorf("%s: %w", w.url, err)
 	}
+	if errors.Is(err, history.ErrIncomplete) {
+		w.log.Warn("history slice cannot be read completely with REQ", "session", b.s.id, "batch", b.id, "err", err)
+	}
+	return err
 }
 
 // emit publishes one historic event.

@@ -22,6 +22,11 @@ type metrics struct {
 	batches        *prometheus.CounterVec
 	subClosed      *prometheus.CounterVec
 	shards         prometheus.Gauge
+	// crowdedSeconds and incompleteSlices count the one-second slices read
+	// apart in REQ+EOSE history and those that could not be completed
+	// (docs/decisions.md, "History: reading a crowded second completely").
+	crowdedSeconds   prometheus.Counter
+	incompleteSlices prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -58,10 +63,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Subscriptions the relay closed (CLOSED), by mode."}, []string{"mode"}),
 		shards: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_fetcher_shards_owned",
 			Help: "Shards this replica holds the lease of."}),
+		crowdedSeconds: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_crowded_seconds_total",
+			Help: "One-second slices of REQ+EOSE history read on their own because a capped page fell entirely inside one second."}),
+		incompleteSlices: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_incomplete_slices_total",
+			Help: "One-second slices that still filled a capped page with nothing left to split: their batch is reported INCOMPLETE and retried, never confirmed."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
-			m.dropped, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards)
+			m.dropped, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
+			m.crowdedSeconds, m.incompleteSlices)
 	}
 	return m
 }

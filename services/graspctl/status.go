@@ -98,20 +98,30 @@ func WriteStatus(out io.Writer, s *syncstatus.Snapshot) error {
 	}
 	fmt.Fprintf(out, "leaders %s\n\n", strings.Join(leases, ", "))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RELAY\tSTATUS\tHEALTH\tREPOS\tCONFIRMED\tPENDING\tROOTS OK\tROOTS PENDING\tBATCHES\tLIVE FILTERS\tLAST CONNECTED\tLAST ERROR")
+	fmt.Fprintln(tw, "RELAY\tSTATUS\tHEALTH\tREPOS\tCONFIRMED\tPENDING\tROOTS OK\tROOTS PENDING\tBATCHES\tINCOMPLETE\tLIVE FILTERS\tLAST CONNECTED\tLAST ERROR")
 	for _, r := range s.Relays {
 		url := r.URL
 		if r.Bootstrap {
 			url += " (bootstrap)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", url, r.Status, dash(r.Health),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", url, r.Status, dash(r.Health),
 			r.ListedRepos, r.ConfirmedRepos, r.PendingRepos, r.ConfirmedRoots, r.PendingRoots, r.PendingBatches,
-			r.LiveFilters, ago(r.LastConnected, s.Taken), dash(r.LastError))
+			r.IncompleteBatches, r.LiveFilters, ago(r.LastConnected, s.Taken), dash(r.LastError))
 	}
 	if len(s.Relays) == 0 {
-		fmt.Fprintln(tw, "(no remote relay tracked yet: is the planner running?)\t\t\t\t\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "(no remote relay tracked yet: is the planner running?)\t\t\t\t\t\t\t\t\t\t\t\t")
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// What an incomplete batch could not read, below the table: too long
+	// for a column.
+	for _, r := range s.Relays {
+		if r.IncompleteBatches > 0 {
+			fmt.Fprintf(out, "\nincomplete %s (%d batches): %s\n", r.URL, r.IncompleteBatches, r.LastIncomplete)
+		}
+	}
+	return nil
 }
 
 // Status prints the relay table (or JSON) once, or with Watch until ctx is
@@ -250,6 +260,11 @@ func Explain(ctx context.Context, b *bus.Bus, ref string, opts ExplainOptions, o
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, r := range ex.Relays {
+		if r.Incomplete != "" {
+			fmt.Fprintf(out, "  not complete from %s: %s\n", r.URL, r.Incomplete)
+		}
 	}
 	return writeAnnouncement(out, ex, annErr)
 }

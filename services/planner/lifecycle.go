@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nbd-wtf/go-nostr"
 
@@ -100,6 +101,10 @@ type Observer interface {
 	// BatchAbandoned is a batch that will never report: its session ended
 	// or a resync started over. Started = finished + abandoned + in flight.
 	BatchAbandoned(relay string, kind BatchKind)
+	// BatchIncomplete is a batch the fetcher read as far as the relay
+	// allows but not completely (a crowded second it could not split); it
+	// is also finished as failed.
+	BatchIncomplete(relay string, kind BatchKind)
 	Consolidated(relay string)
 	Reconnected(relay string, kind ReconnectKind)
 }
@@ -109,6 +114,7 @@ type nopObserver struct{}
 func (nopObserver) BatchStarted(string, BatchKind)                       {}
 func (nopObserver) BatchFinished(string, BatchKind, bool, time.Duration) {}
 func (nopObserver) BatchAbandoned(string, BatchKind)                     {}
+func (nopObserver) BatchIncomplete(string, BatchKind)                    {}
 func (nopObserver) Consolidated(string)                                  {}
 func (nopObserver) Reconnected(string, ReconnectKind)                    {}
 
@@ -520,6 +526,7 @@ func (m *Machine) clearConfirmed(s *RelayState) {
 	s.AnnouncementsSynced = false
 	s.CatchUpSince = 0
 	s.Failures = 0
+	s.Incomplete, s.LastIncomplete = 0, ""
 }
 
 func (m *Machine) onConnected(now time.Time, s *RelayState, session string) {
@@ -634,6 +641,14 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 	b := s.Batches[i]
 	s.Batches = slices.Delete(s.Batches, i, i+1)
 	ok := done.GetOutcome() == graspv1.BatchOutcome_BATCH_OUTCOME_OK
+	if done.GetOutcome() == graspv1.BatchOutcome_BATCH_OUTCOME_INCOMPLETE {
+		// Not everything could be read: nothing of it is confirmed, and it
+		// is retried like a failed batch (docs/decisions.md, "History:
+		// reading a crowded second completely").
+		s.Incomplete++
+		s.LastIncomplete = truncateText(done.GetError(), maxIncompleteText)
+		m.obs.BatchIncomplete(s.URL, b.Kind)
+	}
 	m.obs.BatchFinished(s.URL, b.Kind, ok, now.Sub(b.Started))
 	m.dirty[s.ID] = true
 	switch {
@@ -726,6 +741,7 @@ func (m *Machine) settle(s *RelayState) {
 	complete := s.AnnouncementsSynced && s.CatchUpSince == 0 && len(MissingItems(m.idx, s)) == 0
 	if complete {
 		s.Failures = 0
+		s.Incomplete, s.LastIncomplete = 0, ""
 	}
 	status := graspv1.RelayStatus_RELAY_STATUS_CONNECTED
 	if s.Failures > 0 {
@@ -1208,4 +1224,18 @@ func shareRoots(p *PairState, repo *Repo) {
 	if len(p.Confirmed) == len(repo.Roots) && len(p.Confirmed) > 0 {
 		p.Confirmed = repo.Roots
 	}
+}
+
+// maxIncompleteText bounds the text kept of an incomplete batch's report.
+const maxIncompleteText = 500
+
+// truncateText cuts s to at most n bytes without splitting a UTF-8 rune.
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

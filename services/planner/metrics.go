@@ -15,6 +15,7 @@ type Metrics struct {
 	repos         *prometheus.GaugeVec
 	roots         *prometheus.GaugeVec
 	batches       *prometheus.CounterVec
+	incomplete    *prometheus.CounterVec
 	batchDuration *prometheus.HistogramVec
 	consolidation prometheus.Counter
 	deferred      prometheus.Gauge
@@ -44,6 +45,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grasp_planner_batches_total", Help: "Historic batches started, confirmed, failed and abandoned (their session ended or a resync started over), by batch kind.",
 		}, []string{"event", "kind"}),
+		incomplete: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_planner_batches_incomplete_total", Help: "Historic batches the fetcher reported INCOMPLETE (a one-second slice it could not read completely), by batch kind; each is also counted failed and retried, never confirmed.",
+		}, []string{"kind"}),
 		batchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "grasp_planner_batch_duration_seconds", Help: "Time from a batch's command to its completion report.",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 16),
@@ -73,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.commands, m.status, m.repos, m.roots, m.batches, m.batchDuration,
+		reg.MustRegister(m.commands, m.status, m.repos, m.roots, m.batches, m.incomplete, m.batchDuration,
 			m.consolidation, m.deferred, m.reconnects, m.relays, m.recompute, m.leader, m.epoch)
 	}
 	return m
@@ -92,6 +96,11 @@ func (m *Metrics) BatchFinished(_ string, kind BatchKind, ok bool, took time.Dur
 	}
 	m.batches.WithLabelValues(event, kind.String()).Inc()
 	m.batchDuration.WithLabelValues(kind.String(), outcome).Observe(took.Seconds())
+}
+
+// BatchIncomplete implements Observer.
+func (m *Metrics) BatchIncomplete(_ string, kind BatchKind) {
+	m.incomplete.WithLabelValues(kind.String()).Inc()
 }
 
 // BatchAbandoned implements Observer.

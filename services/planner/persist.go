@@ -52,6 +52,8 @@ func (m *Machine) Snapshot(s *RelayState, now time.Time) *graspv1.RelayState {
 		CatchUpSince:        s.CatchUpSince,
 		NextResync:          unixOrZero(s.NextResync),
 		HistoricFailures:    uint32(s.Failures),
+		IncompleteBatches:   uint32(s.Incomplete),
+		LastIncomplete:      s.LastIncomplete,
 		PendingBatches:      uint32(len(s.Batches)),
 		PendingRepos:        uint32(pendRepos),
 		PendingRoots:        uint32(pendRoots),
@@ -118,6 +120,7 @@ func (m *Machine) Restore(states []*graspv1.RelayState) (mismatched int) {
 		s.CatchUpSince = st.GetCatchUpSince()
 		s.NextResync = timeOrZero(st.GetNextResync())
 		s.Failures = int(st.GetHistoricFailures())
+		s.Incomplete, s.LastIncomplete = int(st.GetIncompleteBatches()), st.GetLastIncomplete()
 		s.restored = true
 		s.resumeSession = st.GetSessionId()
 		// The moment the live stream was (or may have been) lost: when the

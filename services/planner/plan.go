@@ -108,6 +108,12 @@ type RelayState struct {
 	Failures int
 	Dead     bool
 
+	// Incomplete counts the batches reported incomplete since the relay
+	// was last fully synced (also counted in Failures); LastIncomplete is
+	// the last one's report.
+	Incomplete     int
+	LastIncomplete string
+
 	// restored: loaded from grasp_relay_state by a new planner; the first
 	// Connected decides between resume (same session) and reconnect.
 	restored      bool

@@ -553,7 +553,7 @@ func TestResultCapAndPagination(t *testing.T) {
 	seen := map[string]bool{}
 	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	_, err = history.Read(pctx, rc, nostr.Filter{Kinds: []int{1}, Tags: nostr.TagMap{"t": {"page"}}}, 100, func(evts []*nostr.Event) error {
+	_, err = history.Read(pctx, rc, nostr.Filter{Kinds: []int{1}, Tags: nostr.TagMap{"t": {"page"}}}, 100, 100, func(evts []*nostr.Event) error {
 		for _, e := range evts {
 			seen[e.ID] = true
 		}

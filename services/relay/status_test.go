@@ -73,7 +73,8 @@ func TestStatusPage(t *testing.T) {
 		}
 	}
 	put(b.Names.RelayStateBucket(), "relay.a", &graspv1.RelayState{RelayUrl: "wss://one.example/<b>",
-		Status: graspv1.RelayStatus_RELAY_STATUS_SYNCING, PendingBatches: 2, PendingRepos: 1, LastConnected: 1700000000})
+		Status: graspv1.RelayStatus_RELAY_STATUS_SYNCING, PendingBatches: 2, PendingRepos: 1, LastConnected: 1700000000,
+		IncompleteBatches: 3, LastIncomplete: `history incomplete: {"#a":["x"]}`})
 	put(b.Names.RepoIndexBucket(), "repo.a", &graspv1.RepoSyncNeeds{RepoRef: "30617:aa:demo", Relays: []string{"wss://one.example/<b>"}})
 
 	s := startServer(t, serverOpts{bus: b})
@@ -85,6 +86,7 @@ func TestStatusPage(t *testing.T) {
 		`<tr data-relay="wss://one.example/&lt;b&gt;">`,
 		`<td class="status syncing">Syncing</td>`,
 		`<td class="batches n">2</td>`,
+		`<td class="incomplete n" title="history incomplete: {&#34;#a&#34;:[&#34;x&#34;]}">3</td>`,
 		`<td class="pending-repos n">1</td>`,
 		`<td class="listed n">1</td>`,
 		"2023-11-14 22:13:20Z",

@@ -28,6 +28,11 @@ const (
 	BatchOutcome_BATCH_OUTCOME_UNSPECIFIED BatchOutcome = 0
 	BatchOutcome_BATCH_OUTCOME_OK          BatchOutcome = 1
 	BatchOutcome_BATCH_OUTCOME_FAILED      BatchOutcome = 2
+	// INCOMPLETE: every part was read, but some one-second slice held more
+	// events than the relay returns for one REQ and could not be narrowed
+	// further (nor reconciled with NIP-77). The batch confirms nothing and is
+	// retried like a failed one.
+	BatchOutcome_BATCH_OUTCOME_INCOMPLETE BatchOutcome = 3
 )
 
 // Enum value maps for BatchOutcome.
@@ -36,11 +41,13 @@ var (
 		0: "BATCH_OUTCOME_UNSPECIFIED",
 		1: "BATCH_OUTCOME_OK",
 		2: "BATCH_OUTCOME_FAILED",
+		3: "BATCH_OUTCOME_INCOMPLETE",
 	}
 	BatchOutcome_value = map[string]int32{
 		"BATCH_OUTCOME_UNSPECIFIED": 0,
 		"BATCH_OUTCOME_OK":          1,
 		"BATCH_OUTCOME_FAILED":      2,
+		"BATCH_OUTCOME_INCOMPLETE":  3,
 	}
 )
 
@@ -500,9 +507,12 @@ type BatchDone struct {
 	// session and REQ+EOSE used instead.
 	FallbackReason string `protobuf:"bytes,7,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
 	// pages counts the REQs the batch sent (history pages and id fetches).
-	Pages         uint32 `protobuf:"varint,8,opt,name=pages,proto3" json:"pages,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pages uint32 `protobuf:"varint,8,opt,name=pages,proto3" json:"pages,omitempty"`
+	// incomplete_slices counts the one-second slices that could not be read
+	// completely (outcome INCOMPLETE); error names the first few.
+	IncompleteSlices uint32 `protobuf:"varint,9,opt,name=incomplete_slices,json=incompleteSlices,proto3" json:"incomplete_slices,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *BatchDone) Reset() {
@@ -587,6 +597,13 @@ func (x *BatchDone) GetFallbackReason() string {
 func (x *BatchDone) GetPages() uint32 {
 	if x != nil {
 		return x.Pages
+	}
+	return 0
+}
+
+func (x *BatchDone) GetIncompleteSlices() uint32 {
+	if x != nil {
+		return x.IncompleteSlices
 	}
 	return 0
 }
@@ -908,7 +925,7 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\x13previous_fetcher_id\x18\x03 \x01(\tR\x11previousFetcherId\"K\n" +
 	"\fDisconnected\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12#\n" +
-	"\rfailure_class\x18\x02 \x01(\tR\ffailureClass\"\xab\x02\n" +
+	"\rfailure_class\x18\x02 \x01(\tR\ffailureClass\"\xd8\x02\n" +
 	"\tBatchDone\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x120\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x16.grasp.v1.BatchOutcomeR\aoutcome\x12,\n" +
@@ -917,7 +934,8 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\x0ebytes_received\x18\x05 \x01(\x04R\rbytesReceived\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12'\n" +
 	"\x0ffallback_reason\x18\a \x01(\tR\x0efallbackReason\x12\x14\n" +
-	"\x05pages\x18\b \x01(\rR\x05pages\"=\n" +
+	"\x05pages\x18\b \x01(\rR\x05pages\x12+\n" +
+	"\x11incomplete_slices\x18\t \x01(\rR\x10incompleteSlices\"=\n" +
 	"\vRateLimited\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x14\n" +
 	"\x05until\x18\x02 \x01(\x03R\x05until\"\xcf\x01\n" +
@@ -941,11 +959,12 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\n" +
 	"fetcher_id\x18\x04 \x01(\tR\tfetcherId\x12\x1d\n" +
 	"\n" +
-	"updated_at\x18\x05 \x01(\x03R\tupdatedAt*]\n" +
+	"updated_at\x18\x05 \x01(\x03R\tupdatedAt*{\n" +
 	"\fBatchOutcome\x12\x1d\n" +
 	"\x19BATCH_OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10BATCH_OUTCOME_OK\x10\x01\x12\x18\n" +
-	"\x14BATCH_OUTCOME_FAILED\x10\x02*Z\n" +
+	"\x14BATCH_OUTCOME_FAILED\x10\x02\x12\x1c\n" +
+	"\x18BATCH_OUTCOME_INCOMPLETE\x10\x03*Z\n" +
 	"\n" +
 	"SyncMethod\x12\x1b\n" +
 	"\x17SYNC_METHOD_UNSPECIFIED\x10\x00\x12\x13\n" +

@@ -131,9 +131,15 @@ type RelayState struct {
 	// updated_at is when the planner wrote this record (unix seconds).
 	UpdatedAt int64 `protobuf:"varint,20,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	// epoch is the planner leadership epoch that wrote this record.
-	Epoch         uint64 `protobuf:"varint,21,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Epoch uint64 `protobuf:"varint,21,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// incomplete_batches counts the batches reported incomplete since the
+	// relay was last fully synced (they are also counted in
+	// historic_failures); last_incomplete says what the last one could not
+	// read.
+	IncompleteBatches uint32 `protobuf:"varint,22,opt,name=incomplete_batches,json=incompleteBatches,proto3" json:"incomplete_batches,omitempty"`
+	LastIncomplete    string `protobuf:"bytes,23,opt,name=last_incomplete,json=lastIncomplete,proto3" json:"last_incomplete,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RelayState) Reset() {
@@ -313,6 +319,20 @@ func (x *RelayState) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *RelayState) GetIncompleteBatches() uint32 {
+	if x != nil {
+		return x.IncompleteBatches
+	}
+	return 0
+}
+
+func (x *RelayState) GetLastIncomplete() string {
+	if x != nil {
+		return x.LastIncomplete
+	}
+	return ""
+}
+
 // ConfirmedRepo is the confirmed state of one repository on one relay, in a
 // form small enough for 25 M relay x root pairs.
 type ConfirmedRepo struct {
@@ -464,7 +484,7 @@ var File_grasp_v1_state_proto protoreflect.FileDescriptor
 
 const file_grasp_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x14grasp/v1/state.proto\x12\bgrasp.v1\"\xc6\x06\n" +
+	"\x14grasp/v1/state.proto\x12\bgrasp.v1\"\x9e\a\n" +
 	"\n" +
 	"RelayState\x12\x1b\n" +
 	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x12-\n" +
@@ -491,7 +511,9 @@ const file_grasp_v1_state_proto_rawDesc = "" +
 	"\x0fconfirmed_roots\x18\x13 \x01(\rR\x0econfirmedRoots\x12\x1d\n" +
 	"\n" +
 	"updated_at\x18\x14 \x01(\x03R\tupdatedAt\x12\x14\n" +
-	"\x05epoch\x18\x15 \x01(\x04R\x05epoch\"\xd5\x01\n" +
+	"\x05epoch\x18\x15 \x01(\x04R\x05epoch\x12-\n" +
+	"\x12incomplete_batches\x18\x16 \x01(\rR\x11incompleteBatches\x12'\n" +
+	"\x0flast_incomplete\x18\x17 \x01(\tR\x0elastIncomplete\"\xd5\x01\n" +
 	"\rConfirmedRepo\x12\x19\n" +
 	"\brepo_ref\x18\x01 \x01(\tR\arepoRef\x12%\n" +
 	"\x0erepo_confirmed\x18\x02 \x01(\bR\rrepoConfirmed\x12\x1b\n" +

@@ -1,0 +1,115 @@
+package fetcher_test
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+)
+
+// signAll builds n events with build, signing on every core.
+func signAll(n int, build func(i int) *nostr.Event) []*nostr.Event {
+	out := make([]*nostr.Event, n)
+	var wg sync.WaitGroup
+	for w := range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for i := w; i < n; i += runtime.GOMAXPROCS(0) {
+				out[i] = build(i)
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// A relay capping REQs at 100 holds 1,000 events with one created_at on
+// one repository (layer 2: issues tagging its coordinate) and on one root
+// (layer 3: comments on one issue). With NIP-77 the batch gets every event
+// and is OK; without it the one-second slice of a single tag value cannot
+// be narrowed, and the batch is reported INCOMPLETE (counted), never OK,
+// while everything outside that slice is still fetched.
+func TestCrowdedSecondOneRepositoryAndOneRoot(t *testing.T) {
+	const at = nostr.Timestamp(1_700_000_000)
+	owner, author := testkit.NewKey(), testkit.NewKey()
+	repo := testkit.RepoRef(owner.PubKey, "crowded")
+	issue := author.Issue(repo, "root", testkit.At(at-100))
+	older := author.Issue(repo, "older", testkit.At(at-10))
+	layer2 := signAll(1000, func(i int) *nostr.Event { return author.Issue(repo, fmt.Sprint("issue ", i), testkit.At(at)) })
+	layer3 := signAll(1000, func(i int) *nostr.Event {
+		return author.Comment(issue, issue, fmt.Sprint("comment ", i), testkit.At(at))
+	})
+	for _, nip77 := range []bool{true, false} {
+		r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100, Negentropy: nip77})
+		r.Add(t, append(append([]*nostr.Event{issue, older}, layer2...), layer3...)...)
+		for _, tc := range []struct {
+			layer  string
+			filter nostr.Filter
+			crowd  []*nostr.Event
+			rest   []*nostr.Event
+		}{
+			{"layer 2", nostr.Filter{Tags: nostr.TagMap{"a": {repo}}}, layer2, []*nostr.Event{issue, older}},
+			{"layer 3", nostr.Filter{Tags: nostr.TagMap{"e": {issue.ID}}}, layer3, nil},
+		} {
+			t.Run(fmt.Sprintf("%s nip77=%v", tc.layer, nip77), func(t *testing.T) {
+				e := newEnv(t)
+				f := e.start(baseConfig("a"), nil)
+				s := e.connectRelay(r.URL)
+				e.addFilters(0, r.URL, s, "b1", []nostr.Filter{tc.filter}, nil)
+				done := e.batchDone(r.URL, "b1")
+				t.Logf("batch: %v", done)
+				e.waitEvents(tc.rest)
+				if nip77 {
+					if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+						t.Fatalf("batch %v, want OK", done)
+					}
+					e.waitEvents(tc.crowd)
+					return
+				}
+				if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_INCOMPLETE || done.GetIncompleteSlices() != 1 {
+					t.Fatalf("batch %v, want INCOMPLETE with one slice", done)
+				}
+				if got := metric(t, f.reg, "grasp_fetcher_incomplete_slices_total", nil); got != 1 {
+					t.Errorf("incomplete slices metric = %v, want 1", got)
+				}
+				if got := metric(t, f.reg, "grasp_fetcher_batches_total", map[string]string{"outcome": "INCOMPLETE", "method": "REQ"}); got != 1 {
+					t.Errorf("incomplete batches metric = %v, want 1", got)
+				}
+			})
+		}
+	}
+}
+
+// Without NIP-77, 1,000 events of one second spread over 20 repositories
+// of one batch (50 each) are all fetched through a relay capping at 100:
+// the slice is split into halves of its coordinate list until each part
+// comes back under the cap.
+func TestCrowdedSecondSplitByRepository(t *testing.T) {
+	const at = nostr.Timestamp(1_700_000_000)
+	owner, author := testkit.NewKey(), testkit.NewKey()
+	var repos []string
+	for i := range 20 {
+		repos = append(repos, testkit.RepoRef(owner.PubKey, fmt.Sprintf("repo-%02d", i)))
+	}
+	evts := signAll(1000, func(i int) *nostr.Event { return author.Issue(repos[i%20], fmt.Sprint("issue ", i), testkit.At(at)) })
+	r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100})
+	r.Add(t, evts...)
+	e := newEnv(t)
+	f := e.start(baseConfig("a"), nil)
+	s := e.connectRelay(r.URL)
+	e.addFilters(0, r.URL, s, "b1", []nostr.Filter{{Tags: nostr.TagMap{"a": repos}}}, nil)
+	done := e.batchDone(r.URL, "b1")
+	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ {
+		t.Fatalf("batch %v", done)
+	}
+	e.waitEvents(evts)
+	if got := metric(t, f.reg, "grasp_fetcher_crowded_seconds_total", nil); got != 1 {
+		t.Errorf("crowded seconds metric = %v, want 1", got)
+	}
+	t.Logf("1,000 same-second events in %d REQs", done.GetPages())
+}
