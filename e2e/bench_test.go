@@ -216,7 +216,14 @@ func liveLatencies(t *testing.T, app Target, ds *Dataset, remotes []*testkit.Rel
 // received until quiescence.
 func resyncBytes(t *testing.T, eventsDir string, urls []string, disableNeg bool) (bytes float64, wall time.Duration, events int) {
 	t.Helper()
-	env := BaseEnv(t.TempDir())
+	return resyncBytesIn(t, t.TempDir(), eventsDir, urls, disableNeg)
+}
+
+// resyncBytesIn is resyncBytes with graspd's data directory given, so a
+// caller can put NATS state in it first (see TestBenchEndToEndForeign).
+func resyncBytesIn(t *testing.T, dataDir, eventsDir string, urls []string, disableNeg bool) (bytes float64, wall time.Duration, events int) {
+	t.Helper()
+	env := BaseEnv(dataDir)
 	env["GRASP_PUBLIC_URL"] = benchPublicURL
 	env["GRASP_SHARDS"] = "16"
 	env["GRASP_STORE_URL"] = eventsDir

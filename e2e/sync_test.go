@@ -49,8 +49,8 @@ func TestTagVariations(t *testing.T) {
 // A maintainer's announcement (not listing us, on the remote only, older
 // than the owner's) and the state of a maintainer's maintainer arrive; a
 // state by a stranger does not. An issue tagging only the maintainer's
-// coordinate is not expected: layer 2 names the announcements that list us
-// (the owner's), see the e2e report.
+// coordinate is synced too (layer 2 names the maintainers' stored
+// coordinates): TestMaintainerCoordinateSynced.
 func TestMaintainersRecursive(t *testing.T) {
 	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
 	app := start(t, nil)

@@ -41,6 +41,21 @@ func States(identifiers []string) []nostr.Filter {
 	return fs
 }
 
+// Maintained finds the announcements (30617) and states (30618) of authors
+// for identifiers: what a repository's maintainers published about it. One
+// filter per chunk of authors and chunk of identifiers; it may return an
+// author's events for another of the identifiers, which the policy judges
+// like any other.
+func Maintained(authors, identifiers []string) []nostr.Filter {
+	var fs []nostr.Filter
+	for _, as := range chunks(sortedUnique(authors)) {
+		for _, ds := range chunks(sortedUnique(identifiers)) {
+			fs = append(fs, nostr.Filter{Kinds: []int{nip34.KindRepoAnnouncement, nip34.KindRepoState}, Authors: as, Tags: nostr.TagMap{"d": ds}})
+		}
+	}
+	return fs
+}
+
 // Layer2 finds everything that tags a repository: #a, #A and #q per chunk of
 // repository coordinates.
 func Layer2(repoRefs []string) []nostr.Filter {

@@ -124,3 +124,26 @@ func TestProtoRoundTrip(t *testing.T) {
 		t.Errorf("live filter JSON = %s", j)
 	}
 }
+
+// Maintained asks for announcements and states by author and identifier,
+// one filter per chunk of each, and nothing for no authors.
+func TestMaintained(t *testing.T) {
+	if fs := filters.Maintained(nil, []string{"r"}); len(fs) != 0 {
+		t.Fatalf("no authors: %v", fs)
+	}
+	fs := filters.Maintained(append(ids(150, "a"), ids(150, "a")...), []string{"r2", "r1", "r1"})
+	if len(fs) != 2 {
+		t.Fatalf("%d filters, want 2 (150 authors in chunks of 100)", len(fs))
+	}
+	for _, f := range fs {
+		if len(f.Kinds) != 2 || f.Kinds[0] != 30617 || f.Kinds[1] != 30618 {
+			t.Fatalf("kinds %v", f.Kinds)
+		}
+		if d := f.Tags["d"]; len(d) != 2 || d[0] != "r1" || d[1] != "r2" {
+			t.Fatalf("#d %v", d)
+		}
+	}
+	if len(fs[0].Authors)+len(fs[1].Authors) != 150 {
+		t.Fatalf("authors %d + %d, want 150 distinct", len(fs[0].Authors), len(fs[1].Authors))
+	}
+}

@@ -92,6 +92,10 @@ func isHex64(s string) bool {
 // IsEventID reports whether s has the form of an event id (64 lower-case hex).
 func IsEventID(s string) bool { return isHex64(s) }
 
+// IsPubKey reports whether s is a public key in hex (64 lower-case hex
+// characters).
+func IsPubKey(s string) bool { return isHex64(s) }
+
 // RepoRefsOf returns the repositories an event names in its "a" tags.
 func RepoRefsOf(evt *nostr.Event) []RepoRef {
 	var refs []RepoRef

@@ -6,8 +6,11 @@
 // Only refusals that hold for every copy of an event with that id belong
 // here: never bad ids or bad signatures (a forged copy must not hide the real
 // event), never store errors, never refusals that parking may still turn
-// into acceptances. The ingester adds; fetchers read through a Cache that
-// follows the bucket.
+// into acceptances. Announcements and states refused because their author
+// maintains none of our repositories are here although that may change: the
+// planner then fetches them again explicitly with REQ, which does not consult
+// this bucket (docs/decisions.md, "Remembered refusals"). The ingester adds;
+// fetchers read through a Cache that follows the bucket.
 package rejected
 
 import (

@@ -118,6 +118,10 @@ type RepoSyncIndex struct {
 	// current maps the id of each announcement in announcements to its
 	// repository, so an "e" deletion finds it without a scan.
 	current map[string]nip34.RepoRef
+	// byIdent holds the repositories in announcements per identifier: a
+	// hosted repository's maintainers are found among the announcements
+	// with its identifier, so a change to any of them may change its entry.
+	byIdent map[string]map[nip34.RepoRef]struct{}
 	// targets holds the relay targets of the current announcement of each
 	// repository that lists this service (computed once per version).
 	targets map[nip34.RepoRef][]string
@@ -155,6 +159,7 @@ func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 		rules:         rules,
 		announcements: map[nip34.RepoRef]*nostr.Event{},
 		current:       map[string]nip34.RepoRef{},
+		byIdent:       map[string]map[nip34.RepoRef]struct{}{},
 		targets:       map[nip34.RepoRef][]string{},
 		hosted:        map[nip34.RepoRef]struct{}{},
 		roots:         map[nip34.RepoRef]map[string]struct{}{},
@@ -168,15 +173,32 @@ func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 // Apply folds one event into the index and returns the repositories whose
 // entry may have changed.
 func (x *RepoSyncIndex) Apply(evt *nostr.Event) []nip34.RepoRef {
+	var changed []nip34.RepoRef
 	switch {
 	case evt.Kind == nip34.KindRepoAnnouncement:
-		return x.applyAnnouncement(evt)
+		changed = x.applyAnnouncement(evt)
 	case nip34.IsRootKind(evt.Kind):
-		return x.applyRoot(evt)
+		changed = x.applyRoot(evt)
 	case evt.Kind == nip34.KindDeletion:
-		return x.applyDeletion(evt)
+		changed = x.applyDeletion(evt)
 	}
-	return nil
+	return x.withSameIdentifier(changed)
+}
+
+// withSameIdentifier adds to changed the hosted repositories with the
+// identifier of a changed one: a maintainer's announcement, its deletion or
+// a root tagging its coordinate changes the entry of every hosted
+// repository it may belong to (see maintainersOf).
+func (x *RepoSyncIndex) withSameIdentifier(changed []nip34.RepoRef) []nip34.RepoRef {
+	n := len(changed)
+	for i := 0; i < n; i++ {
+		for ref := range x.byIdent[changed[i].Identifier] {
+			if _, hosted := x.hosted[ref]; hosted && ref != changed[i] && !slices.Contains(changed, ref) {
+				changed = append(changed, ref)
+			}
+		}
+	}
+	return changed
 }
 
 func (x *RepoSyncIndex) applyAnnouncement(evt *nostr.Event) []nip34.RepoRef {
@@ -192,6 +214,10 @@ func (x *RepoSyncIndex) applyAnnouncement(evt *nostr.Event) []nip34.RepoRef {
 	}
 	x.announcements[a.Ref] = evt
 	x.current[evt.ID] = a.Ref
+	if x.byIdent[a.Ref.Identifier] == nil {
+		x.byIdent[a.Ref.Identifier] = map[nip34.RepoRef]struct{}{}
+	}
+	x.byIdent[a.Ref.Identifier][a.Ref] = struct{}{}
 	delete(x.targets, a.Ref)
 	if x.rules.ListsService == nil || x.rules.ListsService(evt) {
 		relays, refused := x.rules.Relays(a)
@@ -325,17 +351,68 @@ func (x *RepoSyncIndex) Entry(ref nip34.RepoRef) *graspv1.RepoSyncNeeds {
 	if _, ok := x.hosted[ref]; !ok {
 		return nil
 	}
-	roots := make([]string, 0, len(x.roots[ref]))
+	maintainers, aliases := x.maintainersOf(ref)
+	set := map[string]struct{}{}
 	for id := range x.roots[ref] {
+		set[id] = struct{}{}
+	}
+	refs := make([]string, len(aliases))
+	for i, a := range aliases {
+		refs[i] = a.String()
+		for id := range x.roots[a] {
+			set[id] = struct{}{}
+		}
+	}
+	roots := make([]string, 0, len(set))
+	for id := range set {
 		roots = append(roots, id)
 	}
 	sort.Strings(roots)
+	sort.Strings(refs)
 	return &graspv1.RepoSyncNeeds{
 		RepoRef:        ref.String(),
 		Relays:         slices.Clone(x.targets[ref]),
 		RootEventIds:   roots,
 		AnnouncementId: x.announcements[ref].ID,
+		Maintainers:    maintainers,
+		MaintainerRefs: refs,
 	}
+}
+
+// MaxMaintainers bounds the recursive maintainer set of one repository.
+const MaxMaintainers = 100
+
+// maintainersOf returns a hosted repository's recursive maintainers other
+// than its owner (sorted): the "maintainers" of its announcement and, for
+// each maintainer whose announcement with the same identifier is here and
+// not deleted, that announcement's, cycle-safe and bounded by
+// MaxMaintainers. aliases are the repositories (coordinates) of those
+// maintainers' announcements: events tagging them are about this
+// repository too (docs/decisions.md, "Maintainers' coordinates").
+func (x *RepoSyncIndex) maintainersOf(ref nip34.RepoRef) (maintainers []string, aliases []nip34.RepoRef) {
+	seen := map[string]bool{ref.PubKey: true}
+	queue := []*nostr.Event{x.announcements[ref]}
+	for len(queue) > 0 && len(maintainers) < MaxMaintainers {
+		a, err := nip34.ParseAnnouncement(queue[0])
+		queue = queue[1:]
+		if err != nil {
+			continue
+		}
+		for _, m := range a.Maintainers {
+			if seen[m] || !nip34.IsPubKey(m) || len(maintainers) >= MaxMaintainers {
+				continue
+			}
+			seen[m] = true
+			maintainers = append(maintainers, m)
+			mref := nip34.RepoRef{PubKey: m, Identifier: ref.Identifier}
+			if evt := x.announcements[mref]; evt != nil && !x.deleted(mref, evt) {
+				aliases = append(aliases, mref)
+				queue = append(queue, evt)
+			}
+		}
+	}
+	sort.Strings(maintainers)
+	return maintainers, aliases
 }
 
 // Hosted returns every hosted repository.

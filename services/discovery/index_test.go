@@ -3,6 +3,7 @@ package discovery
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -287,4 +288,68 @@ func TestStats(t *testing.T) {
 	if got, want := x.Stats(), (Stats{Repos: 2, RootEvents: 2, Relays: 2}); got != want {
 		t.Fatalf("Stats = %+v, want %+v", got, want)
 	}
+}
+
+// A hosted repository's entry names its recursive maintainers, the
+// coordinates of their stored announcements and the roots tagging those
+// coordinates; each event that changes them reports the repository changed,
+// whatever the order, and a maintainer's deletion takes them out again.
+func TestMaintainersAndTheirCoordinates(t *testing.T) {
+	owner, m1, m2, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
+	ref := nip34.RepoRef{PubKey: owner.PubKey, Identifier: "p"}
+	m1Ref := testkit.RepoRef(m1.PubKey, "p")
+	ownerAnn := owner.Announcement("p", []string{testkit.GraspCloneURL(service, owner.PubKey, "p")}, []string{service, "wss://a.example"}, []string{m1.PubKey, "not-a-key"})
+	m1Ann := m1.Announcement("p", []string{"https://git.example.org/m1/p.git"}, []string{"wss://m1.example"}, []string{m2.PubKey, owner.PubKey})
+	issue := contributor.Issue(m1Ref, "filed on the maintainer's coordinate")
+	sorted := func(v ...string) []string { s := slices.Clone(v); slices.Sort(s); return s }
+
+	x := newIndex()
+	x.Apply(ownerAnn)
+	e := x.Entry(ref)
+	if !reflect.DeepEqual(e.Maintainers, []string{m1.PubKey}) || len(e.MaintainerRefs) != 0 {
+		t.Fatalf("before the maintainer's announcement: maintainers %v, refs %v", e.Maintainers, e.MaintainerRefs)
+	}
+	if changed := x.Apply(issue); !containsRef(changed, ref) {
+		t.Fatalf("an issue on the maintainer's coordinate changed %v, want %s among them", changed, ref)
+	}
+	if changed := x.Apply(m1Ann); !containsRef(changed, ref) {
+		t.Fatalf("the maintainer's announcement changed %v, want %s among them", changed, ref)
+	}
+	e = x.Entry(ref)
+	if want := sorted(m1.PubKey, m2.PubKey); !reflect.DeepEqual(e.Maintainers, want) {
+		t.Fatalf("maintainers %v, want %v (recursive, owner excluded)", e.Maintainers, want)
+	}
+	if !reflect.DeepEqual(e.MaintainerRefs, []string{m1Ref}) || !reflect.DeepEqual(e.RootEventIds, []string{issue.ID}) {
+		t.Fatalf("refs %v roots %v, want [%s] and the issue", e.MaintainerRefs, e.RootEventIds, m1Ref)
+	}
+	if !reflect.DeepEqual(e.Relays, []string{"wss://a.example"}) {
+		t.Fatalf("relays %v: a maintainer's announcement must not add its relays", e.Relays)
+	}
+
+	// The same events in the other order give the same entry.
+	y := newIndex()
+	for _, evt := range []*nostr.Event{m1Ann, issue, ownerAnn} {
+		y.Apply(evt)
+	}
+	if a, b := x.Entry(ref), y.Entry(ref); !reflect.DeepEqual(a.Maintainers, b.Maintainers) ||
+		!reflect.DeepEqual(a.MaintainerRefs, b.MaintainerRefs) || !reflect.DeepEqual(a.RootEventIds, b.RootEventIds) {
+		t.Fatalf("order matters: %v / %v", a, b)
+	}
+
+	if changed := x.Apply(m1.Deletion([]*nostr.Event{m1Ann})); !containsRef(changed, ref) {
+		t.Fatalf("the maintainer's deletion changed %v, want %s among them", changed, ref)
+	}
+	e = x.Entry(ref)
+	if !reflect.DeepEqual(e.Maintainers, []string{m1.PubKey}) || len(e.MaintainerRefs) != 0 || len(e.RootEventIds) != 0 {
+		t.Fatalf("after the deletion: maintainers %v, refs %v, roots %v", e.Maintainers, e.MaintainerRefs, e.RootEventIds)
+	}
+}
+
+func containsRef(refs []nip34.RepoRef, ref nip34.RepoRef) bool {
+	for _, r := range refs {
+		if r == ref {
+			return true
+		}
+	}
+	return false
 }

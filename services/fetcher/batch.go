@@ -10,6 +10,7 @@ import (
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 )
@@ -24,6 +25,9 @@ type batchRun struct {
 	bytes    uint64
 	pages    int
 	usedReq  bool
+	// refetching: the part being read is a refetch filter, whose events
+	// are published past the events stream's duplicate window.
+	refetching bool
 }
 
 // errNoIDs means a relay answered an id fetch with none of the ids its
@@ -31,9 +35,10 @@ type batchRun struct {
 var errNoIDs = errors.New("id fetch returned none of the ids asked for")
 
 // runBatch fetches a batch's history, every filter completely, and
-// reports it done. A batch whose session ends first dies with it,
-// unreported: the planner redoes it for the next session.
-func (w *relayWorker) runBatch(s *session, batch string, hist []nostr.Filter) {
+// reports it done. refetch filters are read with REQ+EOSE whatever the local
+// set holds (see AddFilters.refetch_filters). A batch whose session ends
+// first dies with it, unreported: the planner redoes it for the next session.
+func (w *relayWorker) runBatch(s *session, batch string, hist, refetch []nostr.Filter) {
 	select {
 	case s.histSem <- struct{}{}:
 		defer func() { <-s.histSem }()
@@ -53,6 +58,17 @@ func (w *relayWorker) runBatch(s *session, batch string, hist []nostr.Filter) {
 		if err != nil {
 			break
 		}
+	}
+	if err == nil && len(refetch) > 0 {
+		// REQ, not NIP-77: the local set counts remembered refusals as
+		// held, and these are exactly the events that may have been.
+		b.refetching = true
+		for _, f := range refetch {
+			if err = b.req(f); err != nil {
+				break
+			}
+		}
+		b.refetching = false
 	}
 	if err == nil {
 		err = b.pub.flush(s.ctx)
@@ -270,6 +286,9 @@ func (b *batchRun) req(f nostr.Filter) error {
 // emit publishes one historic event.
 func (b *batchRun) emit(evt *nostr.Event, fs nostr.Filters) error {
 	b.received++
+	if b.refetching {
+		return b.w.publishAs(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic", bus.EventMsgID(evt.ID, evt.Sig)+":refetch:"+b.id)
+	}
 	return b.w.publish(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic")
 }
 

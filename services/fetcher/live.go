@@ -200,6 +200,12 @@ func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, su
 // many relays is ingested once, a forged copy cannot shadow it), headers naming relay, session, batch and mode.
 // It returns false for an event dropped by the checks.
 func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode string) error {
+	return w.publishAs(ctx, pub, evt, fs, session, batch, mode, bus.EventMsgID(evt.ID, evt.Sig))
+}
+
+// publishAs is publish with an explicit Nats-Msg-Id: a refetched event must
+// not be dropped as a duplicate of the copy refused moments ago.
+func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode, msgID string) error {
 	w.f.m.events.WithLabelValues(w.url, mode).Inc()
 	if reason := CheckEvent(evt, fs); reason != "" {
 		w.f.m.dropped.WithLabelValues(reason).Inc()
@@ -208,7 +214,7 @@ func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *no
 	}
 	msg := nats.NewMsg(w.f.bus.Names.EventsSubject(w.shard))
 	msg.Data = []byte(evt.String())
-	msg.Header.Set(nats.MsgIdHdr, bus.EventMsgID(evt.ID, evt.Sig))
+	msg.Header.Set(nats.MsgIdHdr, msgID)
 	msg.Header.Set(bus.HeaderRelay, w.url)
 	msg.Header.Set(bus.HeaderSession, session)
 	msg.Header.Set(bus.HeaderMode, mode)

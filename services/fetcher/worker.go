@@ -340,7 +340,7 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	go func() {
 		defer w.tasks.Done()
 		defer func() { <-s.pending }()
-		w.runBatch(s, c.GetBatchId(), hist)
+		w.runBatch(s, c.GetBatchId(), hist, filters.FromProtos(c.GetRefetchFilters()))
 	}()
 }
 

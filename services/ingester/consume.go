@@ -198,21 +198,29 @@ func (o *outageState) end() bool {
 	return was
 }
 
-// rememberable reports whether a refusal holds for every copy of the event
-// and for good, so fetchers may count the event as held (pkg/rejected) and
-// not fetch it again: not forgeries (a forged copy must not hide the real
-// event), not "future" (time makes it acceptable), not refusals that depend
-// on announcements that may still change (not-listed, not-maintainer).
+// rememberable reports whether a refusal may be recorded so that fetchers
+// count the event as held (pkg/rejected) and do not fetch it again at every
+// resync. It holds for every copy of the event: not forgeries (a forged copy
+// must not hide the real event), not "future" (time alone makes it
+// acceptable). Announcements and states refused because their author
+// maintains no repository we serve (not-listed, not-maintainer) are
+// remembered too, although that can change: the one change that revives them
+// — a served repository's maintainer set gaining the author — makes the
+// planner fetch the author's announcement and state of that repository again
+// with REQ, past this record (docs/decisions.md, "Remembered refusals").
+// Without it every resync downloads every foreign announcement of every
+// relay again.
 func rememberable(r policy.Reason) bool {
 	switch r {
 	case policy.ReasonTooLarge, policy.ReasonTooManyTags, policy.ReasonMalformed, policy.ReasonExpired,
-		policy.ReasonDeleted, policy.ReasonDeleteOthers, policy.ReasonBadIdentifier, policy.ReasonOlderVersion:
+		policy.ReasonDeleted, policy.ReasonDeleteOthers, policy.ReasonBadIdentifier, policy.ReasonOlderVersion,
+		policy.ReasonNotListed, policy.ReasonNotMaintainer:
 		return true
 	}
 	return false
 }
 
-// remember records a refusal for good in the rejected-events bucket. Best
+// remember records a refusal in the rejected-events bucket. Best
 // effort: a lost record only means the event may be fetched (and refused)
 // again at the next resync.
 func (i *Ingester) remember(ctx context.Context, evt *nostr.Event, r policy.Reason, relay string) {

@@ -46,8 +46,8 @@ func TestRememberable(t *testing.T) {
 	for r, want := range map[policy.Reason]bool{
 		policy.ReasonTooLarge: true, policy.ReasonDeleted: true, policy.ReasonOlderVersion: true, policy.ReasonExpired: true,
 		policy.ReasonBadID: false, policy.ReasonBadSignature: false, policy.ReasonStoreError: false,
-		policy.ReasonFuture: false, policy.ReasonNoReference: false, policy.ReasonNotListed: false,
-		policy.ReasonNotMaintainer: false, policy.ReasonDuplicate: false, policy.ReasonAccepted: false,
+		policy.ReasonFuture: false, policy.ReasonNoReference: false, policy.ReasonNotListed: true,
+		policy.ReasonNotMaintainer: true, policy.ReasonDuplicate: false, policy.ReasonAccepted: false,
 	} {
 		if got := rememberable(r); got != want {
 			t.Errorf("rememberable(%s) = %v, want %v", r, got, want)

@@ -179,6 +179,9 @@ func (h *harness) render(c *graspv1.FetchCommand) string {
 			b.WriteString(" live=" + h.renderFilters(a.GetLiveFilters()))
 		}
 		b.WriteString(" hist=" + h.renderFilters(a.GetHistoricFilters()))
+		if len(a.GetRefetchFilters()) > 0 {
+			b.WriteString(" refetch=" + h.renderFilters(a.GetRefetchFilters()))
+		}
 	}
 	return b.String()
 }
@@ -201,6 +204,9 @@ func (h *harness) renderFilters(fs []*graspv1.Filter) string {
 				ks[j] = fmt.Sprint(k)
 			}
 			p = append(p, "k"+strings.Join(ks, ","))
+		}
+		if len(f.GetAuthors()) > 0 {
+			p = append(p, "@"+h.names(f.GetAuthors()))
 		}
 		for _, t := range f.GetTags() {
 			if len(t.GetValues()) > 100 {

@@ -96,6 +96,14 @@ type Repo struct {
 	Digest uint64
 	// Present is false once the repository left the index.
 	Present bool
+	// Maintainers are the repository's recursive maintainers other than
+	// its owner, and Aliases the coordinates of their stored announcements
+	// of it (sorted). Layer 2 asks for events tagging Ref or an alias; the
+	// maintainers' announcements and states are read again with REQ
+	// whenever the repository's own part is fetched (docs/decisions.md,
+	// "Remembered refusals", "Maintainers' coordinates").
+	Maintainers []string
+	Aliases     []string
 }
 
 // IndexChange is what one index update did to one repository, so the
@@ -107,6 +115,10 @@ type IndexChange struct {
 	RemovedRelays []RelayID
 	// RemovedRoots are roots the repository no longer has (sorted).
 	RemovedRoots []RootID
+	// Regained: the repository gained a maintainer or a maintainer's
+	// coordinate, so its own part (layer 2 and the maintainers'
+	// announcements and states) must be fetched again from every relay.
+	Regained bool
 }
 
 // Index is the planner's mirror of the RepoSyncIndex (KV grasp_repo_index),
@@ -262,7 +274,35 @@ func (x *Index) Put(key string, needs *graspv1.RepoSyncNeeds) IndexChange {
 	}
 	slices.Sort(roots)
 	roots = slices.Compact(roots)
-	return x.set(id, repo, relays, roots, true)
+	maintainers := sortedSet(needs.GetMaintainers())
+	aliases := sortedSet(needs.GetMaintainerRefs())
+	regained := repo.Present && (len(minusStrings(maintainers, repo.Maintainers)) > 0 || len(minusStrings(aliases, repo.Aliases)) > 0)
+	repo.Maintainers, repo.Aliases = maintainers, aliases
+	ch := x.set(id, repo, relays, roots, true)
+	ch.Regained = regained
+	return ch
+}
+
+// sortedSet returns a sorted copy of values without duplicates (nil when
+// empty).
+func sortedSet(values []string) []string {
+	if len(values) == 0 {
+		return nil
+	}
+	out := slices.Clone(values)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// minusStrings returns a − b for sorted slices.
+func minusStrings(a, b []string) []string {
+	var out []string
+	for _, v := range a {
+		if _, found := slices.BinarySearch(b, v); !found {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // Delete removes the entry under key.
@@ -272,6 +312,7 @@ func (x *Index) Delete(key string) IndexChange {
 		return IndexChange{Repo: ^RepoID(0)}
 	}
 	delete(x.byKey, key)
+	x.repos[id].Maintainers, x.repos[id].Aliases = nil, nil
 	return x.set(id, &x.repos[id], nil, nil, false)
 }
 

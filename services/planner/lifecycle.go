@@ -213,6 +213,9 @@ func (m *Machine) ApplyIndex(changes []IndexChange) {
 				stripBatches(s, ch.Repo, nil)
 			}
 		}
+		if ch.Regained {
+			m.refetchRepo(ch.Repo)
+		}
 		if len(ch.RemovedRoots) == 0 {
 			continue
 		}
@@ -234,6 +237,35 @@ func (m *Machine) ApplyIndex(changes []IndexChange) {
 				m.dirty[r] = true
 			}
 		}
+	}
+}
+
+// refetchRepo makes a repository's own part (layer 2 with its maintainers'
+// coordinates, its states, its maintainers' announcements and states) due
+// again on every relay listing it: it gained a maintainer or a maintainer's
+// coordinate, whose events were never asked for — or were refused and
+// remembered while the author maintained nothing we serve. A batch in flight
+// for it asked without them, so its completion must not confirm it.
+func (m *Machine) refetchRepo(repo RepoID) {
+	for _, r := range m.idx.Repo(repo).Relays {
+		s, ok := m.relays[r]
+		if !ok {
+			continue
+		}
+		p := s.Pairs[repo]
+		if p == nil || (!p.RepoConfirmed && !p.RepoPending) {
+			continue
+		}
+		p.RepoConfirmed, p.RepoPending = false, false
+		for _, b := range s.Batches {
+			for i := range b.Items {
+				if b.Items[i].Repo == repo {
+					b.Items[i].NeedRepo = false
+				}
+			}
+		}
+		s.lowerMin(1, 0)
+		m.dirty[r] = true
 	}
 }
 
@@ -1086,6 +1118,7 @@ func (m *Machine) itemValues(items []BatchItem) (refs, idents []string, roots []
 		if it.NeedRepo {
 			repo := m.idx.Repo(it.Repo)
 			refs = append(refs, repo.Ref)
+			refs = append(refs, repo.Aliases...)
 			if repo.Identifier != "" {
 				idents = append(idents, repo.Identifier)
 			}
@@ -1150,6 +1183,9 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 		fs = filters.Items(refs, idents, hexes)
 	}
 	add := &graspv1.AddFilters{BatchId: b.ID, HistoricFilters: filters.ToProtos(fs), Layer1: kind == BatchLayer1}
+	if kind == BatchItems {
+		add.RefetchFilters = filters.ToProtos(m.refetchFilters(items))
+	}
 	if since != 0 {
 		add.Since = &since
 	}
@@ -1167,6 +1203,16 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 		}
 	}
 	add.RepoRefs, add.RootEventIds = refs, hexes
+	if len(refs) > 0 && len(refs) != countNeedRepo(items) {
+		// The filters name maintainers' coordinates too; the batch covers
+		// the repositories.
+		add.RepoRefs = make([]string, 0, len(items))
+		for _, it := range items {
+			if it.NeedRepo {
+				add.RepoRefs = append(add.RepoRefs, m.idx.Repo(it.Repo).Ref)
+			}
+		}
+	}
 	s.Batches = append(s.Batches, b)
 	s.QuietAt = time.Time{}
 	if s.Status != graspv1.RelayStatus_RELAY_STATUS_DISCONNECTING {
@@ -1175,6 +1221,36 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 	m.dirty[s.ID] = true
 	m.obs.BatchStarted(s.URL, kind)
 	m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_AddFilters{AddFilters: add}})
+}
+
+func countNeedRepo(items []BatchItem) int {
+	n := 0
+	for _, it := range items {
+		if it.NeedRepo {
+			n++
+		}
+	}
+	return n
+}
+
+// refetchFilters asks for the announcements and states of the maintainers
+// of the repositories whose own part items fetch, by author and identifier:
+// the revival of refusals the ingester remembered while those authors
+// maintained nothing we serve (docs/decisions.md, "Remembered refusals").
+func (m *Machine) refetchFilters(items []BatchItem) []nostr.Filter {
+	var authors, idents []string
+	for _, it := range items {
+		if !it.NeedRepo {
+			continue
+		}
+		repo := m.idx.Repo(it.Repo)
+		if len(repo.Maintainers) == 0 || repo.Identifier == "" {
+			continue
+		}
+		authors = append(authors, repo.Maintainers...)
+		idents = append(idents, repo.Identifier)
+	}
+	return filters.Maintained(authors, idents)
 }
 
 // liveOf returns live-only ("limit": 0) copies of historic filters without

@@ -223,9 +223,16 @@ type AddFilters struct {
 	// since, when set, bounds the historic part (quick reconnect).
 	Since *int64 `protobuf:"varint,6,opt,name=since,proto3,oneof" json:"since,omitempty"`
 	// layer1 marks the per-connection layer-1 batch.
-	Layer1        bool `protobuf:"varint,7,opt,name=layer1,proto3" json:"layer1,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Layer1 bool `protobuf:"varint,7,opt,name=layer1,proto3" json:"layer1,omitempty"`
+	// refetch_filters are historic filters read with REQ+EOSE whatever the
+	// local set holds, and published so that the events stream's duplicate
+	// window does not drop them: events the policy refused before and the
+	// ingester remembered (a maintainer's announcement and state of a
+	// repository, refused while the author maintained nothing we serve), which
+	// may be accepted now. Part of the batch: it is done when they are.
+	RefetchFilters []*Filter `protobuf:"bytes,8,rep,name=refetch_filters,json=refetchFilters,proto3" json:"refetch_filters,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AddFilters) Reset() {
@@ -305,6 +312,13 @@ func (x *AddFilters) GetLayer1() bool {
 		return x.Layer1
 	}
 	return false
+}
+
+func (x *AddFilters) GetRefetchFilters() []*Filter {
+	if x != nil {
+		return x.RefetchFilters
+	}
+	return nil
 }
 
 // ReplaceLive closes every live subscription on the relay and opens these
@@ -416,7 +430,7 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\n" +
 	"drop_relay\x18\r \x01(\v2\x13.grasp.v1.DropRelayH\x00R\tdropRelayB\t\n" +
 	"\acommand\"\x11\n" +
-	"\x0fEnsureConnected\"\x99\x02\n" +
+	"\x0fEnsureConnected\"\xd4\x02\n" +
 	"\n" +
 	"AddFilters\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x12\x1b\n" +
@@ -425,7 +439,8 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\flive_filters\x18\x04 \x03(\v2\x10.grasp.v1.FilterR\vliveFilters\x12;\n" +
 	"\x10historic_filters\x18\x05 \x03(\v2\x10.grasp.v1.FilterR\x0fhistoricFilters\x12\x19\n" +
 	"\x05since\x18\x06 \x01(\x03H\x00R\x05since\x88\x01\x01\x12\x16\n" +
-	"\x06layer1\x18\a \x01(\bR\x06layer1B\b\n" +
+	"\x06layer1\x18\a \x01(\bR\x06layer1\x129\n" +
+	"\x0frefetch_filters\x18\b \x03(\v2\x10.grasp.v1.FilterR\x0erefetchFiltersB\b\n" +
 	"\x06_since\"B\n" +
 	"\vReplaceLive\x123\n" +
 	"\flive_filters\x18\x01 \x03(\v2\x10.grasp.v1.FilterR\vliveFilters\"#\n" +
@@ -460,12 +475,13 @@ var file_grasp_v1_fetch_proto_depIdxs = []int32{
 	4, // 3: grasp.v1.FetchCommand.drop_relay:type_name -> grasp.v1.DropRelay
 	5, // 4: grasp.v1.AddFilters.live_filters:type_name -> grasp.v1.Filter
 	5, // 5: grasp.v1.AddFilters.historic_filters:type_name -> grasp.v1.Filter
-	5, // 6: grasp.v1.ReplaceLive.live_filters:type_name -> grasp.v1.Filter
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	5, // 6: grasp.v1.AddFilters.refetch_filters:type_name -> grasp.v1.Filter
+	5, // 7: grasp.v1.ReplaceLive.live_filters:type_name -> grasp.v1.Filter
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_grasp_v1_fetch_proto_init() }

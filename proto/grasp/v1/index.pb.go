@@ -38,9 +38,20 @@ type RepoSyncNeeds struct {
 	// derived from, so an operator can tell which version is in force.
 	AnnouncementId string `protobuf:"bytes,4,opt,name=announcement_id,json=announcementId,proto3" json:"announcement_id,omitempty"`
 	// updated_at is when discovery last changed this entry (unix seconds).
-	UpdatedAt     int64 `protobuf:"varint,5,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdatedAt int64 `protobuf:"varint,5,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// maintainers are the repository's recursive maintainers other than its
+	// owner (pubkeys, hex, sorted): the announcement's "maintainers", and
+	// theirs in their own stored announcements with the same identifier,
+	// cycle-safe. When an author joins, their announcement and state of the
+	// repository are fetched again, whatever was refused before.
+	Maintainers []string `protobuf:"bytes,6,rep,name=maintainers,proto3" json:"maintainers,omitempty"`
+	// maintainer_refs are the coordinates "30617:<maintainer>:<identifier>" of
+	// the maintainers' announcements of this repository that are stored. An
+	// event tagging one of them is about this repository too: they are synced
+	// like repo_ref (layer 2), from this repository's relays.
+	MaintainerRefs []string `protobuf:"bytes,7,rep,name=maintainer_refs,json=maintainerRefs,proto3" json:"maintainer_refs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RepoSyncNeeds) Reset() {
@@ -108,6 +119,20 @@ func (x *RepoSyncNeeds) GetUpdatedAt() int64 {
 	return 0
 }
 
+func (x *RepoSyncNeeds) GetMaintainers() []string {
+	if x != nil {
+		return x.Maintainers
+	}
+	return nil
+}
+
+func (x *RepoSyncNeeds) GetMaintainerRefs() []string {
+	if x != nil {
+		return x.MaintainerRefs
+	}
+	return nil
+}
+
 // BootstrapRelays lists relays the planner keeps connected whether or not any
 // repository lists them (GRASP_BOOTSTRAP_RELAYS). Discovery stores it under the
 // reserved key "bootstrap-relays" of grasp_repo_index (bus.BootstrapRelaysKey),
@@ -162,14 +187,16 @@ var File_grasp_v1_index_proto protoreflect.FileDescriptor
 
 const file_grasp_v1_index_proto_rawDesc = "" +
 	"\n" +
-	"\x14grasp/v1/index.proto\x12\bgrasp.v1\"\xb0\x01\n" +
+	"\x14grasp/v1/index.proto\x12\bgrasp.v1\"\xfb\x01\n" +
 	"\rRepoSyncNeeds\x12\x19\n" +
 	"\brepo_ref\x18\x01 \x01(\tR\arepoRef\x12\x16\n" +
 	"\x06relays\x18\x02 \x03(\tR\x06relays\x12$\n" +
 	"\x0eroot_event_ids\x18\x03 \x03(\tR\frootEventIds\x12'\n" +
 	"\x0fannouncement_id\x18\x04 \x01(\tR\x0eannouncementId\x12\x1d\n" +
 	"\n" +
-	"updated_at\x18\x05 \x01(\x03R\tupdatedAt\")\n" +
+	"updated_at\x18\x05 \x01(\x03R\tupdatedAt\x12 \n" +
+	"\vmaintainers\x18\x06 \x03(\tR\vmaintainers\x12'\n" +
+	"\x0fmaintainer_refs\x18\a \x03(\tR\x0emaintainerRefs\")\n" +
 	"\x0fBootstrapRelays\x12\x16\n" +
 	"\x06relays\x18\x01 \x03(\tR\x06relaysB9Z7github.com/grasp-sync/grasp-sync/proto/grasp/v1;graspv1b\x06proto3"
 
