@@ -1,6 +1,8 @@
-// Package obs is what every service needs to be watched: a JSON slog logger,
-// a Prometheus registry, and an HTTP server for /metrics, /healthz and
-// /readyz, plus a context that ends on SIGINT or SIGTERM.
+// Package obs is what every service needs to be watched: a slog logger (text
+// at a terminal, JSON otherwise), a Prometheus registry, and an HTTP server
+// for /metrics, /healthz and /readyz, plus a context that ends on SIGINT or
+// SIGTERM, and the build's version with the command line every binary
+// answers (--version, --help).
 package obs
 
 import (
@@ -24,20 +26,22 @@ import (
 )
 
 // NewLogger returns a JSON logger at the given level (debug, info, warn,
-// error; anything else is info).
+// error; anything else is info). Binaries use NewLoggerFor, which also
+// picks the format.
 func NewLogger(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: parseLevel(level)}))
+}
+
+func parseLevel(level string) slog.Level {
 	switch strings.ToLower(level) {
 	case "debug":
-		l = slog.LevelDebug
+		return slog.LevelDebug
 	case "warn":
-		l = slog.LevelWarn
+		return slog.LevelWarn
 	case "error":
-		l = slog.LevelError
-	default:
-		l = slog.LevelInfo
+		return slog.LevelError
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+	return slog.LevelInfo
 }
 
 // NewRegistry returns a Prometheus registry with the Go and process

@@ -1,5 +1,6 @@
 // Package service is what every grasp-sync binary does around its own work:
-// read the common configuration, log JSON, connect to NATS and create the
+// answer --version and --help, read the common configuration, log (text at
+// a terminal, JSON otherwise), connect to NATS and create the
 // shared streams, serve /metrics, /healthz and /readyz, stop on SIGINT or
 // SIGTERM, and turn a start-up mistake into one line and a non-zero exit.
 package service
@@ -34,8 +35,10 @@ type Common struct {
 	SetupTimeout time.Duration `envconfig:"NATS_SETUP_TIMEOUT" default:"1m"`
 	// MetricsAddr serves /metrics, /healthz and /readyz.
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`
-	// LogLevel is debug, info, warn or error (JSON logs on stderr).
+	// LogLevel is debug, info, warn or error (logs on stderr).
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
+	// LogFormat is text or json; unset: text when stderr is a terminal, JSON otherwise.
+	LogFormat string `envconfig:"LOG_FORMAT"`
 }
 
 // Env is what a service's run function gets.
@@ -48,7 +51,17 @@ type Env struct {
 
 // Main runs one service binary and exits. spec is the service's own
 // configuration struct, loaded before run is called.
+// Arguments are only --version and --help (obs.CommandLine); anything else
+// exits 2.
 func Main(name string, spec any, run func(ctx context.Context, env *Env) error) {
+	done, err := obs.CommandLine(name, obs.ServiceHelp(name, "Runs the grasp-sync "+name+" service."), os.Args[1:], os.Stdout)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
+	if done {
+		os.Exit(0)
+	}
 	if err := mainErr(name, spec, run); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
@@ -71,7 +84,11 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 			return err
 		}
 	}
-	log := obs.NewLogger(os.Stderr, common.LogLevel).With("service", name)
+	log, err := obs.NewLoggerFor(os.Stderr, common.LogLevel, common.LogFormat)
+	if err != nil {
+		return err
+	}
+	log = log.With("service", name)
 	ctx, stop := obs.SignalContext(context.Background())
 	defer stop()
 

@@ -32,3 +32,19 @@ func TestNATSSecurityVariablesAreRead(t *testing.T) {
 		t.Fatalf("mainErr = %v, want one line naming GRASP_NATS_CA", err)
 	}
 }
+
+// A log format nobody knows is a configuration mistake: one line naming
+// GRASP_LOG_FORMAT, before anything is dialled or served.
+func TestLogFormatMustBeKnown(t *testing.T) {
+	t.Setenv("GRASP_LOG_FORMAT", "xml")
+	t.Setenv("GRASP_NATS_URL", "nats://127.0.0.1:1")
+	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
+	ran := false
+	err := mainErr("test", nil, func(context.Context, *Env) error { ran = true; return nil })
+	if err == nil || ran {
+		t.Fatalf("mainErr = %v (ran %v), want a refusal", err, ran)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "GRASP_LOG_FORMAT") || strings.Contains(msg, "\n") {
+		t.Fatalf("error %q: want one line naming GRASP_LOG_FORMAT", msg)
+	}
+}

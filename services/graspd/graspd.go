@@ -56,8 +56,10 @@ type Config struct {
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`
 	// Prefix namespaces subjects, streams and buckets.
 	Prefix string `envconfig:"PREFIX" default:"grasp"`
-	// LogLevel is debug, info, warn or error (JSON logs on stderr).
+	// LogLevel is debug, info, warn or error (logs on stderr).
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
+	// LogFormat is text or json; unset: text when stderr is a terminal, JSON otherwise.
+	LogFormat string `envconfig:"LOG_FORMAT"`
 	// Services lists the services to run (all by default).
 	Services []string `envconfig:"SERVICES" default:"relay,discovery,planner,fetcher,ingester"`
 }

@@ -161,8 +161,11 @@ func (c *Config) Validate() error {
 // SupportedGrasps is what NIP-11 advertises under supported_grasps.
 var SupportedGrasps = []string{"GRASP-01", "GRASP-02"}
 
-// SupportedNIPs is what NIP-11 advertises under supported_nips.
-var SupportedNIPs = []any{1, 9, 11, 34, 40, 77}
+// SupportedNIPs is what NIP-11 advertises under supported_nips: only what
+// the relay serves, each with its reason in docs/decisions.md ("NIP-11
+// advertises only what the relay serves"). Not NIP-40: expired events are
+// kept and served.
+var SupportedNIPs = []any{1, 9, 11, 34, 77}
 
 // Relay is the own relay.
 type Relay struct {

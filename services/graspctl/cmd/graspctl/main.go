@@ -1,15 +1,17 @@
 // Command graspctl inspects a running grasp-sync:
 //
-//	graspctl [--nats URL] [--creds FILE] [--ca FILE] [--prefix P] COMMAND
+//	graspctl COMMAND [flags]   (connection flags anywhere on the line)
 //	  status  [--json] [--watch] [--interval 2s] [--metrics URL]   relay table
 //	  repos   [--relay URL] [--json]               the RepoSyncIndex
 //	  explain [--json] [--relay-url URL] [--service-url URL] REPO_REF
 //	                                               relays of one repository and why
 //	  tap     [--pretty] [--from-start] [--relay URL] [--repo REF] [--kind N] [SUBJECT…]
 //
-// GRASP_NATS_URL (default: graspd's embedded server at
-// nats://127.0.0.1:4233), GRASP_NATS_CREDS and GRASP_PREFIX are the
-// defaults of the global flags.
+// The connection flags --nats, --creds, --ca, --cert, --key and --prefix
+// default to GRASP_NATS_URL (else graspd's embedded server at
+// nats://127.0.0.1:4233), GRASP_NATS_CREDS, GRASP_NATS_CA, GRASP_NATS_CERT,
+// GRASP_NATS_KEY and GRASP_PREFIX. `graspctl COMMAND --help` prints a
+// command's flags; --version the version.
 //
 // Exit codes: 0 ok, 1 other failure, 2 usage, 3 NATS unreachable,
 // 4 bucket missing (nothing ran with this prefix), 5 unknown repository.
@@ -18,7 +20,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -41,12 +42,6 @@ const (
 	exitNoBucket    = 4
 	exitUnknownRepo = 5
 )
-
-const usage = `usage: graspctl [--nats URL] [--creds FILE] [--ca FILE] [--prefix P] COMMAND
-  status  [--json] [--watch] [--interval 2s] [--metrics URL]
-  repos   [--relay URL] [--json]
-  explain [--json] [--relay-url URL] [--service-url URL] REPO_REF
-  tap     [--pretty] [--from-start] [--relay URL] [--repo REF] [--kind N] [SUBJECT…]`
 
 // exitError carries an exit code and a hint of what to do.
 type exitError struct {
@@ -80,71 +75,35 @@ func exitCode(err error) int {
 	return exitFailure
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	global := flag.NewFlagSet("graspctl", flag.ContinueOnError)
-	global.SetOutput(stderr)
-	url := global.String("nats", envOr("GRASP_NATS_URL", "nats://127.0.0.1:4233"), "NATS server URL (GRASP_NATS_URL)")
-	creds := global.String("creds", os.Getenv("GRASP_NATS_CREDS"), "NATS credentials file (GRASP_NATS_CREDS)")
-	ca := global.String("ca", os.Getenv("GRASP_NATS_CA"), "PEM file of the CAs that sign the NATS servers' certificates (GRASP_NATS_CA)")
-	prefix := global.String("prefix", envOr("GRASP_PREFIX", bus.DefaultPrefix), "subject/bucket prefix (GRASP_PREFIX)")
-	global.Usage = func() { fmt.Fprintln(stderr, usage) }
-	if err := global.Parse(args); err != nil {
-		return &exitError{exitUsage, err}
+	inv, err := parseArgs(args, os.Getenv)
+	if err != nil {
+		return err
 	}
-	if global.NArg() == 0 {
-		return &exitError{exitUsage, errors.New(usage)}
+	switch {
+	case inv.Help != "":
+		_, err := io.WriteString(stdout, inv.Help)
+		return err
+	case inv.Version:
+		_, err := fmt.Fprintln(stdout, obs.VersionLine("graspctl"))
+		return err
 	}
-	cmd, rest := global.Arg(0), global.Args()[1:]
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, "print JSON")
-	watch := fs.Bool("watch", false, "status: refresh in place")
-	interval := fs.Duration("interval", 2*time.Second, "status --watch: refresh interval")
-	relay := fs.String("relay", "", "only this relay URL")
-	repo := fs.String("repo", "", "tap: only messages mentioning this repository coordinate")
-	kind := fs.Int("kind", 0, "tap: only nostr events of this kind")
-	metricsURL := fs.String("metrics", envOr("GRASP_METRICS_URL", "http://127.0.0.1:9477/metrics"), "status: graspd's /metrics, for events stored and their rate (GRASP_METRICS_URL; empty skips)")
-	relayURL := fs.String("relay-url", envOr("GRASP_RELAY_URL", "ws://127.0.0.1:7777"), "explain: this service's relay, to read the announcement from (GRASP_RELAY_URL; empty skips)")
-	serviceURL := fs.String("service-url", os.Getenv("GRASP_PUBLIC_URL"), "explain: this service's public URL as announcements list it (GRASP_PUBLIC_URL; default --relay-url)")
-	pretty := fs.Bool("pretty", false, "tap: indent each JSON object")
-	fromStart := fs.Bool("from-start", false, "tap: replay what the streams hold first")
-	switch cmd {
-	case "status", "repos", "explain", "tap":
-	default:
-		return &exitError{exitUsage, fmt.Errorf("unknown command %q\n%s", cmd, usage)}
-	}
-	if err := fs.Parse(rest); err != nil {
-		return &exitError{exitUsage, err}
-	}
-	if cmd == "explain" && fs.NArg() != 1 {
-		return &exitError{exitUsage, errors.New("usage: graspctl explain [--json] REPO_REF (a coordinate 30617:<pubkey>:<identifier>; `graspctl repos` lists them)")}
-	}
-
-	// A client certificate, when NATS asks for one, comes from the
-	// environment only, as for the services.
-	sec := bus.Security{Creds: *creds, CA: *ca, Cert: os.Getenv("GRASP_NATS_CERT"), Key: os.Getenv("GRASP_NATS_KEY")}
-	b, err := connect(ctx, *url, sec, *prefix)
+	sec := bus.Security{Creds: inv.Conn.Creds, CA: inv.Conn.CA, Cert: inv.Conn.Cert, Key: inv.Conn.Key}
+	b, err := connect(ctx, inv.Conn.NATS, sec, inv.Conn.Prefix)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	switch cmd {
+	switch inv.Command {
 	case "status":
-		return graspctl.Status(ctx, b, graspctl.StatusOptions{JSON: *asJSON, Watch: *watch, Interval: *interval, MetricsURL: *metricsURL}, stdout)
+		return graspctl.Status(ctx, b, inv.Status, stdout)
 	case "repos":
-		return graspctl.Repos(ctx, b, *relay, *asJSON, stdout)
+		return graspctl.Repos(ctx, b, inv.Repos.Relay, inv.Repos.JSON, stdout)
 	case "explain":
-		return graspctl.Explain(ctx, b, fs.Arg(0), graspctl.ExplainOptions{JSON: *asJSON, RelayURL: *relayURL, ServiceURL: *serviceURL}, stdout)
+		return graspctl.Explain(ctx, b, inv.RepoRef, inv.Explain, stdout)
 	default: // tap
-		return graspctl.Tap(ctx, b, graspctl.TapOptions{Subjects: fs.Args(), Pretty: *pretty, FromStart: *fromStart,
-			Filter: graspctl.TapFilter{Relay: *relay, Repo: *repo, Kind: *kind}, Errors: stderr}, stdout)
+		inv.Tap.Errors = stderr
+		return graspctl.Tap(ctx, b, inv.Tap, stdout)
 	}
 }
 

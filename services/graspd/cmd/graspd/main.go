@@ -12,7 +12,18 @@ import (
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 )
 
+const what = `Runs the whole GRASP sync server in one process: the relay, discovery, planner,
+fetcher and ingester, over an embedded NATS and event store unless told otherwise.`
+
 func main() {
+	done, err := obs.CommandLine("graspd", obs.ServiceHelp("graspd", what), os.Args[1:], os.Stdout)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "graspd: %v\n", err)
+		os.Exit(2)
+	}
+	if done {
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintf(os.Stderr, "graspd: %v\n", err)
 		os.Exit(1)
@@ -24,7 +35,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	log := obs.NewLogger(os.Stderr, cfg.Graspd.LogLevel)
+	log, err := obs.NewLoggerFor(os.Stderr, cfg.Graspd.LogLevel, cfg.Graspd.LogFormat)
+	if err != nil {
+		return err
+	}
 	// Libraries that log through the standard logger (eventstore, khatru)
 	// log as structured lines too.
 	stdlog.SetFlags(0)

@@ -56,6 +56,7 @@ func TestBadInputExitsWithOneClearLine(t *testing.T) {
 		{"bad duration", []string{"GRASP_DISCOVERY_BATCH_WINDOW=soon"}, "GRASP_DISCOVERY_BATCH_WINDOW"},
 		{"bad number", []string{"GRASP_SHARDS=many"}, "GRASP_SHARDS"},
 		{"unknown service", []string{"GRASP_SERVICES=relay,gateway"}, "GRASP_SERVICES"},
+		{"unknown log format", []string{"GRASP_LOG_FORMAT=xml"}, "GRASP_LOG_FORMAT"},
 		{"bad public url", []string{"GRASP_PUBLIC_URL=https://git.example.com"}, "GRASP_PUBLIC_URL"},
 		{"unreachable nats", []string{"GRASP_NATS_URL=nats://127.0.0.1:1"}, "GRASP_NATS_URL"},
 		{"relay port taken", []string{"GRASP_RELAY_ADDR=" + taken}, "GRASP_RELAY_ADDR=" + taken},
