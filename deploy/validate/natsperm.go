@@ -29,7 +29,8 @@ type Family struct {
 	Wildcard string // subject wildcard (subject families)
 	Stream   string // stream name, "" for a plain subject family
 	BucketID string // bucket name (buckets)
-	// Sample is one concrete subject of the family, for tests.
+	// Sample is one concrete subject of the family, for tests; "" for a
+	// subscribe-only wildcard (AllSubjects).
 	Sample string
 }
 
@@ -57,13 +58,18 @@ func Families(n bus.Names) (map[string]*Family, error) {
 			get(strings.TrimSuffix(m.Name, "Subjects")).Wildcard = call()
 		case strings.HasSuffix(m.Name, "Subject"):
 			get(strings.TrimSuffix(m.Name, "Subject")).Sample = callWithSamples(v.Method(i), "x")
+		case strings.HasSuffix(m.Name, "Queue"):
+			// A queue group name: the permission is the subscription's
+			// subject (the allow lists name no queue groups).
 		default:
-			return nil, fmt.Errorf("bus.Names.%s is neither a Subject, Subjects, Stream nor Bucket method: teach deploy/validate what permission it needs", m.Name)
+			return nil, fmt.Errorf("bus.Names.%s is neither a Subject, Subjects, Stream, Bucket nor Queue method: teach deploy/validate what permission it needs", m.Name)
 		}
 	}
 	for name, f := range out {
-		if !f.Bucket && (f.Wildcard == "" || f.Sample == "") {
-			return nil, fmt.Errorf("subject family %s needs both %sSubject and %sSubjects in bus.Names", name, name, name)
+		// A wildcard without a single subject (AllSubjects) is only ever
+		// subscribed to; a single subject needs its wildcard.
+		if !f.Bucket && f.Wildcard == "" {
+			return nil, fmt.Errorf("subject family %s needs %sSubjects in bus.Names", name, name)
 		}
 	}
 	return out, nil
@@ -255,9 +261,15 @@ type Permissions struct {
 
 // Derive turns a service's usage into NATS permissions. setup adds the
 // create/update rights bus.Setup needs (nil for graspctl, which never
-// creates anything); tap adds a subscription to every subject of the
-// deployment (graspctl tap).
-func Derive(n bus.Names, fams map[string]*Family, u Usage, setup *Usage, tap bool) Permissions {
+// creates anything).
+//
+// Using a stream or bucket includes creating and updating it
+// ($JS.API.STREAM.CREATE/UPDATE): a service that opens a bucket it owns
+// (the fetcher's FetcherLeaseBucket, FetcherRelayBucket) creates it with
+// bus.EnsureKeyValue, and nats.go's CreateOrUpdate asks STREAM.UPDATE first
+// and STREAM.CREATE only when the stream does not exist yet; the update is
+// what applies a changed configuration (a lease TTL) at the next start.
+func Derive(fams map[string]*Family, u Usage, setup *Usage) Permissions {
 	pub, sub := map[string]bool{}, map[string]bool{"_INBOX.>": true}
 	// Account info: jetstream.New and KV creation ask for limits.
 	pub["$JS.API.INFO"] = true
@@ -302,9 +314,6 @@ func Derive(n bus.Names, fams map[string]*Family, u Usage, setup *Usage, tap boo
 	for f := range u.Subscribe {
 		sub[fams[f].Wildcard] = true
 	}
-	if tap {
-		sub[n.Prefix+".>"] = true
-	}
 	return Permissions{Publish: sorted(pub), Subscribe: sorted(sub)}
 }
 
@@ -342,9 +351,9 @@ func DerivePermissions(repoRoot string, n bus.Names) (map[string]Permissions, ma
 		}
 		usages[user] = u
 		if user == "graspctl" {
-			perms[user] = Derive(n, fams, u, nil, true)
+			perms[user] = Derive(fams, u, nil)
 		} else {
-			perms[user] = Derive(n, fams, u, &setup, false)
+			perms[user] = Derive(fams, u, &setup)
 		}
 	}
 	return perms, usages, nil
