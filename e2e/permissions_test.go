@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"sync"
@@ -47,6 +49,15 @@ func TestShippedNATSPermissions(t *testing.T) {
 	if leaks := d.LeakedPasswords(); len(leaks) > 0 {
 		t.Errorf("NATS passwords in the logs:\n%s", strings.Join(leaks, "\n"))
 	}
+
+	t.Run("relay status page", func(t *testing.T) {
+		// The relay reads the sync state for its status page as the relay
+		// user, with read-only rights on the buckets and streams.
+		page := relayStatusPage(t, d)
+		if strings.Contains(page, `id="error"`) || !strings.Contains(page, plain.URL) {
+			t.Errorf("the relay's status page does not show the sync state:\n%s", page)
+		}
+	})
 
 	ctl, err := d.NATSUserURL("graspctl")
 	if err != nil {
@@ -152,4 +163,26 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// relayStatusPage fetches the own relay's status page as a browser does.
+func relayStatusPage(t *testing.T, d *Deployment) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+strings.TrimPrefix(d.RelayURL(), "ws://")+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "text/html")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("relay status page: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("relay status page: %s %v\n%s", resp.Status, err, body)
+	}
+	return string(body)
 }

@@ -106,13 +106,31 @@ type Usage struct {
 	Streams map[string]bool
 	// Buckets: KV buckets the service opens.
 	Buckets map[string]bool
+	// ReadStreams and ReadBuckets: streams and buckets named only by
+	// read-only code (readOnlyDir), which inspects them and never writes.
+	ReadStreams, ReadBuckets map[string]bool
+}
+
+func newUsage() Usage {
+	return Usage{Publish: map[string]bool{}, Subscribe: map[string]bool{}, Streams: map[string]bool{},
+		Buckets: map[string]bool{}, ReadStreams: map[string]bool{}, ReadBuckets: map[string]bool{}}
+}
+
+// readOnlyDir says whether the code in dir only reads the streams and
+// buckets it names: pkg/syncstatus (the status of a running sync, which the
+// relay's status page and graspctl show) and graspctl, which inspects and
+// never changes anything. Their users get read rights on what they name
+// (info, gets, ephemeral ordered consumers), not writes, purges or acks.
+func readOnlyDir(dir string) bool {
+	dir = filepath.ToSlash(dir)
+	return dir == "pkg/syncstatus" || dir == "services/graspctl" || strings.HasPrefix(dir, "services/graspctl/")
 }
 
 // ScanUsage reads the non-test Go files of services/<name> and of every
 // repository package they import (transitively; pkg/bus itself and test
 // helpers excluded) and records which bus.Names methods they call and how.
 func ScanUsage(repoRoot, name string, fams map[string]*Family) (Usage, error) {
-	u := Usage{Publish: map[string]bool{}, Subscribe: map[string]bool{}, Streams: map[string]bool{}, Buckets: map[string]bool{}}
+	u := newUsage()
 	methods := map[string]string{} // method name → family
 	for f := range fams {
 		for _, suffix := range []string{"Subject", "Subjects", "Stream", "Bucket"} {
@@ -128,7 +146,7 @@ func ScanUsage(repoRoot, name string, fams map[string]*Family) (Usage, error) {
 			continue
 		}
 		seen[dir] = true
-		imports, err := scanDir(filepath.Join(repoRoot, dir), methods, &u)
+		imports, err := scanDir(filepath.Join(repoRoot, dir), methods, &u, readOnlyDir(dir))
 		if err != nil {
 			return u, err
 		}
@@ -152,7 +170,7 @@ func ScanUsage(repoRoot, name string, fams map[string]*Family) (Usage, error) {
 	return u, nil
 }
 
-func scanDir(dir string, methods map[string]string, u *Usage) ([]string, error) {
+func scanDir(dir string, methods map[string]string, u *Usage, readOnly bool) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", dir, err)
@@ -210,9 +228,17 @@ func scanDir(dir string, methods map[string]string, u *Usage) ([]string, error) 
 			}
 			switch strings.TrimPrefix(sel.Sel.Name, fam) {
 			case "Stream":
-				u.Streams[fam] = true
+				if readOnly {
+					u.ReadStreams[fam] = true
+				} else {
+					u.Streams[fam] = true
+				}
 			case "Bucket":
-				u.Buckets[fam] = true
+				if readOnly {
+					u.ReadBuckets[fam] = true
+				} else {
+					u.Buckets[fam] = true
+				}
 			case "Subject":
 				if !inDef(sel.Pos()) {
 					u.Publish[fam] = true
@@ -248,8 +274,8 @@ func SetupFamilies(repoRoot string, fams map[string]*Family) (Usage, error) {
 		methods[f+"Stream"] = f
 		methods[f+"Bucket"] = f
 	}
-	u := Usage{Publish: map[string]bool{}, Subscribe: map[string]bool{}, Streams: map[string]bool{}, Buckets: map[string]bool{}}
-	_, err := scanDir(filepath.Join(repoRoot, "pkg", "bus"), methods, &u)
+	u := newUsage()
+	_, err := scanDir(filepath.Join(repoRoot, "pkg", "bus"), methods, &u, false)
 	return u, err
 }
 
@@ -278,6 +304,21 @@ func Derive(fams map[string]*Family, u Usage, setup *Usage) Permissions {
 			pub["$JS.API.STREAM."+op+"."+stream] = true
 		}
 	}
+	// read: what inspecting a stream or bucket takes — its info, a message
+	// by sequence or subject, and an ephemeral ordered consumer (created,
+	// pulled from with flow control, deleted when done; KV key listings and
+	// watches are such consumers). No acks, purges, deletes or KV writes.
+	read := func(stream string) {
+		pub["$JS.API.STREAM.INFO."+stream] = true
+		pub["$JS.API.STREAM.MSG.GET."+stream] = true
+		pub["$JS.API.DIRECT.GET."+stream] = true
+		pub["$JS.API.DIRECT.GET."+stream+".>"] = true
+		pub["$JS.API.CONSUMER.CREATE."+stream+".>"] = true
+		pub["$JS.API.CONSUMER.INFO."+stream+".>"] = true
+		pub["$JS.API.CONSUMER.DELETE."+stream+".>"] = true
+		pub["$JS.API.CONSUMER.MSG.NEXT."+stream+".>"] = true
+		pub["$JS.FC."+stream+".>"] = true
+	}
 	use := func(stream string) {
 		manage(stream)
 		pub["$JS.API.STREAM.MSG.GET."+stream] = true
@@ -303,6 +344,12 @@ func Derive(fams map[string]*Family, u Usage, setup *Usage) Permissions {
 	}
 	for f := range u.Streams {
 		use(fams[f].Stream)
+	}
+	for f := range u.ReadStreams {
+		read(fams[f].Stream)
+	}
+	for f := range u.ReadBuckets {
+		read("KV_" + fams[f].BucketID)
 	}
 	for f := range u.Buckets {
 		use("KV_" + fams[f].BucketID)
