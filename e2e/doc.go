@@ -15,6 +15,12 @@
 // (TestMultiProcess). The chaos tests (chaos_test.go, long) kill each
 // process mid-initial-sync and check the exact stored set; PostgreSQL is
 // restarted only as a private server (postgres.go), never the shared one.
+// With DeploymentOptions.Auth (natsauth.go) NATS runs the manifests' own
+// configuration (k8s/base/nats, the generated auth.conf) and every service
+// connects as its own NATS user; TestShippedNATSPermissions syncs a
+// repository that way and runs graspctl as its user, failing on any
+// permission refusal in any log. GRASP_E2E_NATS_SERVER=<path> runs another
+// nats-server binary than the pinned one the deployment builds.
 // GRASP_E2E_KEEP_LOGS=<dir> keeps a failed deployment's process logs;
 // GRASP_E2E_CHAOS_ONLY=planner,relay runs only those chaos cases;
 // GRASP_E2E_CHAOS_REPOS sizes the chaos dataset (default 100 repositories).

@@ -38,6 +38,7 @@ var binaryPackages = map[string]string{
 	"planner":     "github.com/grasp-sync/grasp-sync/services/planner/cmd/planner",
 	"fetcher":     "github.com/grasp-sync/grasp-sync/services/fetcher/cmd/fetcher",
 	"ingester":    "github.com/grasp-sync/grasp-sync/services/ingester/cmd/ingester",
+	"graspctl":    "github.com/grasp-sync/grasp-sync/services/graspctl/cmd/graspctl",
 	"nats-server": "github.com/nats-io/nats-server/v2", // the module the workspace pins
 }
 
@@ -285,6 +286,10 @@ type DeploymentOptions struct {
 	// NATSNodes is 1 (default) or 3 (a JetStream cluster with R3 streams
 	// and buckets).
 	NATSNodes int
+	// Auth runs the single NATS node with the manifests' configuration
+	// (k8s/base/nats, with the generated auth.conf) and connects every
+	// service as its own NATS user, as in Kubernetes (natsauth.go).
+	Auth bool
 }
 
 // Deployment is grasp-sync in multi-process mode: NATS (one node or a
@@ -306,6 +311,9 @@ type Deployment struct {
 
 	relayAddr string
 	store     *store.Store
+	binDir    string
+	natsURL   string    // client URL list, without credentials
+	auth      *natsAuth // users and passwords with Auth, else nil
 }
 
 // StartDeployment starts a deployment and waits until every process is
@@ -325,16 +333,20 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 	if o.NATSNodes != 3 {
 		o.NATSNodes = 1
 	}
+	if o.Auth && o.NATSNodes != 1 {
+		t.Fatal("StartDeployment: Auth runs the manifests' single-node NATS configuration; a cluster with users is not supported")
+	}
 	if o.PostgresURL == "" {
 		t.Fatal("StartDeployment: DeploymentOptions.PostgresURL is required (multi-process services share a PostgreSQL store)")
 	}
-	d := &Deployment{Dir: t.TempDir()}
+	d := &Deployment{Dir: t.TempDir(), binDir: bin}
 	d.StoreURL = FreshDatabase(t, o.PostgresURL)
 	// Registered after the database's drop, so it runs before it: nothing
 	// is connected when the database goes.
 	t.Cleanup(func() { d.stopAll(t) })
 
-	natsURL := d.addNATS(t, bin, o.NATSNodes)
+	natsURL := d.addNATS(t, bin, o.NATSNodes, o.Auth)
+	d.natsURL = natsURL
 	relayPort := mustPort(t)
 	d.relayAddr = "127.0.0.1:" + strconv.Itoa(relayPort)
 	replicas := strconv.Itoa(o.NATSNodes)
@@ -365,6 +377,14 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 	svc := func(name, binary string, extra Env) *Proc {
 		port := mustPort(t)
 		e := Env{"GRASP_METRICS_ADDR": "127.0.0.1:" + strconv.Itoa(port)}
+		if d.auth != nil {
+			// Each binary is its own NATS user, named after it.
+			u, err := d.auth.userURL(natsURL, binary)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e["GRASP_NATS_URL"] = u
+		}
 		for k, v := range extra {
 			e[k] = v
 		}
@@ -412,8 +432,9 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 }
 
 // addNATS starts n NATS nodes (a cluster when n > 1) and returns the
-// client URL list the services get.
-func (d *Deployment) addNATS(t testing.TB, bin string, n int) string {
+// client URL list the services get. With auth, the single node runs the
+// manifests' configuration (manifestNATSConfig).
+func (d *Deployment) addNATS(t testing.TB, bin string, n int, auth bool) string {
 	t.Helper()
 	type ports struct{ client, cluster, monitor int }
 	ps := make([]ports, n)
@@ -428,13 +449,22 @@ func (d *Deployment) addNATS(t testing.TB, bin string, n int) string {
 		storeDir := filepath.Join(d.Dir, name)
 		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(p.client), "-m", strconv.Itoa(p.monitor),
 			"-js", "-sd", storeDir, "-n", name}
+		var env Env
+		if auth {
+			a, err := manifestNATSConfig(d.Dir, storeDir, p.client, p.monitor)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.auth, env = a, a.env
+			args = []string{"-c", a.confPath}
+		}
 		if n > 1 {
 			args = append(args, "--cluster_name", "grasp-e2e",
 				"--cluster", routes[i], "--routes", strings.Join(routes, ","))
 		}
 		d.NATS = append(d.NATS, &Proc{Name: name, Log: filepath.Join(d.Dir, name+".log"),
 			HealthURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", p.monitor),
-			bin:       filepath.Join(bin, "nats-server"), args: args, env: processEnv(nil, nil)})
+			bin:       natsServerBinary(bin), args: args, env: processEnv(env, nil)})
 	}
 	for _, p := range d.NATS {
 		if err := p.Start(); err != nil {
@@ -542,6 +572,14 @@ func (d *Deployment) stopAll(t testing.TB) {
 		}
 		if err := procs[i].Kill(); err != nil {
 			t.Error(err)
+		}
+	}
+	// Under the shipped permissions, anything NATS refused is a defect:
+	// the code does something its generated permissions do not allow.
+	if d.auth != nil {
+		if denials := d.PermissionDenials(); len(denials) > 0 {
+			t.Errorf("NATS refused %d operations under the shipped permissions (k8s/base/nats/auth.conf, regenerate with deploy/validate):\n%s",
+				len(denials), strings.Join(firstN(denials, 20), "\n"))
 		}
 	}
 	if !t.Failed() {

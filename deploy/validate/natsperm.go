@@ -29,7 +29,8 @@ type Family struct {
 	Wildcard string // subject wildcard (subject families)
 	Stream   string // stream name, "" for a plain subject family
 	BucketID string // bucket name (buckets)
-	// Sample is one concrete subject of the family, for tests.
+	// Sample is one concrete subject of the family, for tests; "" for a
+	// subscribe-only wildcard (AllSubjects).
 	Sample string
 }
 
@@ -57,13 +58,18 @@ func Families(n bus.Names) (map[string]*Family, error) {
 			get(strings.TrimSuffix(m.Name, "Subjects")).Wildcard = call()
 		case strings.HasSuffix(m.Name, "Subject"):
 			get(strings.TrimSuffix(m.Name, "Subject")).Sample = callWithSamples(v.Method(i), "x")
+		case strings.HasSuffix(m.Name, "Queue"):
+			// A queue group name: the permission is the subscription's
+			// subject (the allow lists name no queue groups).
 		default:
-			return nil, fmt.Errorf("bus.Names.%s is neither a Subject, Subjects, Stream nor Bucket method: teach deploy/validate what permission it needs", m.Name)
+			return nil, fmt.Errorf("bus.Names.%s is neither a Subject, Subjects, Stream, Bucket nor Queue method: teach deploy/validate what permission it needs", m.Name)
 		}
 	}
 	for name, f := range out {
-		if !f.Bucket && (f.Wildcard == "" || f.Sample == "") {
-			return nil, fmt.Errorf("subject family %s needs both %sSubject and %sSubjects in bus.Names", name, name, name)
+		// A wildcard without a single subject (AllSubjects) is only ever
+		// subscribed to; a single subject needs its wildcard.
+		if !f.Bucket && f.Wildcard == "" {
+			return nil, fmt.Errorf("subject family %s needs %sSubjects in bus.Names", name, name)
 		}
 	}
 	return out, nil
@@ -100,13 +106,31 @@ type Usage struct {
 	Streams map[string]bool
 	// Buckets: KV buckets the service opens.
 	Buckets map[string]bool
+	// ReadStreams and ReadBuckets: streams and buckets named only by
+	// read-only code (readOnlyDir), which inspects them and never writes.
+	ReadStreams, ReadBuckets map[string]bool
+}
+
+func newUsage() Usage {
+	return Usage{Publish: map[string]bool{}, Subscribe: map[string]bool{}, Streams: map[string]bool{},
+		Buckets: map[string]bool{}, ReadStreams: map[string]bool{}, ReadBuckets: map[string]bool{}}
+}
+
+// readOnlyDir says whether the code in dir only reads the streams and
+// buckets it names: pkg/syncstatus (the status of a running sync, which the
+// relay's status page and graspctl show) and graspctl, which inspects and
+// never changes anything. Their users get read rights on what they name
+// (info, gets, ephemeral ordered consumers), not writes, purges or acks.
+func readOnlyDir(dir string) bool {
+	dir = filepath.ToSlash(dir)
+	return dir == "pkg/syncstatus" || dir == "services/graspctl" || strings.HasPrefix(dir, "services/graspctl/")
 }
 
 // ScanUsage reads the non-test Go files of services/<name> and of every
 // repository package they import (transitively; pkg/bus itself and test
 // helpers excluded) and records which bus.Names methods they call and how.
 func ScanUsage(repoRoot, name string, fams map[string]*Family) (Usage, error) {
-	u := Usage{Publish: map[string]bool{}, Subscribe: map[string]bool{}, Streams: map[string]bool{}, Buckets: map[string]bool{}}
+	u := newUsage()
 	methods := map[string]string{} // method name → family
 	for f := range fams {
 		for _, suffix := range []string{"Subject", "Subjects", "Stream", "Bucket"} {
@@ -122,7 +146,7 @@ func ScanUsage(repoRoot, name string, fams map[string]*Family) (Usage, error) {
 			continue
 		}
 		seen[dir] = true
-		imports, err := scanDir(filepath.Join(repoRoot, dir), methods, &u)
+		imports, err := scanDir(filepath.Join(repoRoot, dir), methods, &u, readOnlyDir(dir))
 		if err != nil {
 			return u, err
 		}
@@ -146,7 +170,7 @@ func ScanUsage(repoRoot, name string, fams map[string]*Family) (Usage, error) {
 	return u, nil
 }
 
-func scanDir(dir string, methods map[string]string, u *Usage) ([]string, error) {
+func scanDir(dir string, methods map[string]string, u *Usage, readOnly bool) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", dir, err)
@@ -204,9 +228,17 @@ func scanDir(dir string, methods map[string]string, u *Usage) ([]string, error) 
 			}
 			switch strings.TrimPrefix(sel.Sel.Name, fam) {
 			case "Stream":
-				u.Streams[fam] = true
+				if readOnly {
+					u.ReadStreams[fam] = true
+				} else {
+					u.Streams[fam] = true
+				}
 			case "Bucket":
-				u.Buckets[fam] = true
+				if readOnly {
+					u.ReadBuckets[fam] = true
+				} else {
+					u.Buckets[fam] = true
+				}
 			case "Subject":
 				if !inDef(sel.Pos()) {
 					u.Publish[fam] = true
@@ -242,8 +274,8 @@ func SetupFamilies(repoRoot string, fams map[string]*Family) (Usage, error) {
 		methods[f+"Stream"] = f
 		methods[f+"Bucket"] = f
 	}
-	u := Usage{Publish: map[string]bool{}, Subscribe: map[string]bool{}, Streams: map[string]bool{}, Buckets: map[string]bool{}}
-	_, err := scanDir(filepath.Join(repoRoot, "pkg", "bus"), methods, &u)
+	u := newUsage()
+	_, err := scanDir(filepath.Join(repoRoot, "pkg", "bus"), methods, &u, false)
 	return u, err
 }
 
@@ -255,9 +287,15 @@ type Permissions struct {
 
 // Derive turns a service's usage into NATS permissions. setup adds the
 // create/update rights bus.Setup needs (nil for graspctl, which never
-// creates anything); tap adds a subscription to every subject of the
-// deployment (graspctl tap).
-func Derive(n bus.Names, fams map[string]*Family, u Usage, setup *Usage, tap bool) Permissions {
+// creates anything).
+//
+// Using a stream or bucket includes creating and updating it
+// ($JS.API.STREAM.CREATE/UPDATE): a service that opens a bucket it owns
+// (the fetcher's FetcherLeaseBucket, FetcherRelayBucket) creates it with
+// bus.EnsureKeyValue, and nats.go's CreateOrUpdate asks STREAM.UPDATE first
+// and STREAM.CREATE only when the stream does not exist yet; the update is
+// what applies a changed configuration (a lease TTL) at the next start.
+func Derive(fams map[string]*Family, u Usage, setup *Usage) Permissions {
 	pub, sub := map[string]bool{}, map[string]bool{"_INBOX.>": true}
 	// Account info: jetstream.New and KV creation ask for limits.
 	pub["$JS.API.INFO"] = true
@@ -265,6 +303,21 @@ func Derive(n bus.Names, fams map[string]*Family, u Usage, setup *Usage, tap boo
 		for _, op := range []string{"CREATE", "UPDATE", "INFO"} {
 			pub["$JS.API.STREAM."+op+"."+stream] = true
 		}
+	}
+	// read: what inspecting a stream or bucket takes — its info, a message
+	// by sequence or subject, and an ephemeral ordered consumer (created,
+	// pulled from with flow control, deleted when done; KV key listings and
+	// watches are such consumers). No acks, purges, deletes or KV writes.
+	read := func(stream string) {
+		pub["$JS.API.STREAM.INFO."+stream] = true
+		pub["$JS.API.STREAM.MSG.GET."+stream] = true
+		pub["$JS.API.DIRECT.GET."+stream] = true
+		pub["$JS.API.DIRECT.GET."+stream+".>"] = true
+		pub["$JS.API.CONSUMER.CREATE."+stream+".>"] = true
+		pub["$JS.API.CONSUMER.INFO."+stream+".>"] = true
+		pub["$JS.API.CONSUMER.DELETE."+stream+".>"] = true
+		pub["$JS.API.CONSUMER.MSG.NEXT."+stream+".>"] = true
+		pub["$JS.FC."+stream+".>"] = true
 	}
 	use := func(stream string) {
 		manage(stream)
@@ -292,6 +345,12 @@ func Derive(n bus.Names, fams map[string]*Family, u Usage, setup *Usage, tap boo
 	for f := range u.Streams {
 		use(fams[f].Stream)
 	}
+	for f := range u.ReadStreams {
+		read(fams[f].Stream)
+	}
+	for f := range u.ReadBuckets {
+		read("KV_" + fams[f].BucketID)
+	}
 	for f := range u.Buckets {
 		use("KV_" + fams[f].BucketID)
 		pub["$KV."+fams[f].BucketID+".>"] = true
@@ -301,9 +360,6 @@ func Derive(n bus.Names, fams map[string]*Family, u Usage, setup *Usage, tap boo
 	}
 	for f := range u.Subscribe {
 		sub[fams[f].Wildcard] = true
-	}
-	if tap {
-		sub[n.Prefix+".>"] = true
 	}
 	return Permissions{Publish: sorted(pub), Subscribe: sorted(sub)}
 }
@@ -342,9 +398,9 @@ func DerivePermissions(repoRoot string, n bus.Names) (map[string]Permissions, ma
 		}
 		usages[user] = u
 		if user == "graspctl" {
-			perms[user] = Derive(n, fams, u, nil, true)
+			perms[user] = Derive(fams, u, nil)
 		} else {
-			perms[user] = Derive(n, fams, u, &setup, false)
+			perms[user] = Derive(fams, u, &setup)
 		}
 	}
 	return perms, usages, nil

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -88,9 +90,41 @@ func Connect(ctx context.Context, url, name string, names Names, sec Security) (
 		nats.ReconnectWait(time.Second),
 	}, sec.Options()...)...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
+		return nil, fmt.Errorf("connect to nats %s: %w", RedactURL(url), err)
 	}
 	return wrap(nc, names)
+}
+
+// RedactURL hides the passwords of a NATS URL list ("nats://user:pw@host,
+// …") for logs and errors: the Kubernetes manifests put each service's
+// password in GRASP_NATS_URL.
+func RedactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			// Unparsable: keep the scheme and host, drop what may be a
+			// user and password.
+			if at := strings.LastIndex(p, "@"); at >= 0 {
+				if sch := strings.Index(p, "://"); sch >= 0 && sch < at {
+					parts[i] = p[:sch+3] + "xxxxx" + p[at:]
+				} else {
+					parts[i] = "xxxxx" + p[at:]
+				}
+			}
+			continue
+		}
+		if u.User != nil {
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			} else {
+				// A lone user part may be a token.
+				u.User = url.User("xxxxx")
+			}
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // ConnectInProcess connects to an embedded server without TCP.

@@ -2,8 +2,13 @@
 // creation of the streams and KV buckets the services share, typed publishing
 // of control messages and typed durable consumers.
 //
-// Every subject is named by a method of Names; grep for the method to find
-// where a message is produced and consumed.
+// Every subject, stream and bucket is named by a method of Names, and every
+// KV key layout by a function of this package (keys.go) or of the pkg/
+// package that owns the data (nip34 for repository keys, leader for lease
+// roles, rejected, parking): nothing else builds such a name, so the NATS
+// permissions generated from the code's use of Names (deploy/validate)
+// cover everything the services do. Grep for the method to find where a
+// message is produced and consumed.
 package bus
 
 import (
@@ -76,6 +81,17 @@ func (n Names) RelayStateBucket() string { return n.prefix() + "_relay_state" }
 // duration, so a holder that dies without releasing loses the lease.
 func (n Names) LeaseBucket() string { return n.prefix() + "_leases" }
 
+// FetcherLeaseBucket holds the fetchers' shard leases and their membership
+// (services/fetcher, keys FetcherShardKey and FetcherMemberKey). Its TTL is
+// the fetchers' lease duration; the fetchers create it, so only they need
+// the right to.
+func (n Names) FetcherLeaseBucket() string { return n.prefix() + "_fetcher_leases" }
+
+// FetcherRelayBucket records, per shard, the relays the planner asked the
+// fetchers to keep connected (keys FetcherRelayKey), so the replica that
+// takes a shard over reconnects them. The fetchers create it.
+func (n Names) FetcherRelayBucket() string { return n.prefix() + "_fetcher_relays" }
+
 // BootstrapRelaysKey is the reserved key of RepoIndexBucket under which
 // discovery publishes the configured bootstrap relays (a
 // graspv1.BootstrapRelays value) so the planner keeps them connected. It can
@@ -100,6 +116,10 @@ func (n Names) EventsSubjects() string { return n.all("events") }
 
 // StoredSubjects matches every StoredSubject.
 func (n Names) StoredSubjects() string { return n.all("stored") }
+
+// AllSubjects matches every subject of the deployment (graspctl tap). It
+// has no single-subject counterpart: nothing is sent on it as such.
+func (n Names) AllSubjects() string { return n.prefix() + ".>" }
 
 // ParkedStream holds events the policy refused only because something they
 // reference has not arrived yet, one message per parked event on
@@ -132,6 +152,11 @@ func (n Names) ParkedWakeSubjects(token string) string {
 	}
 	return n.prefix() + ".parked.wake." + token + ".*"
 }
+
+// ParkingWakeQueue is the queue group in which the ingester replicas share
+// StoredSubjects to wake parked events (one replica handles each stored
+// event).
+func (n Names) ParkingWakeQueue() string { return n.prefix() + "-ingester-parking" }
 
 // DeadLetterSubject receives events that kept failing for infrastructure
 // reasons (store errors) after the ingester's MaxDeliver attempts, with the

@@ -118,3 +118,22 @@ func privateCA(t *testing.T, dir string) (string, tls.Certificate) {
 	}
 	return caFile, tls.Certificate{Certificate: [][]byte{srvDER}, PrivateKey: srvKey}
 }
+
+// Passwords in a NATS URL list never reach a log or an error.
+func TestRedactURL(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
+		{"nats://fetcher:s3cret@grasp-nats:4222", "nats://fetcher:xxxxx@grasp-nats:4222"},
+		{"nats://a:p1@n1:4222,nats://a:p2@n2:4222", "nats://a:xxxxx@n1:4222,nats://a:xxxxx@n2:4222"},
+		{"nats://tok3n@n1:4222", "nats://xxxxx@n1:4222"},
+		{"nats://u:p%zz@n1:4222", "nats://xxxxx@n1:4222"},
+	} {
+		got := bus.RedactURL(c.in)
+		if got != c.want {
+			t.Errorf("RedactURL(%q) = %q, want %q", c.in, got, c.want)
+		}
+		if strings.Contains(got, "s3cret") || strings.Contains(got, "p1") || strings.Contains(got, "tok3n") {
+			t.Errorf("RedactURL(%q) leaks a secret: %q", c.in, got)
+		}
+	}
+}

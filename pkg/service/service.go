@@ -102,13 +102,13 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 	defer cancel()
 	b, err := bus.Connect(cctx, common.NATSURL, name, names, common.Security)
 	if err != nil {
-		return fmt.Errorf("GRASP_NATS_URL=%s: %w", common.NATSURL, err)
+		return fmt.Errorf("GRASP_NATS_URL=%s: %w", bus.RedactURL(common.NATSURL), err)
 	}
 	defer b.Close()
 	opts := bus.DefaultOptions()
 	opts.Replicas = common.Replicas
 	if err := bus.Setup(cctx, b.JS, names, opts); err != nil {
-		return fmt.Errorf("GRASP_NATS_URL=%s: %w", common.NATSURL, err)
+		return fmt.Errorf("GRASP_NATS_URL=%s: %w", bus.RedactURL(common.NATSURL), err)
 	}
 	health.AddReadiness("nats", func() error {
 		if !b.Conn.IsConnected() {
@@ -122,7 +122,7 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 			effective[k] = v
 		}
 	}
-	log.Info("started", "version", obs.Version, "commit", obs.Commit, "metrics", health.Addr(), "nats", common.NATSURL, "config", effective)
+	log.Info("started", "version", obs.Version, "commit", obs.Commit, "metrics", health.Addr(), "nats", bus.RedactURL(common.NATSURL), "config", effective)
 
 	g, gctx := errgroup.WithContext(ctx)
 	gctx, end := context.WithCancel(gctx)

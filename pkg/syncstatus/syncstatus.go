@@ -31,11 +31,6 @@ var ErrBucketMissing = errors.New("bucket missing: start graspd (or the services
 // ErrUnknownRepo means the RepoSyncIndex has no entry for a repository.
 var ErrUnknownRepo = errors.New("repository not in the RepoSyncIndex: its announcement must list this service (check `graspctl repos`)")
 
-// relayStateKeyPrefix is the planner's key prefix in the relay-state bucket
-// (planner.RelayStateKeyPrefix; duplicated because pkg may not import
-// services).
-const relayStateKeyPrefix = "relay."
-
 // healthScanLimit bounds how many recent fetch reports Read looks at for
 // relay health: the report stream keeps hours of reports, and a status read
 // must stay cheap enough for a page that refreshes every few seconds.
@@ -329,7 +324,7 @@ func readIndex(ctx context.Context, js jetstream.JetStream, names bus.Names, s *
 }
 
 func readRelays(ctx context.Context, js jetstream.JetStream, names bus.Names, s *Snapshot) error {
-	err := eachEntry(ctx, js, names.RelayStateBucket(), relayStateKeyPrefix, func(_ string, v []byte) error {
+	err := eachEntry(ctx, js, names.RelayStateBucket(), bus.RelayStateKeyPrefix, func(_ string, v []byte) error {
 		var st graspv1.RelayState
 		if err := proto.Unmarshal(v, &st); err != nil {
 			return err

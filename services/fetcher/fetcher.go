@@ -7,14 +7,12 @@
 //
 // Shards are leased in a KV bucket (leases.go), so a shard, and every relay
 // in it, has one live owner; the relays the planner asked for are recorded
-// per shard (<prefix>_fetcher_relays) so the replica that takes a shard
+// per shard (bus.Names.FetcherRelayBucket) so the replica that takes a shard
 // over reconnects them and reports new sessions.
 package fetcher
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -246,29 +244,22 @@ func (f *Fetcher) WithLocalSet(ls LocalSet) *Fetcher {
 	return f
 }
 
-// bucketPrefix derives the deployment prefix from the bus names.
-func (f *Fetcher) bucketPrefix() string {
-	return strings.TrimSuffix(f.bus.Names.RepoIndexBucket(), "_repo_index")
-}
-
-// LeaseBucket and RelayBucket name the fetcher's KV buckets.
-func (f *Fetcher) LeaseBucket() string { return f.bucketPrefix() + "_fetcher_leases" }
-
-// RelayBucket is the bucket of relays to keep connected, per shard.
-func (f *Fetcher) RelayBucket() string { return f.bucketPrefix() + "_fetcher_relays" }
-
 // Run serves the shards this replica holds until ctx is done, then releases
 // them.
 func (f *Fetcher) Run(ctx context.Context) error {
 	// EnsureKeyValue: replicas starting together in a cluster race on these
-	// buckets, and a lost answer must not end the process.
+	// buckets, and a lost answer must not end the process. It creates or
+	// updates (a changed lease TTL applies at the next start), so the
+	// fetcher's NATS user may create, update and read these two buckets'
+	// streams, and no other service may (deploy/validate derives this from
+	// the bus.Names methods named here).
 	leasesKV, err := bus.EnsureKeyValue(ctx, f.bus.JS, jetstream.KeyValueConfig{
-		Bucket: f.LeaseBucket(), Description: "fetcher shard leases and members", TTL: f.cfg.LeaseTTL, History: 1})
+		Bucket: f.bus.Names.FetcherLeaseBucket(), Description: "fetcher shard leases and members", TTL: f.cfg.LeaseTTL, History: 1})
 	if err != nil {
 		return fmt.Errorf("lease bucket: %w", err)
 	}
 	relaysKV, err := bus.EnsureKeyValue(ctx, f.bus.JS, jetstream.KeyValueConfig{
-		Bucket: f.RelayBucket(), Description: "relays the planner asked fetchers to keep connected, per shard", History: 1})
+		Bucket: f.bus.Names.FetcherRelayBucket(), Description: "relays the planner asked fetchers to keep connected, per shard", History: 1})
 	if err != nil {
 		return fmt.Errorf("relay bucket: %w", err)
 	}
@@ -341,17 +332,10 @@ func (f *Fetcher) loseShard(shard int, reason string) {
 	f.m.shards.Dec()
 }
 
-// relayKey is the relay bucket key of a relay: shard, then a hash of the
-// URL (KV keys allow few characters).
-func relayKey(shard int, url string) string {
-	h := sha256.Sum256([]byte(url))
-	return fmt.Sprintf("r.%d.%s", shard, hex.EncodeToString(h[:12]))
-}
-
 // resumeRelays starts a worker, wanting a connection, for every relay of
 // the shard recorded by a previous owner.
 func (f *Fetcher) resumeRelays(sr *shardRun) {
-	lister, err := f.relaysKV.ListKeysFiltered(sr.ctx, fmt.Sprintf("r.%d.*", sr.shard))
+	lister, err := f.relaysKV.ListKeysFiltered(sr.ctx, bus.FetcherRelayKeys(sr.shard))
 	if err != nil {
 		f.log.Warn("relays of shard not listed", "shard", sr.shard, "err", err)
 		return
@@ -385,7 +369,7 @@ func (f *Fetcher) resumeRelays(sr *shardRun) {
 func (f *Fetcher) recordRelay(shard int, url string, rec *graspv1.FetcherRelay) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	key := relayKey(shard, url)
+	key := bus.FetcherRelayKey(shard, url)
 	var err error
 	if rec == nil {
 		err = f.relaysKV.Delete(ctx, key)

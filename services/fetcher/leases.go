@@ -7,13 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
 )
 
 // Shard ownership is a lease per shard in a JetStream KV bucket whose
@@ -57,11 +58,6 @@ func RendezvousShards(members []string, me string, shards int) []int {
 	return out
 }
 
-var keyUnsafe = regexp.MustCompile(`[^-_=a-zA-Z0-9]`)
-
-// kvToken makes a string safe as one KV key token.
-func kvToken(s string) string { return keyUnsafe.ReplaceAllString(s, "_") }
-
 // shardLeases runs the lease protocol for one replica.
 type shardLeases struct {
 	kv     jetstream.KeyValue
@@ -82,10 +78,8 @@ type lease struct {
 func newShardLeases(kv jetstream.KeyValue, id string, cfg ShardLeaseConfig, log *slog.Logger,
 	gain func(int), lose func(int, string)) *shardLeases {
 	return &shardLeases{kv: kv, id: id, cfg: cfg, log: log, gain: gain, lose: lose,
-		owned: map[int]lease{}, member: "m." + kvToken(id)}
+		owned: map[int]lease{}, member: bus.FetcherMemberKey(id)}
 }
-
-func shardKey(s int) string { return "s." + strconv.Itoa(s) }
 
 // run keeps the leases until ctx ends, then releases them so another
 // replica takes over at once (a killed replica's leases expire instead).
@@ -130,11 +124,11 @@ func (l *shardLeases) step(ctx context.Context) {
 			// Stop serving first, then free the lease for the new owner.
 			delete(l.owned, s)
 			l.lose(s, "rebalanced to another replica")
-			_ = l.kv.Delete(octx, shardKey(s), jetstream.LastRevision(ls.rev))
+			_ = l.kv.Delete(octx, bus.FetcherShardKey(s), jetstream.LastRevision(ls.rev))
 			continue
 		}
 		start := time.Now()
-		rev, err := l.kv.Update(octx, shardKey(s), []byte(l.id), ls.rev)
+		rev, err := l.kv.Update(octx, bus.FetcherShardKey(s), []byte(l.id), ls.rev)
 		switch {
 		case err == nil:
 			l.owned[s] = lease{rev: rev, renewStart: start}
@@ -155,14 +149,14 @@ func (l *shardLeases) step(ctx context.Context) {
 			continue
 		}
 		start := time.Now()
-		rev, err := l.kv.Create(octx, shardKey(s), []byte(l.id))
+		rev, err := l.kv.Create(octx, bus.FetcherShardKey(s), []byte(l.id))
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			// Ours from before a restart under the same id?
-			e, gerr := l.kv.Get(octx, shardKey(s))
+			e, gerr := l.kv.Get(octx, bus.FetcherShardKey(s))
 			if gerr != nil || string(e.Value()) != l.id {
 				continue
 			}
-			rev, err = l.kv.Update(octx, shardKey(s), []byte(l.id), e.Revision())
+			rev, err = l.kv.Update(octx, bus.FetcherShardKey(s), []byte(l.id), e.Revision())
 		}
 		if err != nil {
 			continue
@@ -182,7 +176,7 @@ func isConflict(err error) bool {
 }
 
 func (l *shardLeases) members(ctx context.Context) ([]string, error) {
-	lister, err := l.kv.ListKeysFiltered(ctx, "m.*")
+	lister, err := l.kv.ListKeysFiltered(ctx, bus.FetcherMemberKeys)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +203,7 @@ func (l *shardLeases) releaseAll() {
 	}
 	for s, ls := range l.owned {
 		l.lose(s, "fetcher stopping")
-		del(shardKey(s), jetstream.LastRevision(ls.rev))
+		del(bus.FetcherShardKey(s), jetstream.LastRevision(ls.rev))
 		delete(l.owned, s)
 	}
 	del(l.member)

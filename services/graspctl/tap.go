@@ -158,10 +158,7 @@ func writeLine(out io.Writer, l TapLine, pretty bool) error {
 // messages on those subjects, then follows live traffic.
 func Tap(ctx context.Context, b *bus.Bus, opts TapOptions, out io.Writer) error {
 	if len(opts.Subjects) == 0 {
-		opts.Subjects = []string{b.Names.Prefix + ".>"}
-		if b.Names.Prefix == "" {
-			opts.Subjects = []string{bus.DefaultPrefix + ".>"}
-		}
+		opts.Subjects = []string{b.Names.AllSubjects()}
 	}
 	// Bounded: a slow terminal makes NATS drop messages for this
 	// subscription (reported as a slow consumer) instead of growing memory.

@@ -66,7 +66,7 @@ func (i *Ingester) park(ctx context.Context, evt *nostr.Event, d policy.Decision
 // after these events were stored.
 func (i *Ingester) wake(ctx context.Context) error {
 	ch := make(chan *nats.Msg, wakeQueue)
-	sub, err := i.bus.Conn.ChanQueueSubscribe(i.bus.Names.StoredSubjects(), i.bus.Names.Prefix+"-ingester-parking", ch)
+	sub, err := i.bus.Conn.ChanQueueSubscribe(i.bus.Names.StoredSubjects(), i.bus.Names.ParkingWakeQueue(), ch)
 	if err != nil {
 		return fmt.Errorf("subscribe %s: %w", i.bus.Names.StoredSubjects(), err)
 	}

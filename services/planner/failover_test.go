@@ -301,7 +301,7 @@ func relayStates(ctx context.Context, t *testing.T, kv jetstream.KeyValue) []*gr
 	}
 	var out []*graspv1.RelayState
 	for key := range lister.Keys() {
-		if !strings.HasPrefix(key, planner.RelayStateKeyPrefix) {
+		if !strings.HasPrefix(key, bus.RelayStateKeyPrefix) {
 			continue
 		}
 		e, err := kv.Get(ctx, key)

@@ -151,7 +151,7 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 		t.Errorf("%d recomputes, want 2: the start and one for the discovery batch", n)
 	}
 	waitFor(t, ctx, "persisted record", func() bool {
-		e, err := state.Get(ctx, planner.RelayStateKey("wss://a.example"))
+		e, err := state.Get(ctx, bus.RelayStateKey("wss://a.example"))
 		if err != nil {
 			return false
 		}

@@ -1,23 +1,12 @@
 package planner
 
 import (
-	"encoding/base64"
 	"encoding/binary"
 	"slices"
 	"time"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 )
-
-// RelayStateKeyPrefix starts every relay record's key in grasp_relay_state.
-// The rest is the relay URL in unpadded base64url, which only uses
-// characters KV keys allow.
-const RelayStateKeyPrefix = "relay."
-
-// RelayStateKey is the grasp_relay_state key of a relay's record.
-func RelayStateKey(url string) string {
-	return RelayStateKeyPrefix + base64.RawURLEncoding.EncodeToString([]byte(url))
-}
 
 func unixOrZero(t time.Time) int64 {
 	if t.IsZero() {

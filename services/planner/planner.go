@@ -330,7 +330,7 @@ func (t *term) loadStates(ctx context.Context) ([]*graspv1.RelayState, error) {
 	}
 	var out []*graspv1.RelayState
 	for key := range lister.Keys() {
-		if !strings.HasPrefix(key, RelayStateKeyPrefix) {
+		if !strings.HasPrefix(key, bus.RelayStateKeyPrefix) {
 			continue
 		}
 		e, err := t.stateKV.Get(ctx, key)
@@ -382,13 +382,13 @@ func (t *term) flush(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("encode relay state %s: %w", s.URL, err)
 		}
-		if _, err := t.stateKV.Put(ctx, RelayStateKey(s.URL), data); err != nil {
+		if _, err := t.stateKV.Put(ctx, bus.RelayStateKey(s.URL), data); err != nil {
 			return fmt.Errorf("persist relay state %s: %w", s.URL, err)
 		}
 		t.p.metrics.relayChanged(s)
 	}
 	for _, url := range dropped {
-		if err := t.stateKV.Delete(ctx, RelayStateKey(url)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if err := t.stateKV.Delete(ctx, bus.RelayStateKey(url)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return fmt.Errorf("delete relay state %s: %w", url, err)
 		}
 		t.p.metrics.relayDropped(url)

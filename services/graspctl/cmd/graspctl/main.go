@@ -115,12 +115,12 @@ func connect(ctx context.Context, url string, sec bus.Security, prefix string) (
 	}
 	nc, err := nats.Connect(url, append(sec.Options(), nats.Name("graspctl"), nats.Timeout(5*time.Second))...)
 	if err != nil {
-		return nil, &exitError{exitUnreachable, fmt.Errorf("cannot reach NATS at %s: %w (is graspd running? set --nats or GRASP_NATS_URL)", url, err)}
+		return nil, &exitError{exitUnreachable, fmt.Errorf("cannot reach NATS at %s: %w (is graspd running? set --nats or GRASP_NATS_URL)", bus.RedactURL(url), err)}
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("jetstream at %s: %w", url, err)
+		return nil, fmt.Errorf("jetstream at %s: %w", bus.RedactURL(url), err)
 	}
 	return &bus.Bus{Conn: nc, JS: js, Names: bus.Names{Prefix: prefix}}, nil
 }

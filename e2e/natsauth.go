@@ -1,0 +1,223 @@
+package e2e
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// The shipped NATS permissions, run for real: DeploymentOptions.Auth starts
+// nats-server with the manifests' own configuration (k8s/base/nats: nats.conf,
+// the auth.conf deploy/validate generates, extra.conf) and every service
+// connects as its own user, as in Kubernetes. Only what differs between a
+// pod and a test process is rewritten: addresses, the store directory, the
+// server name and the pid file. The passwords come from the environment of
+// nats-server, as the manifests pass them ($<USER>_PASSWORD).
+
+// manifestNATSDir is k8s/base/nats relative to the e2e package directory,
+// where go test runs.
+var manifestNATSDir = filepath.Join("..", "k8s", "base", "nats")
+
+// natsAuth is a NATS configuration with users and their passwords.
+type natsAuth struct {
+	// confPath is the nats.conf to start nats-server with (-c).
+	confPath string
+	// passwords by NATS user (relay, discovery, …, graspctl).
+	passwords map[string]string
+	// env is nats-server's environment: <USER>_PASSWORD for every user.
+	env Env
+}
+
+// manifestNATSConfig writes the manifests' NATS configuration into dir,
+// rewritten for a test process listening on 127.0.0.1, and draws a password
+// for every user auth.conf declares.
+func manifestNATSConfig(dir, storeDir string, clientPort, monitorPort int) (*natsAuth, error) {
+	conf, err := os.ReadFile(filepath.Join(manifestNATSDir, "nats.conf"))
+	if err != nil {
+		return nil, fmt.Errorf("the manifests' nats.conf: %w", err)
+	}
+	// Each rewritten setting must be found: a manifest that renames one
+	// would otherwise run the test on the pod's addresses or paths.
+	rewrite := map[string]string{
+		"server_name": "server_name: nats-0",
+		"listen":      fmt.Sprintf("listen: 127.0.0.1:%d", clientPort),
+		"http":        fmt.Sprintf("http: 127.0.0.1:%d", monitorPort),
+		"pid_file":    "# pid_file: none in a test",
+		"store_dir":   fmt.Sprintf("store_dir: %q", storeDir),
+	}
+	found := map[string]bool{}
+	var out []string
+	for _, line := range strings.Split(string(conf), "\n") {
+		key, _, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if repl, known := rewrite[key]; ok && known && !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			line, found[key] = repl, true
+		}
+		out = append(out, line)
+	}
+	for key := range rewrite {
+		if !found[key] {
+			return nil, fmt.Errorf("the manifests' nats.conf has no %s setting: teach e2e/natsauth.go where a test process puts it", key)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(strings.Join(out, "\n")), 0o600); err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"auth.conf", "extra.conf"} {
+		b, err := os.ReadFile(filepath.Join(manifestNATSDir, name))
+		if err != nil {
+			return nil, fmt.Errorf("the manifests' %s: %w", name, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	users, err := authUsers(filepath.Join(manifestNATSDir, "auth.conf"))
+	if err != nil {
+		return nil, err
+	}
+	a := &natsAuth{confPath: filepath.Join(dir, "nats.conf"), passwords: map[string]string{}, env: Env{}}
+	for _, u := range users {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return nil, err
+		}
+		a.passwords[u] = hex.EncodeToString(b)
+		a.env[strings.ToUpper(u)+"_PASSWORD"] = a.passwords[u]
+	}
+	return a, nil
+}
+
+var authUserLine = regexp.MustCompile(`^\s*user:\s*"?([A-Za-z0-9_-]+)"?\s*$`)
+
+// authUsers lists the users an auth.conf declares.
+func authUsers(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("the manifests' auth.conf: %w", err)
+	}
+	defer f.Close()
+	var users []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if m := authUserLine.FindStringSubmatch(sc.Text()); m != nil {
+			users = append(users, m[1])
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(users) == 0 {
+		return nil, fmt.Errorf("%s declares no user", path)
+	}
+	return users, nil
+}
+
+// userURL is the client URL with a user's credentials, as the manifests
+// build GRASP_NATS_URL (nats://<user>:$(NATS_PASSWORD)@grasp-nats:4222).
+func (a *natsAuth) userURL(clientURL, user string) (string, error) {
+	pw, ok := a.passwords[user]
+	if !ok {
+		return "", fmt.Errorf("the manifests' auth.conf has no NATS user %q", user)
+	}
+	u, err := url.Parse(clientURL)
+	if err != nil {
+		return "", err
+	}
+	u.User = url.UserPassword(user, pw)
+	return u.String(), nil
+}
+
+// permissionDenial matches what nats-server logs when it refuses a client
+// (Publish Violation, Subscription Violation, Authorization Violation) and
+// what a client reports of it (nats.go: "Permissions Violation for Publish
+// to …", "permissions violation").
+var permissionDenial = regexp.MustCompile(`(?i)(permissions? violation|publish violation|subscription violation|authorization violation)`)
+
+// PermissionDenials returns every log line of the deployment's processes
+// (NATS nodes and services) saying NATS refused something, prefixed with the
+// process name.
+func (d *Deployment) PermissionDenials() []string {
+	var out []string
+	for _, p := range d.Procs() {
+		out = append(out, logDenials(p.Name, p.Log)...)
+	}
+	return out
+}
+
+// logDenials returns the lines of the log at path that match
+// permissionDenial, prefixed with name.
+func logDenials(name, path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return []string{fmt.Sprintf("%s: cannot read its log: %v", name, err)}
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		if permissionDenial.MatchString(sc.Text()) {
+			out = append(out, name+": "+sc.Text())
+		}
+	}
+	return out
+}
+
+// NATSUserURL is the NATS client URL with user's credentials (a deployment
+// started with Auth), for graspctl and other clients a test runs.
+func (d *Deployment) NATSUserURL(user string) (string, error) {
+	if d.auth == nil {
+		return "", fmt.Errorf("the deployment runs NATS without users (DeploymentOptions.Auth is false)")
+	}
+	return d.auth.userURL(d.natsURL, user)
+}
+
+// Bin is the path of a binary BuildBinaries built (e.g. "graspctl").
+func (d *Deployment) Bin(name string) string { return filepath.Join(d.binDir, name) }
+
+// natsServerBinary is the nats-server a deployment runs: the one built from
+// the version the workspace pins (the manifests' image runs the same
+// version), or GRASP_E2E_NATS_SERVER, e.g. a distribution's
+// /usr/sbin/nats-server, to check another server version.
+func natsServerBinary(buildDir string) string {
+	if p := os.Getenv("GRASP_E2E_NATS_SERVER"); p != "" {
+		return p
+	}
+	return filepath.Join(buildDir, "nats-server")
+}
+
+// firstN is at most the first n elements of s.
+func firstN(s []string, n int) []string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// LeakedPasswords returns the processes whose log contains a NATS user's
+// password (the manifests pass it inside GRASP_NATS_URL).
+func (d *Deployment) LeakedPasswords() []string {
+	if d.auth == nil {
+		return nil
+	}
+	var out []string
+	for _, p := range d.Procs() {
+		b, err := os.ReadFile(p.Log)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: cannot read its log: %v", p.Name, err))
+			continue
+		}
+		for user, pw := range d.auth.passwords {
+			if strings.Contains(string(b), pw) {
+				out = append(out, fmt.Sprintf("%s logs the password of NATS user %s", p.Name, user))
+			}
+		}
+	}
+	return out
+}
