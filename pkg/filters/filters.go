@@ -1,4 +1,4 @@
-// Package filters builds the three layers of sync filters (ARCHITECTURE §4)
+// Package filters builds the three layers of sync filters (docs/sync.md, "Filters")
 // and converts nostr filters to and from their protobuf form in fetch
 // commands. Pure functions, no I/O.
 //

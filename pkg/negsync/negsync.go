@@ -7,7 +7,7 @@
 // It drives go-nostr's protocol engine (nip77/negentropy) itself rather than
 // calling nip77.NegentropySync, which waits without honouring its context,
 // leaks a connection per call and reports success when transfers failed (see
-// spec/dependencies.md).
+// docs/dependencies.md, "go-nostr v0.52.3").
 package negsync
 
 import (

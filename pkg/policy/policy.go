@@ -1,6 +1,6 @@
 // Package policy decides which events this GRASP service accepts.
 //
-// It implements the write policy of spec/policy.md (GRASP-01 acceptance plus
+// It implements the write policy of docs/policy.md (GRASP-01 acceptance plus
 // integrity and limits) as pure logic over a read-only view of the event
 // store, so that the relay (events from clients) and the ingester (events from
 // sync) make the same decision for the same event. It never stores anything:
@@ -194,7 +194,7 @@ func storeError(what string, err error) Decision {
 	}
 }
 
-// Evaluate applies the rules of spec/policy.md, in order, to one event:
+// Evaluate applies the rules of docs/policy.md, in order, to one event:
 // integrity and limits, duplicates and deletions (rule 0), then by kind
 // announcements (1), states (2), deletions (3), grasp lists (4) and
 // everything else (5). It stores nothing and never panics on hostile input;

@@ -231,7 +231,7 @@ func prefixFor(r policy.Reason) string {
 	}
 }
 
-// TestAcceptanceCases covers the 18 acceptance cases of spec/policy.md. Each
+// TestAcceptanceCases covers the 18 acceptance cases of docs/policy.md. Each
 // case starts from a fresh store holding alice's served repository "repo".
 func TestAcceptanceCases(t *testing.T) {
 	const ok = policy.ReasonAccepted

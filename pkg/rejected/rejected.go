@@ -1,7 +1,7 @@
 // Package rejected remembers events the write policy refused for good, so
 // that NIP-77 reconciliation counts them as already held and does not fetch
-// them again from every relay at every resync (ARCHITECTURE §4: the local
-// set is what the store holds plus what the policy has already rejected).
+// them again from every relay at every resync (docs/sync.md, "The local
+// set": what the store holds plus what the policy has already rejected).
 //
 // Only refusals that hold for every copy of an event with that id belong
 // here: never bad ids or bad signatures (a forged copy must not hide the real

@@ -1,6 +1,6 @@
 // Package relayconn is grasp-sync's own NIP-01 client connection to one
 // relay, used where go-nostr's Relay falls short for a long-running service
-// (see spec/dependencies.md): messages are dispatched in arrival order (EOSE
+// (see docs/dependencies.md): messages are dispatched in arrival order (EOSE
 // after the stored events it ends), a slow consumer pushes back on the socket
 // instead of spawning goroutines, the dialled address can be vetted
 // (DNS-rebinding safe), message size is bounded, a connection that stops

@@ -18,7 +18,7 @@ import (
 )
 
 // embedded adapts one of eventstore's single-process backends and adds what
-// they do not guarantee themselves (spec/dependencies.md): LMDB stores the
+// they do not guarantee themselves (docs/dependencies.md): LMDB stores the
 // same id twice and sqlite3's ReplaceEvent keeps the newest arrival, so
 // every write here is check-then-write under a lock striped by id or
 // replaceable key. One process only: badger locks its directory; lmdb and

@@ -23,7 +23,7 @@ import (
 
 // DefaultQueryLimit is the most events one query returns when the filter
 // sets no limit or a larger one. Badger allocates O(limit) per query (see
-// spec/dependencies.md), so this is set deliberately; complete reads page
+// docs/dependencies.md), so this is set deliberately; complete reads page
 // (Items, negentropy queries).
 const DefaultQueryLimit = 100_000
 

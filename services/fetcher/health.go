@@ -26,7 +26,7 @@ type HealthPolicy struct {
 	StableAfter time.Duration
 }
 
-// DefaultHealthPolicy is the schedule of the architecture (§4).
+// DefaultHealthPolicy is the schedule of docs/sync.md, "Health and rate limits".
 func DefaultHealthPolicy() HealthPolicy {
 	return HealthPolicy{Base: 5 * time.Second, Max: time.Hour, DeadAfter: 24 * time.Hour, DeadRetry: 24 * time.Hour, StableAfter: time.Minute}
 }

@@ -35,8 +35,8 @@ const repoRoot = "../.."
 // discovery (credentials in a relay URL).
 const refusedURL = "wss://user:secret@relay.example"
 
-// skeleton is graspd running the walking-skeleton scenario (ARCHITECTURE
-// §2): one announcement listing two remote relays, a patch on the first, an
+// skeleton is graspd running the walking-skeleton scenario (docs/sync.md,
+// "The pipeline"): one announcement listing two remote relays, a patch on the first, an
 // issue and its comment on the second, all synced.
 type skeleton struct {
 	app              *graspd.App

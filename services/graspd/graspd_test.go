@@ -31,7 +31,7 @@ func startGraspd(t *testing.T, services []string) *graspd.App {
 	return app
 }
 
-// TestWalkingSkeleton is the end-to-end path of ARCHITECTURE §2: a client
+// TestWalkingSkeleton is the end-to-end path of docs/sync.md, "The pipeline": a client
 // announces a repository to our relay listing two remote relays; discovery
 // indexes it, the planner plans, the fetcher fetches, the ingester stores.
 // The patch (remote 1), the issue and its comment (remote 2) must reach our

@@ -17,7 +17,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 )
 
-// Rules are the lifecycle constants (ARCHITECTURE §4), all configurable.
+// Rules are the lifecycle constants (docs/sync.md, "Relay lifecycle"), all configurable.
 type Rules struct {
 	// QuickReconnect is the longest disconnection after which confirmed
 	// state is kept (quick reconnect); longer ones start fresh.
@@ -63,7 +63,7 @@ type Rules struct {
 	Heartbeat time.Duration `envconfig:"PLANNER_HEARTBEAT" default:"30s"`
 }
 
-// DefaultRules are the defaults of ARCHITECTURE §4.
+// DefaultRules are the defaults docs/sync.md describes.
 func DefaultRules() Rules {
 	return Rules{
 		QuickReconnect:       15 * time.Minute,

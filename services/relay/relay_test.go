@@ -188,7 +188,7 @@ type step struct {
 }
 
 // TestAcceptanceCasesOverWebsocket runs the 18 acceptance cases of
-// spec/policy.md through the relay's websocket, each on a fresh relay whose
+// docs/policy.md through the relay's websocket, each on a fresh relay whose
 // store holds alice's served repository "repo" (cases 4 and 16 build it
 // themselves).
 func TestAcceptanceCasesOverWebsocket(t *testing.T) {
