@@ -180,7 +180,7 @@ type Reader struct {
 // page it has returned, so its cap is at least that. A page shorter than
 // that (and than the filter's limit) is everything the filter matches
 // below its until; nothing else proves it, since relays cap anywhere
-// (docs/decisions.md, "History: relays capping below the assumed minimum").
+// (docs/decisions.md, "History: reading a crowded second completely").
 // It is one number, safe for concurrent reads.
 type Cap struct{ largest atomic.Int64 }
 
