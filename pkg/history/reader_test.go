@@ -317,3 +317,38 @@ func TestReaderRelayCapsBelowFull(t *testing.T) {
 		})
 	}
 }
+
+// Discovery's reads (no ShortPageEnds, no shared Cap) on a relay capping at
+// 50, below Full: a second of 80 events followed by older ones is read
+// completely, because the older page proves the relay stopped at its cap.
+// A read whose oldest second is crowded that way stays a guess.
+func TestReaderCrowdedSecondBelowFullWithoutShortPages(t *testing.T) {
+	tests := []struct {
+		name   string
+		events []*nostr.Event
+		want   int
+	}{
+		{"older events follow", sim(spread(80, 1000, []int{1621}, vals(4)), distinct(10, 900, vals(1)[0])), 90},
+		{"newer and older events around", sim(distinct(20, 2000, vals(1)[0]), spread(80, 1000, []int{1621}, vals(4)), distinct(10, 900, vals(1)[0])), 110},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			relay := &simRelay{events: tt.events, cap: 50}
+			rd := &history.Reader{Page: relay.page, Full: 100, MaxPages: 1000}
+			got := map[string]bool{}
+			st, err := rd.Read(context.Background(), nostr.Filter{Tags: nostr.TagMap{"a": vals(4)}, Limit: 500}, func(evts []*nostr.Event) error {
+				for _, e := range evts {
+					got[e.ID] = true
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != tt.want || st.Events != tt.want {
+				t.Fatalf("read %d (stats %d) of %d events in %d REQs", len(got), st.Events, tt.want, relay.reqs)
+			}
+			t.Logf("%d events in %d REQs, %d crowded seconds", len(got), st.Pages, st.Seconds)
+		})
+	}
+}
