@@ -148,10 +148,11 @@ type Reader struct {
 	// Page sends one REQ and returns what the relay sent before EOSE; a
 	// short result must never be returned without an error (see Page).
 	Page func(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error)
-	// Full is the smallest page that may have been capped: at most the
-	// smallest cap any relay read applies, and at most the page size. A
-	// page with fewer events is known to be everything the filter matches
-	// below its until. Zero means the filter's limit.
+	// Full is the smallest page that may have been capped when looking
+	// for a crowded second: at most the smallest cap assumed of relays,
+	// and at most the page size; a full page within one second is read
+	// apart. It is an assumption, so it never ends a read (ShortPageEnds
+	// and Cap do). Zero means the filter's limit.
 	Full int
 	// MaxPages bounds the REQs of one read (0: unbounded).
 	MaxPages int
