@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"github.com/nbd-wtf/go-nostr"
 
@@ -147,18 +148,24 @@ type Reader struct {
 	// Page sends one REQ and returns what the relay sent before EOSE; a
 	// short result must never be returned without an error (see Page).
 	Page func(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error)
-	// Full is the smallest page that may have been capped: at most the
-	// smallest cap any relay read applies, and at most the page size. A
-	// page with fewer events is known to be everything the filter matches
-	// below its until. Zero means the filter's limit.
+	// Full is the smallest page that may have been capped when looking
+	// for a crowded second: at most the smallest cap assumed of relays,
+	// and at most the page size; a full page within one second is read
+	// apart. It is an assumption, so it never ends a read (ShortPageEnds
+	// and Cap do). Zero means the filter's limit.
 	Full int
 	// MaxPages bounds the REQs of one read (0: unbounded).
 	MaxPages int
-	// ShortPageEnds ends the read at the first page shorter than Full,
-	// saving the last, empty page; without it the read goes on until a
-	// page brings nothing new, which stays complete even when the relay
-	// caps below Full (except inside a crowded second).
+	// ShortPageEnds ends the read at the first page proven not capped:
+	// shorter than the filter's limit and than the largest page the relay
+	// has returned (Cap), saving the last, empty page. A shorter page that
+	// proves nothing (the relay may cap exactly there) asks one more page.
+	// Without it the read goes on until a page brings nothing new.
 	ShortPageEnds bool
+	// Cap remembers the largest page the relay has returned, across reads
+	// (shared by the reads of one connection); nil learns within each
+	// read only.
+	Cap *Cap
 	// Second, when set, reads one second of a filter (since = until)
 	// completely by other means than REQ, i.e. NIP-77; have are the ids of
 	// that second already read. An error wrapping negsync.ErrUnsupported
@@ -168,6 +175,33 @@ type Reader struct {
 	// noSecond is set during a read once Second said it cannot, so the
 	// other crowded seconds go straight to splitting.
 	noSecond bool
+}
+
+// Cap is what a relay has shown of its per-REQ result cap: the largest
+// page it has returned, so its cap is at least that. A page shorter than
+// that (and than the filter's limit) is everything the filter matches
+// below its until; nothing else proves it, since relays cap anywhere
+// (docs/decisions.md, "History: reading a crowded second completely").
+// It is one number, safe for concurrent reads.
+type Cap struct{ largest atomic.Int64 }
+
+// Observe records a page of n events.
+func (c *Cap) Observe(n int) {
+	for {
+		old := c.largest.Load()
+		if int64(n) <= old || c.largest.CompareAndSwap(old, int64(n)) {
+			return
+		}
+	}
+}
+
+// Known is the largest page observed: the relay's cap is at least that.
+func (c *Cap) Known() int { return int(c.largest.Load()) }
+
+// Uncapped reports whether a page of n events asked with limit (0: none)
+// is proven not cut short by the relay's cap or the limit.
+func (c *Cap) Uncapped(n, limit int) bool {
+	return n < c.Known() && (limit <= 0 || n < limit)
 }
 
 // Read pages through every stored event matching f (f.Until is the
@@ -184,12 +218,20 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 	if full <= 0 {
 		return st, errors.New("history read needs a page size (filter limit or Reader.Full)")
 	}
+	relayCap := r.Cap
+	if relayCap == nil {
+		relayCap = &Cap{}
+	}
 	page := func(pf nostr.Filter) ([]*nostr.Event, error) {
 		if r.MaxPages > 0 && st.Pages >= r.MaxPages {
 			return nil, fmt.Errorf("%w after %d pages", ErrTooDeep, st.Pages)
 		}
 		st.Pages++
-		return r.Page(ctx, pf)
+		evts, err := r.Page(ctx, pf)
+		if err == nil {
+			relayCap.Observe(len(evts))
+		}
+		return evts, err
 	}
 	deliver := func(evts []*nostr.Event) error {
 		if len(evts) == 0 {
@@ -200,6 +242,10 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 	}
 	c := &Cursor{until: f.Until}
 	var read *nostr.Timestamp // the last crowded second read
+	// lone is a page that fell within one second below full and proved
+	// nothing: the next page, below that second, tells whether the relay
+	// capped it (see below).
+	var lone *onePage
 	for !c.Done() {
 		pf := f
 		pf.Until = c.Until()
@@ -207,6 +253,23 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 		if err != nil {
 			return st, err
 		}
+		if lone != nil && len(evts) > 0 {
+			t := lone.at
+			for _, e := range evts {
+				if e.CreatedAt >= t {
+					return st, fmt.Errorf("%w: events at %d answered below until %d", ErrIgnoresUntil, e.CreatedAt, t-1)
+				}
+			}
+			// Older events exist, yet the page before stopped at lone.n
+			// events of second t: the relay caps at lone.n, so second t
+			// may hold more and is read on its own under that cap.
+			read = &t
+			st.Seconds++
+			if err := r.readSecond(ctx, f, t, lone.ids, lone.n, page, deliver, &st); err != nil {
+				return st, err
+			}
+		}
+		lone = nil
 		fresh := c.Next(evts)
 		if err := deliver(fresh); err != nil {
 			return st, err
@@ -219,14 +282,23 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 			}
 			read = &t
 			st.Seconds++
-			if err := r.readSecond(ctx, f, t, c.boundary, page, deliver, &st); err != nil {
+			if err := r.readSecond(ctx, f, t, c.boundary, 0, page, deliver, &st); err != nil {
 				return st, err
 			}
 			c.Below(t)
 			continue
 		}
-		if r.ShortPageEnds && len(evts) < full {
-			break // a page shorter than any cap is the whole rest
+		uncapped := relayCap.Uncapped(len(evts), f.Limit)
+		if r.ShortPageEnds && len(evts) > 0 && uncapped {
+			break // shorter than the relay's cap: the whole rest
+		}
+		if t, ok := oneSecond(evts); ok && len(fresh) > 0 && !c.Done() {
+			// Asking until t again could only repeat this page: go below.
+			// If the relay may have capped it, the next page decides.
+			if !uncapped {
+				lone = &onePage{at: t, n: len(evts), ids: c.boundary}
+			}
+			c.Below(t)
 		}
 	}
 	if len(st.Incomplete) > 0 {
@@ -235,10 +307,31 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 	return st, nil
 }
 
+// onePage is a page whose events all share second at.
+type onePage struct {
+	at  nostr.Timestamp
+	n   int
+	ids map[string]struct{}
+}
+
+// oneSecond reports the second all of page's events share, if they do.
+func oneSecond(page []*nostr.Event) (nostr.Timestamp, bool) {
+	if len(page) == 0 {
+		return 0, false
+	}
+	for _, e := range page[1:] {
+		if e.CreatedAt != page[0].CreatedAt {
+			return 0, false
+		}
+	}
+	return page[0].CreatedAt, true
+}
+
 // readSecond reads every event of f at second t: with Second (NIP-77) if
 // it can, otherwise by REQ, splitting the slice (see Split) until each part
-// comes back shorter than full. seen are the ids at t already delivered.
-func (r *Reader) readSecond(ctx context.Context, f nostr.Filter, t nostr.Timestamp, seen map[string]struct{},
+// comes back shorter than full, and than relayCap when it is set (a cap the
+// relay was seen to apply). seen are the ids at t already delivered.
+func (r *Reader) readSecond(ctx context.Context, f nostr.Filter, t nostr.Timestamp, seen map[string]struct{}, relayCap int,
 	page func(nostr.Filter) ([]*nostr.Event, error), deliver func([]*nostr.Event) error, st *Stats) error {
 	got := make(map[string]struct{}, len(seen))
 	for id := range seen {
@@ -284,7 +377,7 @@ func (r *Reader) readSecond(ctx context.Context, f nostr.Filter, t nostr.Timesta
 		if err := deliver(unseen(evts)); err != nil {
 			return err
 		}
-		if len(evts) < r.full(part) {
+		if len(evts) < r.full(part) && (relayCap <= 0 || len(evts) < relayCap) {
 			continue
 		}
 		a, b, ok := Split(part)

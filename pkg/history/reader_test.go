@@ -253,3 +253,102 @@ func TestReaderRelayIgnoringUntil(t *testing.T) {
 		t.Errorf("%d REQs before giving up", relay.reqs)
 	}
 }
+
+// distinct makes n events one second apart, the newest at second at.
+func distinct(n int, at nostr.Timestamp, tag string) []ev {
+	out := make([]ev, n)
+	for i := range out {
+		out[i] = ev{at - nostr.Timestamp(i), 1621, tag}
+	}
+	return out
+}
+
+// A relay may cap below Full: a short page ends the read only when the
+// relay has returned a larger page (Cap); otherwise one more page is asked.
+// reqs is the REQ count of the read, so the extra page is visible.
+func TestReaderRelayCapsBelowFull(t *testing.T) {
+	tag := vals(1)
+	tests := []struct {
+		name     string
+		events   []*nostr.Event
+		relayCap int
+		known    int // largest page seen before the read
+		want     int
+		reqs     int
+	}{
+		{"230 over distinct seconds, cap 50", sim(distinct(230, 1000, tag[0])), 50, 0, 230, 5},
+		{"cap 50 already seen", sim(distinct(230, 1000, tag[0])), 50, 50, 230, 5},
+		{"cap 7", sim(distinct(30, 1000, tag[0])), 7, 0, 30, 5},
+		{"short page, cap unknown: one more page", sim(distinct(30, 1000, tag[0])), 500, 0, 30, 2},
+		{"short page, larger cap seen: no extra page", sim(distinct(30, 1000, tag[0])), 500, 31, 30, 1},
+		{"short page in one second, cap unknown: one more page", sim(spread(30, 1000, []int{1621}, tag)), 500, 0, 30, 2},
+		{"crowded second below Full, older events exist", sim(spread(80, 1000, []int{1621}, vals(4)), distinct(10, 900, tag[0])), 50, 0, 90, 0},
+		{"empty", nil, 50, 0, 0, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			relay := &simRelay{events: tt.events, cap: tt.relayCap}
+			c := &history.Cap{}
+			c.Observe(tt.known)
+			rd := &history.Reader{Page: relay.page, Full: 100, MaxPages: 1000, ShortPageEnds: true, Cap: c}
+			got := map[string]bool{}
+			st, err := rd.Read(context.Background(), nostr.Filter{Tags: nostr.TagMap{"a": vals(4)}, Limit: 500}, func(evts []*nostr.Event) error {
+				for _, e := range evts {
+					if got[e.ID] {
+						t.Errorf("event %s delivered twice", e.ID)
+					}
+					got[e.ID] = true
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != tt.want {
+				t.Fatalf("read %d of %d events in %d REQs", len(got), tt.want, relay.reqs)
+			}
+			if tt.reqs > 0 && relay.reqs != tt.reqs {
+				t.Errorf("%d REQs, want %d", relay.reqs, tt.reqs)
+			}
+			if c.Known() < min(tt.relayCap, len(tt.events)) {
+				t.Errorf("cap known %d, relay returned pages of %d", c.Known(), min(tt.relayCap, len(tt.events)))
+			}
+			t.Logf("%d events in %d REQs (%d crowded seconds)", len(got), st.Pages, st.Seconds)
+		})
+	}
+}
+
+// Discovery's reads (no ShortPageEnds, no shared Cap) on a relay capping at
+// 50, below Full: a second of 80 events followed by older ones is read
+// completely, because the older page proves the relay stopped at its cap.
+// A read whose oldest second is crowded that way stays a guess.
+func TestReaderCrowdedSecondBelowFullWithoutShortPages(t *testing.T) {
+	tests := []struct {
+		name   string
+		events []*nostr.Event
+		want   int
+	}{
+		{"older events follow", sim(spread(80, 1000, []int{1621}, vals(4)), distinct(10, 900, vals(1)[0])), 90},
+		{"newer and older events around", sim(distinct(20, 2000, vals(1)[0]), spread(80, 1000, []int{1621}, vals(4)), distinct(10, 900, vals(1)[0])), 110},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			relay := &simRelay{events: tt.events, cap: 50}
+			rd := &history.Reader{Page: relay.page, Full: 100, MaxPages: 1000}
+			got := map[string]bool{}
+			st, err := rd.Read(context.Background(), nostr.Filter{Tags: nostr.TagMap{"a": vals(4)}, Limit: 500}, func(evts []*nostr.Event) error {
+				for _, e := range evts {
+					got[e.ID] = true
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != tt.want || st.Events != tt.want {
+				t.Fatalf("read %d (stats %d) of %d events in %d REQs", len(got), st.Events, tt.want, relay.reqs)
+			}
+			t.Logf("%d events in %d REQs, %d crowded seconds", len(got), st.Pages, st.Seconds)
+		})
+	}
+}

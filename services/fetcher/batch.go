@@ -244,7 +244,9 @@ func (b *batchRun) dropHeld(missing map[string]struct{}) error {
 }
 
 // req reads f completely with REQ+EOSE, paginating with until while pages
-// may have been capped. A capped page that falls entirely inside one second
+// may have been capped: a short page ends the read only when the relay has
+// returned a longer one on this connection, otherwise one more page is
+// asked (docs/decisions.md). A capped page that falls entirely inside one second
 // makes that second read on its own, split into narrower REQs until each
 // comes back under the cap (history.Reader; docs/decisions.md). NIP-77 is
 // not tried for such a slice here: this path runs only when NIP-77 is
@@ -264,6 +266,7 @@ func (b *batchRun) req(f nostr.Filter) error {
 		Full:          min(w.f.cfg.PageSize, w.f.cfg.RelayMinCap),
 		MaxPages:      w.f.cfg.MaxPages,
 		ShortPageEnds: true,
+		Cap:           &b.s.relayCap,
 	}
 	st, err := rd.Read(b.s.ctx, f, func(evts []*nostr.Event) error {
 		for _, evt := range evts {

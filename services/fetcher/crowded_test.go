@@ -113,3 +113,46 @@ func TestCrowdedSecondSplitByRepository(t *testing.T) {
 	}
 	t.Logf("1,000 same-second events in %d REQs", done.GetPages())
 }
+
+// A relay capping REQs at 50, below GRASP_FETCHER_RELAY_MIN_CAP (100),
+// holds 230 issues of one repository over distinct seconds: every 50-event
+// page could be the relay's cap, so the read goes on until a page shorter
+// than one the relay has returned, and all 230 arrive before the batch is
+// OK. A later batch on the same connection whose first page is shorter
+// than the 50 seen ends after that page.
+func TestRelayCappingBelowMinCapReadCompletely(t *testing.T) {
+	const at = nostr.Timestamp(1_700_000_000)
+	owner, author := testkit.NewKey(), testkit.NewKey()
+	repo, small := testkit.RepoRef(owner.PubKey, "capped"), testkit.RepoRef(owner.PubKey, "small")
+	issues := signAll(230, func(i int) *nostr.Event {
+		return author.Issue(repo, fmt.Sprint("issue ", i), testkit.At(at-nostr.Timestamp(i)))
+	})
+	few := signAll(30, func(i int) *nostr.Event {
+		return author.Issue(small, fmt.Sprint("issue ", i), testkit.At(at-nostr.Timestamp(i)))
+	})
+	r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 50})
+	r.Add(t, append(issues, few...)...)
+	e := newEnv(t)
+	e.start(baseConfig("a"), nil)
+	s := e.connectRelay(r.URL)
+	e.addFilters(0, r.URL, s, "b1", []nostr.Filter{{Tags: nostr.TagMap{"a": {repo}}}}, nil)
+	done := e.batchDone(r.URL, "b1")
+	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ {
+		t.Fatalf("batch %v", done)
+	}
+	if done.GetEventsReceived() != 230 {
+		t.Errorf("batch received %d events, want 230", done.GetEventsReceived())
+	}
+	e.waitEvents(issues)
+	t.Logf("230 events capped at 50 in %d REQs", done.GetPages())
+
+	e.addFilters(0, r.URL, s, "b2", []nostr.Filter{{Tags: nostr.TagMap{"a": {small}}}}, nil)
+	done = e.batchDone(r.URL, "b2")
+	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+		t.Fatalf("batch %v", done)
+	}
+	e.waitEvents(few)
+	if done.GetPages() != 1 {
+		t.Errorf("30 events after pages of 50 took %d REQs, want 1", done.GetPages())
+	}
+}

@@ -49,9 +49,12 @@ type Config struct {
 	LeaseTTL time.Duration `envconfig:"FETCHER_LEASE_TTL" default:"15s"`
 	// PageSize is the limit of each historic REQ page.
 	PageSize int `envconfig:"FETCHER_PAGE_SIZE" default:"500"`
-	// RelayMinCap is the smallest per-REQ result cap assumed of relays: a
-	// page with fewer events than this (and than PageSize) ends the read;
-	// a longer one may have been capped, so the next page is asked for.
+	// RelayMinCap is the smallest per-REQ result cap assumed of relays when
+	// looking for crowded seconds: a page of at least this many events
+	// (or PageSize, if smaller) all in one second makes that second read on
+	// its own. It no longer ends a read: a short page does only when the
+	// relay has returned a longer one on the connection, otherwise one more
+	// page is asked, so relays capping below it are read completely.
 	RelayMinCap int `envconfig:"FETCHER_RELAY_MIN_CAP" default:"100"`
 	// MaxPages bounds one historic filter's pagination.
 	MaxPages int `envconfig:"FETCHER_MAX_PAGES" default:"10000"`

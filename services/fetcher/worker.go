@@ -14,6 +14,7 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
+	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 )
 
@@ -64,6 +65,10 @@ type session struct {
 	histSem chan struct{}
 	pending chan struct{}
 	auth    *authState
+	// relayCap is the largest REQ page the relay has returned on this
+	// connection: a shorter page is proven complete (docs/decisions.md,
+	// "History: reading a crowded second completely").
+	relayCap history.Cap
 
 	mu       sync.Mutex
 	fallback string // why NIP-77 was given up for the session ("" while not)

@@ -105,3 +105,50 @@ func waitSnapshot(t *testing.T, b *bus.Bus, wait time.Duration, what string, con
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A remote relay without NIP-77 capping REQs at 50, below
+// GRASP_FETCHER_RELAY_MIN_CAP (100), holds 230 issues of one repository
+// over distinct seconds: graspd stores all 230 before confirming the
+// repository (it once took the first 50-event page as the whole history).
+func TestRelayCappingBelowMinCapThroughGraspd(t *testing.T) {
+	t.Setenv("GRASP_PLANNER_QUIET_PERIOD", "500ms")
+	remote := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 50})
+	t.Setenv("GRASP_DATA_DIR", t.TempDir())
+	t.Setenv("GRASP_NATS_LISTEN", "127.0.0.1:0")
+	t.Setenv("GRASP_RELAY_ADDR", "127.0.0.1:0")
+	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
+	t.Setenv("GRASP_RELAY_ALLOWLIST", "127.0.0.1")
+	t.Setenv("GRASP_DISCOVERY_BATCH_WINDOW", "300ms")
+	t.Setenv("GRASP_SHARDS", "4")
+	t.Setenv("GRASP_SERVICES", strings.Join(graspd.AllServices, ","))
+	app, _ := graspdtest.Start(t, nil)
+	owner, author := testkit.NewKey(), testkit.NewKey()
+	repo := testkit.RepoRef(owner.PubKey, "capped")
+	at := nostr.Now() - 3600
+	var issues []*nostr.Event
+	for i := range 230 {
+		issues = append(issues, author.Issue(repo, fmt.Sprint("issue ", i), testkit.At(at-nostr.Timestamp(i))))
+	}
+	remote.Add(t, issues...)
+	b, err := bus.Connect(context.Background(), app.NATSURL(), "capped-test", bus.DefaultNames(), bus.Security{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	ann := owner.Announcement("capped", []string{testkit.GraspCloneURL(app.PublicURL(), owner.PubKey, "capped")},
+		[]string{app.PublicURL(), remote.URL}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := testkit.Publish(ctx, app.RelayURL(), ann); err != nil {
+		t.Fatal(err)
+	}
+	waitSnapshot(t, b, 60*time.Second, "the repository confirmed from the remote", func(s *syncstatus.Snapshot) bool {
+		r, ok := s.Relay(remote.URL)
+		return ok && r.ConfirmedRepos == 1
+	})
+	// Confirmed means fetched: everything reaches the store (the ingester
+	// may still be writing the last ones).
+	if got := waitStored(t, app, issues, 30*time.Second); got != len(issues) {
+		t.Fatalf("repository confirmed with %d of %d issues stored", got, len(issues))
+	}
+}
