@@ -44,21 +44,23 @@ func probe() string {
 // (a remote peer could end the process with one event), where the pure-Go
 // path returns an error. The error says which field is malformed.
 func Signature(evt *nostr.Event) (bool, error) {
-	if !isLowerHex(evt.PubKey, 64) {
+	if !WellFormedPubKey(evt.PubKey) {
 		return false, errMalformed("pubkey", 64)
 	}
-	if !isLowerHex(evt.Sig, 128) {
+	if !WellFormedSig(evt.Sig) {
 		return false, errMalformed("sig", 128)
 	}
 	return evt.CheckSignature()
 }
 
-// WellFormed reports whether pubkey and sig have the shape Signature
-// accepts, for callers that hand the event to code calling CheckSignature
-// itself (khatru).
-func WellFormed(pubkey, sig string) bool {
-	return isLowerHex(pubkey, 64) && isLowerHex(sig, 128)
-}
+// WellFormedPubKey and WellFormedSig report whether a pubkey or signature
+// has the shape Signature accepts (64 and 128 lower-case hex characters),
+// for callers that hand the event to code calling CheckSignature itself
+// (khatru).
+func WellFormedPubKey(s string) bool { return isLowerHex(s, 64) }
+
+// WellFormedSig: see WellFormedPubKey.
+func WellFormedSig(s string) bool { return isLowerHex(s, 128) }
 
 // errMalformed is the error of a pubkey or signature of the wrong shape.
 func errMalformed(field string, n int) error {

@@ -58,7 +58,7 @@ func TestSignature(t *testing.T) {
 			case tc.errWant != "" && (err == nil || !strings.Contains(err.Error(), tc.errWant)):
 				t.Fatalf("error %v, want one naming %q", err, tc.errWant)
 			}
-			if WellFormed(e.PubKey, e.Sig) != (tc.errWant == "") {
+			if (WellFormedPubKey(e.PubKey) && WellFormedSig(e.Sig)) != (tc.errWant == "") {
 				t.Fatalf("WellFormed disagrees with Signature for %s", tc.name)
 			}
 		})
