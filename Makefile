@@ -30,7 +30,24 @@ DOCKER     ?= docker
 # go test flags; `make test TESTFLAGS=-short` for a quick run.
 TESTFLAGS ?=
 
-.PHONY: docs run build test vet fmt-check proto proto-lint tools clean images print-images
+# Signature verification: with cgo and a C compiler, every binary and test
+# is built with the tag libsecp256k1 (go-nostr compiles libsecp256k1's C
+# sources, ~4x faster than pure Go); otherwise, or with CGO_ENABLED=0, the
+# pure-Go fallback. Each binary logs which one it runs ("verifier").
+# docs/decisions.md, "Signature verification: libsecp256k1 by default, pure
+# Go as fallback". GOTAGS= (empty) forces the fallback.
+CGO_ON := $(shell $(GO) env CGO_ENABLED 2>/dev/null)
+CGO_CC := $(shell $(GO) env CC 2>/dev/null)
+ifeq ($(CGO_ON),1)
+ifneq ($(shell command -v $(firstword $(CGO_CC)) 2>/dev/null),)
+GOTAGS ?= libsecp256k1
+endif
+endif
+TAGFLAGS := $(if $(GOTAGS),-tags '$(GOTAGS)')
+# -race needs cgo; the fallback's tests run without it.
+RACE := $(if $(filter 1,$(CGO_ON)),-race)
+
+.PHONY: docs run build test test-fallback vet fmt-check proto proto-lint tools clean images print-images
 
 ## run: build graspd and run it on the embedded defaults
 run: build
@@ -39,16 +56,33 @@ run: build
 ## build: build every binary into ./bin
 build:
 	@for m in $(wildcard services/*); do \
-		(cd $$m && $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...) || exit 1; \
+		(cd $$m && $(GO) build $(TAGFLAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...) || exit 1; \
 	done
 
-## test: formatting, vet, generated-code check, every test with -race, then the interop suite
+## test: formatting, vet, generated-code check, every test with -race (and the
+## libsecp256k1 tag where cgo allows), the pure-Go fallback's tests, then the interop suite
 test: tools fmt-check vet proto-lint
 	@set -e; for m in $(MODULES); do \
-		echo "== go test -race $$m"; \
-		(cd $$m && $(GO) test -race -count=1 $(TESTFLAGS) ./...); \
+		echo "== go test $(RACE) $(TAGFLAGS) $$m"; \
+		(cd $$m && $(GO) test $(RACE) $(TAGFLAGS) -count=1 $(TESTFLAGS) ./...); \
 	done
+	@$(MAKE) --no-print-directory test-fallback
 	@$(MAKE) --no-print-directory interop
+
+# The packages whose behaviour depends on the verifier (graspd's start-up log
+# is tested both ways by its own test), built the other way:
+# pure Go (CGO_ENABLED=0, so without -race). Nothing to do when the run
+# above was already pure Go.
+FALLBACK_TESTS := pkg:./policy/... pkg:./verify/... services/ingester:./... services/relay:./...
+
+## test-fallback: the verifier-dependent tests on the pure-Go fallback (CGO_ENABLED=0)
+test-fallback:
+	@set -e; if [ -z "$(GOTAGS)" ]; then echo "== test-fallback: the main run was pure Go already"; exit 0; fi; \
+	for t in $(FALLBACK_TESTS); do \
+		m=$${t%%:*}; p=$${t#*:}; \
+		echo "== CGO_ENABLED=0 go test $$m $$p"; \
+		(cd $$m && CGO_ENABLED=0 $(GO) test -count=1 $(TESTFLAGS) $$p); \
+	done
 
 vet:
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
@@ -103,11 +137,11 @@ clean:
 
 ## e2e: the end-to-end scenarios (graspd against real remote relays), -race
 e2e:
-	cd e2e && $(GO) test -race -count=1 $(TESTFLAGS) ./...
+	cd e2e && $(GO) test $(RACE) $(TAGFLAGS) -count=1 $(TESTFLAGS) ./...
 
 ## e2e-long: e2e plus the long scenarios (GRASP_E2E_LONG=1)
 e2e-long:
-	cd e2e && GRASP_E2E_LONG=1 $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
+	cd e2e && GRASP_E2E_LONG=1 $(GO) test $(RACE) $(TAGFLAGS) -count=1 -timeout 30m $(TESTFLAGS) ./...
 
 ## demo: three seeded local relays + graspd, status until Connected, summary
 demo:
@@ -118,8 +152,8 @@ demo:
 # The ingester benchmark runs first: events/s on 1 and 2 cores beside raw
 # signature verification (docs/performance.md, "Ingester").
 bench:
-	cd services/ingester && $(GO) test -run '^$$' -bench . -benchtime 3x -cpu 1,2 .
-	cd e2e && GRASP_BENCH=1 $(GO) test -count=1 -timeout 30m -run TestBenchEndToEnd -v .
+	cd services/ingester && $(GO) test $(TAGFLAGS) -run '^$$' -bench . -benchtime 3x -cpu 1,2 .
+	cd e2e && GRASP_BENCH=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run TestBenchEndToEnd -v .
 
 .PHONY: interop
 

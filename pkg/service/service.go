@@ -19,6 +19,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
 // Common is the configuration every service binary shares.
@@ -122,7 +123,7 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 			effective[k] = v
 		}
 	}
-	log.Info("started", "version", obs.Version, "commit", obs.Commit, "metrics", health.Addr(), "nats", bus.RedactURL(common.NATSURL), "config", effective)
+	log.Info("started", "version", obs.Version, "commit", obs.Commit, "verifier", verify.Backend(), "metrics", health.Addr(), "nats", bus.RedactURL(common.NATSURL), "config", effective)
 
 	g, gctx := errgroup.WithContext(ctx)
 	gctx, end := context.WithCancel(gctx)

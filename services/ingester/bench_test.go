@@ -1,6 +1,8 @@
 package ingester_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 	"github.com/grasp-sync/grasp-sync/services/ingester"
 )
 
@@ -23,13 +27,28 @@ var benchSpec = workloadSpec{repos: 40, issuesPerRepo: 40, commentsPerIssue: 11}
 
 // BenchmarkVerify is the raw signature verification rate (CheckID +
 // CheckSignature, what policy.Evaluate does first) on GOMAXPROCS cores, the
-// ceiling the ingester is measured against. Run with -cpu 1,2.
+// ceiling the ingester is measured against, with the verifier compiled in
+// (pkg/verify names it). Run with -cpu 1,2.
 func BenchmarkVerify(b *testing.B) {
 	evts := decodeAll(b, workloadFor(b, benchSpec))
 	b.ResetTimer()
 	var wall, cpu time.Duration
 	for range b.N {
 		w, c := verifyAll(b, evts)
+		wall, cpu = wall+w, cpu+c
+	}
+	b.ReportMetric(float64(b.N*len(evts))/wall.Seconds(), "events/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*len(evts)), "cpu-µs/event")
+}
+
+// BenchmarkVerifyPureGo is BenchmarkVerify with go-nostr's pure-Go
+// verifier called directly, whichever verifier the build compiled in.
+func BenchmarkVerifyPureGo(b *testing.B) {
+	evts := decodeAll(b, workloadFor(b, benchSpec))
+	b.ResetTimer()
+	var wall, cpu time.Duration
+	for range b.N {
+		w, c := verifyAllWith(b, evts, checkPureGo)
 		wall, cpu = wall+w, cpu+c
 	}
 	b.ReportMetric(float64(b.N*len(evts))/wall.Seconds(), "events/s")
@@ -51,6 +70,35 @@ func decodeAll(b *testing.B, w *workload) []*nostr.Event {
 // verifyAll checks every event's id and signature on GOMAXPROCS
 // goroutines and returns the wall and CPU time it took.
 func verifyAll(b *testing.B, evts []*nostr.Event) (wall, cpu time.Duration) {
+	return verifyAllWith(b, evts, (*nostr.Event).CheckSignature)
+}
+
+// checkPureGo is go-nostr's pure-Go CheckSignature (btcec's BIP-340
+// verification, what a CGO_ENABLED=0 build runs), called directly so that
+// a libsecp256k1 build measures both verifiers in the same run.
+func checkPureGo(evt *nostr.Event) (bool, error) {
+	pk, err := hex.DecodeString(evt.PubKey)
+	if err != nil {
+		return false, err
+	}
+	pubkey, err := schnorr.ParsePubKey(pk)
+	if err != nil {
+		return false, err
+	}
+	s, err := hex.DecodeString(evt.Sig)
+	if err != nil {
+		return false, err
+	}
+	sig, err := schnorr.ParseSignature(s)
+	if err != nil {
+		return false, err
+	}
+	hash := sha256.Sum256(evt.Serialize())
+	return sig.Verify(hash[:], pubkey), nil
+}
+
+// verifyAllWith is verifyAll with the given signature check.
+func verifyAllWith(b *testing.B, evts []*nostr.Event, check func(*nostr.Event) (bool, error)) (wall, cpu time.Duration) {
 	start, cpu0 := time.Now(), cpuTime()
 	var wg sync.WaitGroup
 	workers := runtime.GOMAXPROCS(0)
@@ -61,7 +109,7 @@ func verifyAll(b *testing.B, evts []*nostr.Event) (wall, cpu time.Duration) {
 				if !e.CheckID() {
 					b.Error("bad id")
 				}
-				if ok, err := e.CheckSignature(); !ok || err != nil {
+				if ok, err := check(e); !ok || err != nil {
 					b.Error("bad signature")
 				}
 			}
@@ -118,13 +166,18 @@ var profiles int
 // whose speed drifts by a quarter from one minute to the next, a ratio of
 // two benchmarks run a minute apart measures the drift as much as the
 // ingester.
+//
+// The verification it measures against is the one compiled in (reported
+// as libsecp256k1-verify-… or purego-verify-… too, see pkg/verify); the
+// pure-Go verifier is also run directly beside it (purego-verify-…), so a
+// libsecp256k1 build shows both side by side.
 func BenchmarkIngest(b *testing.B) {
 	w := workloadFor(b, benchSpec)
 	evts := decodeAll(b, w)
 	if len(evts) != len(w.accepted) {
 		b.Fatalf("%d deliveries, %d to store: the ratio needs a workload of valid events only", len(evts), len(w.accepted))
 	}
-	var total, cpu, vWall, vCPU time.Duration
+	var total, cpu, vWall, vCPU, pWall, pCPU time.Duration
 	for range b.N {
 		b.StopTimer()
 		e := newEnv(b)
@@ -152,8 +205,19 @@ func BenchmarkIngest(b *testing.B) {
 		r.kill(b)
 		vw2, vc2 := verifyAll(b, evts)
 		vWall, vCPU = vWall+(vw+vw2)/2, vCPU+(vc+vc2)/2
+		pw, pc := verifyAllWith(b, evts, checkPureGo)
+		pWall, pCPU = pWall+pw, pCPU+pc
 	}
 	n := float64(b.N * len(w.accepted))
+	nv := float64(b.N * len(evts))
+	b.Logf("verifier compiled in: %s", verify.Backend())
+	b.ReportMetric(nv/pWall.Seconds(), "purego-verify-events/s")
+	b.ReportMetric(float64(pCPU.Microseconds())/nv, "purego-verify-cpu-µs/event")
+	if verify.Backend() == verify.Libsecp256k1 {
+		b.ReportMetric(nv/vWall.Seconds(), "libsecp256k1-verify-events/s")
+		b.ReportMetric(float64(vCPU.Microseconds())/nv, "libsecp256k1-verify-cpu-µs/event")
+		b.ReportMetric(100*(n/total.Seconds())/(nv/pWall.Seconds()), "ratio-to-purego-%")
+	}
 	b.ReportMetric(n/total.Seconds(), "events/s")
 	b.ReportMetric(float64(cpu.Microseconds())/n, "cpu-µs/event")
 	b.ReportMetric(float64(b.N*len(evts))/vWall.Seconds(), "verify-events/s")

@@ -21,6 +21,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
 // The consumer is a three-stage pipeline over batches of messages:
@@ -263,7 +264,9 @@ func (i *Ingester) verify(ctx context.Context, msgs []jetstream.Msg) []*item {
 			it.check = checkStored
 			return
 		}
-		if ok, err := it.evt.CheckSignature(); !ok || err != nil {
+		// verify.Signature, not evt.CheckSignature: the libsecp256k1
+		// build panics on an oversized pubkey or signature.
+		if ok, err := verify.Signature(it.evt); !ok || err != nil {
 			it.check = checkForged
 		}
 	})

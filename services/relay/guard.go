@@ -15,6 +15,9 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip77"
+	"github.com/tidwall/gjson"
+
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
 // The guard sits between a client's websocket connection and khatru, at the
@@ -106,6 +109,9 @@ func inspect(msg []byte, st *connState, lim connLimits, eventAllowed func() bool
 		if eventAllowed != nil && !eventAllowed() {
 			return verdict{reply: okFalse(eventID(msg), "rate-limited: slow down, too many events from your address"), what: "event"}
 		}
+		if reason := badKeyOrSig(msg); reason != "" {
+			return verdict{reply: okFalse(eventID(msg), reason), what: "malformed"}
+		}
 		return verdict{forward: true, await: answer("", "OK")}
 	}
 	if strings.HasPrefix(l, "NEG-") {
@@ -159,9 +165,69 @@ func inspect(msg []byte, st *connState, lim connLimits, eventAllowed func() bool
 	case *nostr.CountEnvelope:
 		return verdict{forward: true, await: answer(env.SubscriptionID, "COUNT", "CLOSED")}
 	case *nostr.AuthEnvelope:
+		// khatru checks the AUTH event's signature (nip42) before anything
+		// of ours sees it; see badKeyOrSig.
+		if reason := keyOrSigReason(env.Event.PubKey, env.Event.Sig); reason != "" {
+			return verdict{reply: okFalse(env.Event.ID, reason), what: "malformed"}
+		}
 		return verdict{forward: true, await: answer("", "OK")}
 	}
 	return verdict{} // NOTICE, EOSE, OK, CLOSED: relay-to-client, khatru ignores them
+}
+
+// badKeyOrSig returns why an EVENT message's event must not reach khatru,
+// or "": a pubkey or signature that is not 64 / 128 lower-case hex
+// characters. khatru verifies the signature before any hook of ours runs,
+// and go-nostr's libsecp256k1 verifier (the default build, docs/decisions.md
+// "Signature verification: libsecp256k1 by default, pure Go as fallback")
+// panics on an oversized pubkey or signature, which would end the process.
+// The event is split as go-nostr splits it (gjson, ["EVENT", ev] or
+// ["EVENT", sub, ev]) and every "pubkey" and "sig" member is checked, so a
+// duplicate key (the decoder keeps the last) cannot slip past. gjson scans
+// without decoding the content, so a large event is not parsed twice.
+func badKeyOrSig(msg []byte) string {
+	arr := gjson.ParseBytes(msg).Array()
+	if len(arr) < 2 || len(arr) > 3 {
+		return "" // khatru refuses the envelope without verifying
+	}
+	reason := ""
+	arr[len(arr)-1].ForEach(func(k, v gjson.Result) bool {
+		if v.Type != gjson.String {
+			return true // null is skipped by the decoder, other types fail it
+		}
+		switch k.String() {
+		case "pubkey":
+			if !verify.WellFormedPubKey(v.String()) {
+				reason = badPubKey
+			}
+		case "sig":
+			if !verify.WellFormedSig(v.String()) {
+				reason = badSig
+			}
+		}
+		return reason == ""
+	})
+	return reason
+}
+
+// The refusals of an event whose pubkey or signature does not have the
+// shape a verifier accepts, worded as pkg/policy words them so both builds
+// answer alike.
+const (
+	badPubKey = "invalid: pubkey must be 64 lower-case hex characters"
+	badSig    = "invalid: signature must be 128 lower-case hex characters"
+)
+
+// keyOrSigReason is the refusal for pubkey and sig, or "" if both are well
+// formed.
+func keyOrSigReason(pubkey, sig string) string {
+	switch {
+	case !verify.WellFormedPubKey(pubkey):
+		return badPubKey
+	case !verify.WellFormedSig(sig):
+		return badSig
+	}
+	return ""
 }
 
 // malformed is the answer to a message khatru could not parse, worded as

@@ -87,6 +87,7 @@ func TestUnmaskIsPositional(t *testing.T) {
 func TestInspect(t *testing.T) {
 	lim := connLimits{maxMessage: 1000, maxFilters: 2, maxSubs: 2, maxSubIDLen: 8}
 	id := strings.Repeat("a", 64)
+	pk, sig := strings.Repeat("b", 64), strings.Repeat("c", 128)
 	type step struct {
 		msg       string
 		forward   bool
@@ -128,6 +129,17 @@ func TestInspect(t *testing.T) {
 		}},
 		{"relay-to-client labels dropped, CLOSE of no subscription dropped", []step{
 			{msg: `["EOSE","a"]`}, {msg: `["OK","a",true,""]`}, {msg: `["NEG-ERR","a","x"]`}, {msg: `["CLOSE","zz"]`},
+		}},
+		{"oversized pubkey or signature refused before khatru verifies (libsecp256k1 panics on them)", []step{
+			{msg: `["EVENT",{"id":"` + id + `","pubkey":"` + pk + `00","sig":"` + sig + `"}]`, replyHas: `["OK","` + id + `",false,"invalid: pubkey must be 64`},
+			{msg: `["EVENT",{"id":"` + id + `","pubkey":"` + pk + `","sig":"` + sig + `0000"}]`, replyHas: `["OK","` + id + `",false,"invalid: signature must be 128`},
+			{msg: `["EVENT","sub",{"id":"` + id + `","pubkey":"` + pk + `00"}]`, replyHas: `"invalid: pubkey must be 64`},
+			// The decoder keeps the last of duplicate keys.
+			{msg: `["EVENT",{"id":"` + id + `","pubkey":"` + pk + `","pubkey":"` + pk + `00"}]`, replyHas: `"invalid: pubkey must be 64`},
+			{msg: `["EVENT",{"id":"` + id + `","pubkey":"\u0030` + pk + `"}]`, replyHas: `"invalid: pubkey must be 64`},
+			{msg: `["AUTH",{"id":"` + id + `","kind":22242,"pubkey":"` + pk + `00","sig":"` + sig + `","tags":[]}]`, replyHas: `["OK","` + id + `",false,"invalid: pubkey must be 64`},
+			{msg: `["EVENT",{"id":"` + id + `","pubkey":"` + pk + `","sig":"` + sig + `"}]`, forward: true},
+			{msg: `["AUTH",{"id":"` + id + `","kind":22242,"pubkey":"` + pk + `","sig":"` + sig + `","tags":[]}]`, forward: true},
 		}},
 		{"NIP-77 passes", []step{{msg: `["NEG-OPEN","n",{},"61"]`, forward: true}, {msg: `["NEG-MSG","n","61"]`, forward: true}, {msg: `["NEG-CLOSE","n"]`, forward: true}}},
 	}

@@ -740,3 +740,55 @@ func TestStalledReaderDisconnected(t *testing.T) {
 		}
 	}
 }
+
+// TestOversizedKeyOrSignatureRefused: an EVENT or AUTH whose pubkey or
+// signature is longer than 64 / 128 hex characters, with a correct id, is
+// refused and the relay goes on serving. khatru verifies signatures before
+// our hooks, and go-nostr's libsecp256k1 verifier (the default build)
+// panics on such an event, which ended the process.
+func TestOversizedKeyOrSignatureRefused(t *testing.T) {
+	s := startServer(t, serverOpts{})
+	c := dial(t, s.url)
+	alice := testkit.NewKey()
+	repo := testkit.RepoRef(alice.PubKey, "repo")
+	if ok, msg := c.publish(served(alice, "repo")); !ok {
+		t.Fatal(msg)
+	}
+	longKey := alice.Issue(repo, "long pubkey")
+	longKey.PubKey += "00"
+	longKey.ID = longKey.GetID()
+	longSig := alice.Issue(repo, "long sig")
+	longSig.Sig += "0000"
+	for _, tc := range []struct {
+		evt  *nostr.Event
+		want string
+	}{
+		{longKey, "invalid: pubkey must be 64"},
+		{longSig, "invalid: signature must be 128"},
+	} {
+		if ok, msg := c.publish(tc.evt); ok || !strings.HasPrefix(msg, tc.want) {
+			t.Fatalf("OK %v %q, want refused with %q", ok, msg, tc.want)
+		}
+	}
+	auth := nostr.Event{Kind: 22242, CreatedAt: nostr.Now(), Tags: nostr.Tags{{"relay", s.url}, {"challenge", "x"}}}
+	if err := auth.Sign(alice.Secret); err != nil {
+		t.Fatal(err)
+	}
+	auth.PubKey += "00"
+	auth.ID = auth.GetID()
+	c.write(nostr.AuthEnvelope{Event: auth})
+	env, _ := c.next(func(env nostr.Envelope, _ string) bool {
+		ok, is := env.(*nostr.OKEnvelope)
+		return is && ok.EventID == auth.ID
+	})
+	if ok := env.(*nostr.OKEnvelope); ok.OK || !strings.HasPrefix(ok.Reason, "invalid: pubkey must be 64") {
+		t.Fatalf("AUTH answered %+v, want refused for its pubkey", ok)
+	}
+	// Still serving, on this connection and to new ones.
+	if ok, msg := c.publish(alice.Issue(repo, "fine")); !ok {
+		t.Fatalf("relay unusable after refusals: %s", msg)
+	}
+	if ok, msg := dial(t, s.url).publish(alice.Issue(repo, "fine too")); !ok {
+		t.Fatalf("new connection refused: %s", msg)
+	}
+}

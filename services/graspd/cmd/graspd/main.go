@@ -9,6 +9,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 )
 
@@ -50,7 +51,9 @@ func run() error {
 		return err
 	}
 	// Logged once start-up succeeded, so a start-up mistake stays one line.
-	log.Info("configuration", "version", obs.Version, "commit", obs.Commit, "config", config.Effective(&cfg))
+	// The verifier depends on the build (docs/decisions.md, "Signature
+	// verification: libsecp256k1 by default, pure Go as fallback").
+	log.Info("configuration", "version", obs.Version, "commit", obs.Commit, "verifier", verify.Backend(), "config", config.Effective(&cfg))
 	defer app.Close()
 	fmt.Fprintf(os.Stderr, "graspd: relay %s (NIP-11 at %s), public URL %s, NATS %s, metrics http://%s/metrics\n",
 		app.RelayURL(), "http"+app.RelayURL()[2:], app.PublicURL(), app.NATSURL(), app.MetricsAddr())

@@ -1,8 +1,10 @@
 package main_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"os"
@@ -131,4 +133,72 @@ func TestDefaultsServeNIP11(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("no NIP-11 at http://127.0.0.1:7777 within 10s; stderr:\n%s", stderr.String())
+}
+
+// graspd logs at start which signature verifier it runs: libsecp256k1 when
+// built with the tag (the default of `make build` where cgo and a C
+// compiler exist), pure Go when built with CGO_ENABLED=0.
+func TestLogsVerifier(t *testing.T) {
+	for _, tc := range []struct {
+		want string
+		env  []string
+		args []string
+	}{
+		{"pure Go", []string{"CGO_ENABLED=0"}, nil},
+		{"libsecp256k1", []string{"CGO_ENABLED=1"}, []string{"-tags", "libsecp256k1"}},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			if tc.want == "libsecp256k1" {
+				cc, _ := exec.Command("go", "env", "CC").Output()
+				if _, err := exec.LookPath(strings.TrimSpace(string(cc))); err != nil {
+					t.Skipf("SKIP: no C compiler (%q) for the libsecp256k1 build", strings.TrimSpace(string(cc)))
+				}
+			}
+			bin := filepath.Join(t.TempDir(), "graspd")
+			cmd := exec.Command("go", append(append([]string{"build"}, tc.args...), "-o", bin, ".")...)
+			cmd.Env = append(os.Environ(), tc.env...)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("go build: %v\n%s", err, out)
+			}
+			if got := startupVerifier(t, bin); got != tc.want {
+				t.Fatalf("graspd logged verifier %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// startupVerifier runs bin on free ports until it logs its configuration
+// line, and returns that line's verifier field.
+func startupVerifier(t *testing.T, bin string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = graspdEnv(t)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	}()
+	lines := bufio.NewScanner(stderr)
+	lines.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	var seen []string
+	for lines.Scan() {
+		var rec struct {
+			Msg      string `json:"msg"`
+			Verifier string `json:"verifier"`
+		}
+		if json.Unmarshal(lines.Bytes(), &rec) == nil && rec.Msg == "configuration" {
+			return rec.Verifier
+		}
+		seen = append(seen, lines.Text())
+	}
+	t.Fatalf("graspd logged no configuration line; stderr:\n%s", strings.Join(seen, "\n"))
+	return ""
 }
