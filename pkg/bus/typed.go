@@ -86,9 +86,9 @@ type ConsumeConfig struct {
 	Log        *slog.Logger
 }
 
-// pullHeartbeat is the idle heartbeat Consume asks for on its pulls: two
-// missed in a row renew the pull (see Consume).
-const pullHeartbeat = 2 * time.Second
+// PullHeartbeat is the idle heartbeat every pull consumer asks for: two
+// missed in a row renew a pull that was lost (see Consume).
+const PullHeartbeat = 2 * time.Second
 
 // Consume attaches to (creating if needed) a durable pull consumer with
 // explicit acks and runs handle for each message, one at a time, until ctx is
@@ -125,7 +125,7 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) er
 	// starting in a cluster ignored every report for 30 s). A 2 s heartbeat
 	// renews such a pull within about 4 s, at the cost of one heartbeat
 	// message every 2 s per idle consumer.
-	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(pullHeartbeat),
+	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(PullHeartbeat),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return fmt.Errorf("consume %s on %s: %w", cc.Durable, cfg.Stream, err)
