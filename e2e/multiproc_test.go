@@ -40,10 +40,8 @@ func TestMultiProcess(t *testing.T) {
 
 // The same scenario on a 3-node NATS JetStream cluster (R3 streams and
 // buckets) with two fetchers and two ingesters, the production layout.
-// Long: a cluster takes a while to form. It fails today: both ingesters
-// exit at start with "create stream GRASP_DEADLETTER: context deadline
-// exceeded" (two replicas creating the R3 dead-letter stream at once; one
-// ingester starts fine), and nothing is ingested.
+// Long: a cluster takes a while to form. Consumers created as the cluster
+// forms may miss their first pull (see docs/decisions.md, "Pull consumers").
 func TestMultiProcessNATSCluster(t *testing.T) {
 	long(t)
 	pg := postgresURL(t)

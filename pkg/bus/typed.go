@@ -86,6 +86,10 @@ type ConsumeConfig struct {
 	Log        *slog.Logger
 }
 
+// PullHeartbeat is the idle heartbeat every pull consumer asks for: two
+// missed in a row renew a pull that was lost (see Consume).
+const PullHeartbeat = 2 * time.Second
+
 // Consume attaches to (creating if needed) a durable pull consumer with
 // explicit acks and runs handle for each message, one at a time, until ctx is
 // done. Processing in order keeps per-relay ordering of commands and reports.
@@ -113,7 +117,16 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) er
 	// Missing heartbeats are reported so that a consumer that vanished
 	// without a "consumer deleted" notice (its stream lost or recreated
 	// while we were disconnected) is noticed: pulls on it go nowhere.
-	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	// They are also how a pull request that was lost gets renewed: in a
+	// cluster, a consumer just created may not be reachable yet from the
+	// node we are connected to, and nats.go swallows that pull's "no
+	// responders" answer and waits for it until heartbeats are missed — by
+	// default 2 × 15 s, during which nothing is delivered (a planner
+	// starting in a cluster ignored every report for 30 s). A 2 s heartbeat
+	// renews such a pull within about 4 s, at the cost of one heartbeat
+	// message every 2 s per idle consumer.
+	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(PullHeartbeat),
+		jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return fmt.Errorf("consume %s on %s: %w", cc.Durable, cfg.Stream, err)
 	}

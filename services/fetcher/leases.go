@@ -118,15 +118,23 @@ func (l *shardLeases) step(ctx context.Context) {
 		}
 		want = RendezvousShards(members, l.id, l.cfg.Shards)
 	}
+	var moved []int
+	for s := range l.owned {
+		if !slices.Contains(want, s) {
+			moved = append(moved, s)
+		}
+	}
+	if len(moved) > 0 {
+		// Stop serving first, then free the lease for the new owner.
+		slices.Sort(moved)
+		l.release(moved, "rebalanced to another replica")
+		// Releasing took its time: the rest of the round gets its own.
+		var cancelRest context.CancelFunc
+		octx, cancelRest = context.WithTimeout(ctx, l.cfg.TTL/3)
+		defer cancelRest()
+	}
 	now := time.Now()
 	for s, ls := range l.owned {
-		if !slices.Contains(want, s) {
-			// Stop serving first, then free the lease for the new owner.
-			delete(l.owned, s)
-			l.lose(s, "rebalanced to another replica")
-			_ = l.kv.Delete(octx, bus.FetcherShardKey(s), jetstream.LastRevision(ls.rev))
-			continue
-		}
 		start := time.Now()
 		rev, err := l.kv.Update(octx, bus.FetcherShardKey(s), []byte(l.id), ls.rev)
 		switch {
@@ -192,19 +200,72 @@ func (l *shardLeases) members(ctx context.Context) ([]string, error) {
 }
 
 // releaseAll gives up every lease and the membership (graceful stop).
-// Each delete gets its own deadline: losing a shard waits for its
-// connections to close (a relay that ignores the close handshake takes 2 s),
-// and a deadline spent on that would leave the lease to expire instead.
 func (l *shardLeases) releaseAll() {
-	del := func(key string, opts ...jetstream.KVDeleteOpt) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = l.kv.Delete(ctx, key, opts...)
+	shards := make([]int, 0, len(l.owned))
+	for s := range l.owned {
+		shards = append(shards, s)
 	}
+	slices.Sort(shards)
+	l.release(shards, "fetcher stopping")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = l.kv.Delete(ctx, l.member)
+}
+
+// releaseRenewMax bounds how long release keeps renewing leases while
+// shards' connections close: a close that hangs longer lets them lapse, so
+// another replica takes the shards over anyway.
+const releaseRenewMax = 30 * time.Second
+
+// release stops serving shards, then deletes their leases so the next
+// owner takes over at once. Stopping a shard waits for its relay
+// connections to close — 2 s for a relay that ignores the close handshake,
+// more under load — which can outlast a lease not renewed meanwhile: the
+// other replica would then connect to a relay ours is still connected to.
+// So every lease still held, these included, is renewed every TTL/3 until
+// their shards are stopped (for at most releaseRenewMax). Shards stop
+// concurrently; each lease goes as soon as its shard has stopped, each
+// delete with its own deadline.
+func (l *shardLeases) release(shards []int, reason string) {
+	stopped := make(chan int, len(shards))
+	for _, s := range shards {
+		go func() {
+			l.lose(s, reason)
+			stopped <- s
+		}()
+	}
+	tick := time.NewTicker(l.cfg.TTL / 3)
+	defer tick.Stop()
+	renewUntil := time.Now().Add(releaseRenewMax)
+	for left := len(shards); left > 0; {
+		select {
+		case s := <-stopped:
+			left--
+			ls := l.owned[s]
+			delete(l.owned, s)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = l.kv.Delete(ctx, bus.FetcherShardKey(s), jetstream.LastRevision(ls.rev))
+			cancel()
+		case <-tick.C:
+			if time.Now().Before(renewUntil) {
+				l.renewHeld()
+			}
+		}
+	}
+}
+
+// renewHeld renews every lease held, each write with its own deadline; a
+// lease that cannot be renewed is left to the next step.
+func (l *shardLeases) renewHeld() {
 	for s, ls := range l.owned {
-		l.lose(s, "fetcher stopping")
-		del(bus.FetcherShardKey(s), jetstream.LastRevision(ls.rev))
-		delete(l.owned, s)
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL/3)
+		rev, err := l.kv.Update(ctx, bus.FetcherShardKey(s), []byte(l.id), ls.rev)
+		cancel()
+		if err != nil {
+			l.log.Warn("shard lease not renewed while its connections close", "shard", s, "err", err)
+			continue
+		}
+		l.owned[s] = lease{rev: rev, renewStart: start}
 	}
-	del(l.member)
 }

@@ -95,7 +95,9 @@ func (i *Ingester) consume(ctx context.Context) error {
 	if err != nil {
 		return err // EnsureConsumer names the consumer and stream
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(i.cfg.FetchBatch))
+	// A short idle heartbeat renews a first pull lost while the consumer
+	// was not yet reachable in a cluster (see bus.Consume).
+	it, err := cons.Messages(jetstream.PullMaxMessages(i.cfg.FetchBatch), jetstream.PullHeartbeat(bus.PullHeartbeat))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", i.cfg.Consumer, err)
 	}

@@ -687,6 +687,14 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 	case !ok:
 		s.Failures++
 		s.HoldUntil = now.Add(m.rules.FailureRetry)
+		if b.Kind == BatchItems && len(b.Items) > 0 {
+			// Its items leave the live set, so their live subscriptions
+			// must close at the fetcher too: the retry after the hold
+			// opens them again, and without this replacement every
+			// failure would leave one more copy open. finish replaces the
+			// live set (or queues that, for a relay above its budget).
+			s.trimLive = true
+		}
 		for _, it := range b.Items {
 			if p := s.Pairs[it.Repo]; p != nil && b.Kind == BatchItems {
 				// Its items leave the live set.

@@ -274,15 +274,17 @@ func TestHistoricSyncFailures(t *testing.T) {
 	h.recompute()
 	h.connect(relayA, "s1")
 	h.done(relayA, "s1", "1-1")
-	expect(t, "failed", h.failed(relayA, "s1", "1-2"))
+	// The failed items leave the live set: their subscriptions are closed
+	// by replacing it with what is left (layer 1).
+	expect(t, "failed", h.failed(relayA, "s1", "1-2"), "replace wss://a.example s1 live=[k30617,10317L0]")
 	h.repo("r1", []string{relayA}, "x", "y")
 	expect(t, "held after a failure", h.recompute())
 	h.advance(time.Minute)
 	if h.status(relayA) != "CONNECTED_HISTORIC_SYNC_FAILURES" {
 		t.Fatalf("status %s", h.status(relayA))
 	}
-	// After FailureRetry the missing items are tried again (their old live
-	// subscriptions are still open, so this is over budget only at scale).
+	// After FailureRetry the missing items are tried again, live and
+	// history, their live subscriptions open once.
 	expect(t, "retry", h.advance(4*time.Minute),
 		"add wss://a.example s1 1-3 repos=r1 roots=x,y live=[#a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0] hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
 	if h.status(relayA) != "SYNCING" {
@@ -460,5 +462,61 @@ func TestRelistedWhileInFlightGetsANewBatch(t *testing.T) {
 	h.done(relayA, "s1", "1-3")
 	if got := h.confirmed(relayA); got != "r1:x r2:y" {
 		t.Fatalf("confirmed %q", got)
+	}
+}
+
+// A batch that keeps failing leaves no live subscription behind: the
+// fetcher's live set, followed from the commands (AddFilters adds its live
+// filters, ReplaceLive replaces them all), holds after each failure only
+// what the planner still counts as live, and each item once after each
+// retry, instead of one more copy per failure.
+func TestFailedBatchesLeaveNoLiveSubscriptions(t *testing.T) {
+	h := newHarness(t, testRules(), 1)
+	open := map[string]int{} // the fetcher's open live subscriptions per item
+	last := ""               // the last items batch sent
+	follow := func() {
+		for _, c := range h.m.Drain() {
+			switch {
+			case c.GetReplaceLive() != nil:
+				clear(open)
+				for _, it := range itemsOf(c.GetReplaceLive().GetLiveFilters()) {
+					open[it]++
+				}
+			case c.GetAddFilters() != nil:
+				for _, it := range itemsOf(c.GetAddFilters().GetLiveFilters()) {
+					open[it]++
+				}
+				if !c.GetAddFilters().GetLayer1() {
+					last = c.GetAddFilters().GetBatchId()
+				}
+			}
+		}
+	}
+	x, y := "root:"+h.rootID("x"), "root:"+h.rootID("y")
+	h.repo("r2", []string{relayA}, "y")
+	h.m.Recompute(h.now, false)
+	h.m.HandleReport(h.now, &graspv1.FetchReport{RelayUrl: relayA, SessionId: "s1", Report: &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{}}})
+	follow()
+	h.done(relayA, "s1", "1-1")
+	h.done(relayA, "s1", last) // r2 confirmed
+	h.repo("r1", []string{relayA}, "x")
+	h.m.Recompute(h.now, false)
+	follow()
+	if open[x] != 1 || open[y] != 1 || open["L1"] != 1 {
+		t.Fatalf("before the failures: open %v", open)
+	}
+	for round := range 3 {
+		h.m.HandleReport(h.now, &graspv1.FetchReport{RelayUrl: relayA, SessionId: "s1", Report: &graspv1.FetchReport_BatchDone{BatchDone: &graspv1.BatchDone{
+			BatchId: last, Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_FAILED, Error: "boom"}}})
+		follow()
+		if open[x] != 0 || open[y] != 1 || open["L1"] != 1 {
+			t.Fatalf("round %d, after the failure: open %v, want layer 1 and y once, x closed", round, open)
+		}
+		h.now = h.now.Add(h.m.rules.FailureRetry)
+		h.m.Tick(h.now)
+		follow()
+		if open[x] != 1 || open[y] != 1 || open["L1"] != 1 {
+			t.Fatalf("round %d, after the retry: open %v, want each once", round, open)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package planner_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"slices"
 	"sync"
@@ -188,5 +189,143 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 	}
 	if covered != 1 {
 		t.Fatalf("consolidated live set does not cover both roots: %v", replace)
+	}
+}
+
+// TestRecomputeDebounceOverNATS drives the loop's recompute timing on the
+// injected clock (GRASP_PLANNER_RECOMPUTE_DELAY 250 ms, _MAX_DELAY 1 s):
+// index updates 200 ms apart are one recompute once they pause for 250 ms,
+// not one per 250 ms since the first; updates that never pause are
+// recomputed 1 s after the first of them.
+func TestRecomputeDebounceOverNATS(t *testing.T) {
+	srv := testkit.StartNATS(t)
+	names := bus.Names{Prefix: "debounce"}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	connect := func(name string) *bus.Bus {
+		b, err := bus.ConnectInProcess(srv.Server, name, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		return b
+	}
+	test := connect("test")
+	opts := bus.DefaultOptions()
+	opts.Storage = jetstream.MemoryStorage
+	if err := bus.Setup(ctx, test.JS, names, opts); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	ensured := map[string]int{}
+	sub, err := test.Conn.Subscribe(names.FetchCmdSubjects(), func(m *nats.Msg) {
+		var c graspv1.FetchCommand
+		if proto.Unmarshal(m.Data, &c) == nil && c.GetEnsureConnected() != nil {
+			mu.Lock()
+			ensured[c.GetRelayUrl()]++
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	allEnsured := func(relays []string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range relays {
+			if ensured[r] == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	index, err := test.JS.KeyValue(ctx, names.RepoIndexBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	rules := planner.DefaultRules()
+	rules.Heartbeat = 0 // the clock's only timers are the recompute's
+	cfg := planner.Config{ID: "p1", Shards: 2, RecomputeDelay: 250 * time.Millisecond, RecomputeMaxDelay: time.Second, Rules: rules}
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	reg := prometheus.NewRegistry()
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- planner.New(cfg, connect("planner"), clk, obs.NewLogger(io.Discard, "error"), reg).Run(pctx)
+	}()
+	defer func() { stop(); <-done }()
+	counter := func(name string) uint64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				if h := mf.GetMetric()[0].GetHistogram(); h != nil {
+					return h.GetSampleCount()
+				}
+				return uint64(mf.GetMetric()[0].GetCounter().GetValue())
+			}
+		}
+		return 0
+	}
+	recomputes := func() uint64 { return counter("grasp_planner_recompute_duration_seconds") }
+	updates := func() uint64 { return counter("grasp_planner_index_updates_total") }
+	waitFor(t, ctx, "leading (the start's recompute)", func() bool { return recomputes() == 1 })
+
+	// put writes one index entry listing relay and waits until the loop
+	// has applied it, so the clock moves only between updates.
+	put := func(key, relay string) {
+		t.Helper()
+		n := updates()
+		data, _ := proto.Marshal(&graspv1.RepoSyncNeeds{RepoRef: "30617:aa:" + key, Relays: []string{relay}})
+		if _, err := index.Put(ctx, key, data); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, ctx, "index update "+key+" applied", func() bool { return updates() > n })
+	}
+	// advance moves the clock 200 ms and waits until the loop has acted on
+	// the timer that fired, if one did: re-armed it (updates not yet quiet)
+	// or recomputed.
+	advance := func() {
+		t.Helper()
+		armed, before := clk.Waiters(), recomputes()
+		clk.Advance(200 * time.Millisecond)
+		if armed > 0 && clk.Waiters() == 0 {
+			waitFor(t, ctx, "the loop acting on its timer", func() bool { return clk.Waiters() > 0 || recomputes() > before })
+		}
+	}
+
+	// Updates 200 ms apart, then a pause: one recompute.
+	burst := []string{"wss://a.example", "wss://b.example", "wss://c.example"}
+	for i, relay := range burst {
+		put(fmt.Sprintf("k%d", i), relay)
+		advance()
+	}
+	waitFor(t, ctx, "the burst's relays ensured", func() bool {
+		if allEnsured(burst) {
+			return true
+		}
+		advance()
+		return false
+	})
+	if n := recomputes(); n != 2 {
+		t.Fatalf("%d recomputes for one burst of updates 200 ms apart, want 1 (after the start's)", n-1)
+	}
+
+	// Updates 200 ms apart that do not pause: recomputed 1 s after the
+	// first, while they continue.
+	stream := []string{"wss://d.example", "wss://e.example", "wss://f.example", "wss://g.example", "wss://h.example"}
+	for i, relay := range stream {
+		put(fmt.Sprintf("s%d", i), relay)
+		advance()
+	}
+	waitFor(t, ctx, "the recompute at the maximum wait", func() bool { return recomputes() == 3 })
+	waitFor(t, ctx, "the stream's relays ensured", func() bool { return allEnsured(stream) })
+	put("s5", "wss://i.example") // still coming: a new burst
+	if n := recomputes(); n != 3 {
+		t.Fatalf("%d recomputes, want 3", n)
 	}
 }

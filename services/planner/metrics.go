@@ -22,6 +22,7 @@ type Metrics struct {
 	reconnects    *prometheus.CounterVec
 	relays        *prometheus.GaugeVec
 	recompute     prometheus.Histogram
+	indexUpdates  prometheus.Counter
 	leader        prometheus.Gauge
 	epoch         prometheus.Gauge
 }
@@ -69,6 +70,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "grasp_planner_recompute_duration_seconds", Help: "Duration of one compute_actions run including command building.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}),
+		indexUpdates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "grasp_planner_index_updates_total", Help: "Index (KV) updates applied by the active planner; over the recompute count, how many updates a recompute coalesces.",
+		}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "grasp_planner_leader", Help: "1 while this planner instance is the active one.",
 		}),
@@ -78,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.commands, m.status, m.repos, m.roots, m.batches, m.incomplete, m.batchDuration,
-			m.consolidation, m.deferred, m.reconnects, m.relays, m.recompute, m.leader, m.epoch)
+			m.consolidation, m.deferred, m.reconnects, m.relays, m.recompute, m.indexUpdates, m.leader, m.epoch)
 	}
 	return m
 }

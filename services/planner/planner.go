@@ -42,6 +42,11 @@ type Config struct {
 	// RecomputeDelay coalesces the KV updates of one discovery batch into one
 	// recompute: the recompute runs once updates have been quiet this long.
 	RecomputeDelay time.Duration `envconfig:"PLANNER_RECOMPUTE_DELAY" default:"250ms"`
+	// RecomputeMaxDelay caps that wait: updates that never pause for
+	// RecomputeDelay are still recomputed this long after the first of them,
+	// so a newly hosted repository is planned within it however busy
+	// discovery is. A value below RecomputeDelay acts as RecomputeDelay.
+	RecomputeMaxDelay time.Duration `envconfig:"PLANNER_RECOMPUTE_MAX_DELAY" default:"1s"`
 	// BootstrapRelays are kept connected whether or not a repository lists
 	// them (union with the list discovery publishes in the index bucket).
 	BootstrapRelays []string `envconfig:"BOOTSTRAP_RELAYS"`
@@ -52,6 +57,12 @@ type Config struct {
 	// Rules are the lifecycle constants.
 	Rules
 }
+
+// DefaultRecomputeMaxDelay is RecomputeMaxDelay's default: four quiet
+// periods, so a discovery batch written within a second is still one
+// recompute, while a repository announced during a busy stretch waits at
+// most a second for its first batch (see docs/decisions.md).
+const DefaultRecomputeMaxDelay = time.Second
 
 // Validate fills defaults and checks values.
 func (c *Config) Validate() error {
@@ -85,6 +96,9 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 	}
 	if cfg.Shards == 0 {
 		cfg.Shards = bus.DefaultShards
+	}
+	if cfg.RecomputeMaxDelay == 0 {
+		cfg.RecomputeMaxDelay = DefaultRecomputeMaxDelay
 	}
 	if cfg.Consumer == "" {
 		cfg.Consumer = "planner"
@@ -177,6 +191,7 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 				break
 			}
 			t.applyIndex(e)
+			p.metrics.indexUpdates.Inc()
 			n++
 		}
 	}
@@ -230,7 +245,11 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 	}()
 	defer func() { cancelConsume(); <-consumeErr }()
 
+	// recompute fires when the pending index updates are due (debounce);
+	// it is armed at a burst's first update and re-armed if more updates
+	// arrived meanwhile, so a burst costs a few timers, not one per update.
 	var recompute <-chan time.Time
+	debounce := newRecomputeDebounce(p.cfg.RecomputeDelay, p.cfg.RecomputeMaxDelay)
 	var timer <-chan time.Time
 	var timerAt time.Time
 	for {
@@ -260,11 +279,21 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 			if t.applyIndex(e) {
 				t.m.SetBootstrap(t.bootstrap())
 			}
+			p.metrics.indexUpdates.Inc()
+			now := p.clock.Now()
+			debounce.Updated(now)
 			if recompute == nil {
-				recompute = p.clock.After(p.cfg.RecomputeDelay)
+				recompute = p.clock.After(debounce.Due().Sub(now))
 			}
 		case <-recompute:
 			recompute = nil
+			if now := p.clock.Now(); now.Before(debounce.Due()) {
+				// Updates arrived since the timer was armed: wait until
+				// they have been quiet (or the burst's maximum wait).
+				recompute = p.clock.After(debounce.Due().Sub(now))
+				continue
+			}
+			debounce.Done()
 			start := time.Now()
 			t.m.Recompute(p.clock.Now(), false)
 			p.metrics.recompute.Observe(time.Since(start).Seconds())

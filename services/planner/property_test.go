@@ -387,6 +387,39 @@ func (s *sim) checkLiveCovers() {
 	}
 }
 
+// checkLiveEqualsPlanned checks that the live subscriptions the fetcher
+// holds for a session cover exactly what the planner believes is live:
+// layer 1 plus its confirmed and pending items, nothing more (a leaked
+// subscription is opened again by the items' next batch, so duplicates
+// pile up). Relays with a consolidation queued are over it by design until
+// it is built; sessions on which the relay closed a live subscription are
+// skipped, as in checkLiveCovers.
+func (s *sim) checkLiveEqualsPlanned() {
+	idx := s.m.Index()
+	for _, st := range s.m.Relays() {
+		r := s.relays[st.URL]
+		if r == nil || !st.Connected() || r.session != st.Session || r.closedLive || st.deferredFor != "" {
+			continue
+		}
+		planned := map[string]bool{"L1": true}
+		for _, it := range s.m.liveItems(st, nil) {
+			if it.NeedRepo {
+				planned["repo:"+idx.Repo(it.Repo).Ref] = true
+			}
+			for _, root := range it.Roots {
+				planned[s.rootItem(root)] = true
+			}
+		}
+		for _, sub := range r.live {
+			for _, it := range sub {
+				if !planned[it] {
+					s.fail("relay %s %s: live subscription open for %s, which the planner does not count as live", st.URL, st.Session, it)
+				}
+			}
+		}
+	}
+}
+
 func (s *sim) checkNoPendingWhileDisconnected() {
 	for _, st := range s.m.Relays() {
 		if st.Connected() {
@@ -574,6 +607,7 @@ func (s *sim) step() {
 	}
 	s.checkNoPendingWhileDisconnected()
 	s.checkLiveCovers()
+	s.checkLiveEqualsPlanned()
 }
 
 // quiesce lets everything finish without failures or disconnects.

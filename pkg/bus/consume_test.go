@@ -1,0 +1,136 @@
+package bus
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+)
+
+// A pull request that is lost on its way — in a cluster, one sent before a
+// new consumer is reachable from the node we are connected to — is renewed
+// after two missed heartbeats rather than at its 30 s expiry: a message
+// published meanwhile is delivered well within the test's 20 s.
+func TestConsumeRenewsALostPull(t *testing.T) {
+	srv := testkit.StartNATS(t)
+	dialer := &pullDropper{}
+	nc, err := nats.Connect(srv.URL, nats.SetCustomDialer(dialer), nats.Name("consume-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := Names{Prefix: "lostpull"}
+	b, err := wrap(nc, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	opts := DefaultOptions()
+	opts.Storage = jetstream.MemoryStorage
+	if err := Setup(ctx, b.JS, names, opts); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Consume(cctx, ConsumeConfig{Stream: names.FetchReportStream(),
+			Consumer: jetstream.ConsumerConfig{Durable: "reports", FilterSubject: names.FetchReportSubjects()}},
+			func(ctx context.Context, msg jetstream.Msg) error {
+				var r graspv1.FetchReport
+				if err := Decode(msg.Data(), msg.Headers(), &r); err != nil {
+					return err
+				}
+				got <- r.GetRelayUrl()
+				return nil
+			})
+	}()
+	defer func() { stop(); <-done }()
+	for dialer.dropped.Load() == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the consumer never pulled")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := b.Publish(ctx, names.FetchReportSubject(0), &graspv1.FetchReport{RelayUrl: "wss://a.example"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case url := <-got:
+		if url != "wss://a.example" {
+			t.Fatalf("got %q", url)
+		}
+	case <-ctx.Done():
+		t.Fatal("nothing delivered: the lost pull request was not renewed")
+	}
+}
+
+// pullDropper dials NATS connections that drop the client's first
+// JetStream pull request (a PUB to $JS.API.CONSUMER.MSG.NEXT.…) and pass
+// everything else through.
+type pullDropper struct {
+	dropped atomic.Int32
+}
+
+func (d *pullDropper) Dial(network, address string) (net.Conn, error) {
+	c, err := net.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return &droppingConn{Conn: c, d: d}, nil
+}
+
+type droppingConn struct {
+	net.Conn
+	d   *pullDropper
+	mu  sync.Mutex
+	buf []byte
+}
+
+// Write forwards whole protocol commands, holding back a partial one until
+// the rest arrives, and drops the first pull request.
+func (c *droppingConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.buf = append(c.buf, p...)
+	for {
+		eol := bytes.Index(c.buf, []byte("\r\n"))
+		if eol < 0 {
+			return len(p), nil
+		}
+		line := c.buf[:eol]
+		n := eol + 2
+		fields := bytes.Fields(line)
+		if len(fields) > 0 && (bytes.Equal(fields[0], []byte("PUB")) || bytes.Equal(fields[0], []byte("HPUB"))) {
+			size, err := strconv.Atoi(string(fields[len(fields)-1]))
+			if err != nil {
+				return 0, err
+			}
+			n += size + 2
+			if len(c.buf) < n {
+				return len(p), nil
+			}
+			if len(fields) > 1 && bytes.HasPrefix(fields[1], []byte("$JS.API.CONSUMER.MSG.NEXT.")) && c.d.dropped.CompareAndSwap(0, 1) {
+				c.buf = c.buf[n:]
+				continue
+			}
+		}
+		if _, err := c.Conn.Write(c.buf[:n]); err != nil {
+			return 0, err
+		}
+		c.buf = c.buf[n:]
+	}
+}
