@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -190,4 +192,85 @@ type pending struct {
 	done     chan struct{} // closed by the write side on khatru's answer
 	answered bool
 	ctxs     []context.Context // awaitClose: the subscription's contexts
+}
+
+// forward queues a client message for khatru and notes what will end
+// khatru's work on it.
+func (c *guardConn) forward(op byte, msg []byte, a awaited) {
+	if c.subs != nil && a.kind != awaitNothing {
+		p := &pending{await: a, done: make(chan struct{})}
+		if a.kind == awaitClose {
+			p.ctxs = c.subs.take(a.sub)
+		}
+		c.seqMu.Lock()
+		c.waiting = p
+		c.seqMu.Unlock()
+	}
+	c.out = appendFrame(c.out, op, true, true, msg)
+}
+
+// errOrderWait ends a wait for khatru that took longer than orderWait.
+var errOrderWait = errors.New("khatru did not finish the previous message in time")
+
+// settle waits until khatru has finished the last forwarded message: its
+// answer passed (observe), or for a CLOSE, the subscription's contexts are
+// cancelled. It fails only when the connection is closed; after orderWait
+// it gives up waiting (order.go).
+func (c *guardConn) settle() error {
+	c.seqMu.Lock()
+	p := c.waiting
+	c.seqMu.Unlock()
+	if p == nil {
+		return nil
+	}
+	defer func() {
+		c.seqMu.Lock()
+		if c.waiting == p {
+			c.waiting = nil
+		}
+		c.seqMu.Unlock()
+	}()
+	wait := c.lim.orderWait
+	if wait <= 0 {
+		wait = defaultOrderWait
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	until := func(done <-chan struct{}) error {
+		select {
+		case <-done:
+			return nil
+		case <-c.closed:
+			return net.ErrClosed
+		case <-timer.C:
+			return errOrderWait
+		}
+	}
+	var err error
+	if p.await.kind == awaitClose {
+		for _, ctx := range p.ctxs {
+			if err = until(ctx.Done()); err != nil {
+				break
+			}
+		}
+	} else {
+		err = until(p.done)
+	}
+	if errors.Is(err, errOrderWait) {
+		return nil // the safety net: let the next message go
+	}
+	return err
+}
+
+// observe ends the wait for khatru when msg, a message khatru is writing
+// to the client, is its answer to the last forwarded message.
+func (c *guardConn) observe(msg []byte) {
+	c.seqMu.Lock()
+	defer c.seqMu.Unlock()
+	p := c.waiting
+	if p == nil || p.answered || !p.await.ends(msg) {
+		return
+	}
+	p.answered = true
+	close(p.done)
 }
