@@ -1,25 +1,15 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/lib/pq"
 
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
@@ -30,247 +20,16 @@ import (
 // test: the real binaries, built from this workspace, as child processes.
 // Nothing here is in-process, so a kill -9 of any one of them is the real
 // thing.
-
-// binaryPackages are the binaries a Deployment runs, by file name.
-var binaryPackages = map[string]string{
-	"relay":       "github.com/grasp-sync/grasp-sync/services/relay/cmd/relay",
-	"discovery":   "github.com/grasp-sync/grasp-sync/services/discovery/cmd/discovery",
-	"planner":     "github.com/grasp-sync/grasp-sync/services/planner/cmd/planner",
-	"fetcher":     "github.com/grasp-sync/grasp-sync/services/fetcher/cmd/fetcher",
-	"ingester":    "github.com/grasp-sync/grasp-sync/services/ingester/cmd/ingester",
-	"graspctl":    "github.com/grasp-sync/grasp-sync/services/graspctl/cmd/graspctl",
-	"nats-server": "github.com/nats-io/nats-server/v2", // the module the workspace pins
-}
-
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
-// BuildBinaries builds the service binaries and nats-server once per
-// process (the first caller pays, about 10 s with a warm build cache) and
-// returns their directory. It must run inside the workspace (go test runs
-// in the package directory). RemoveBinaries deletes them.
-func BuildBinaries() (string, error) {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "grasp-e2e-bin-")
-		if err != nil {
-			buildErr = fmt.Errorf("build dir: %w", err)
-			return
-		}
-		args := []string{"build", "-o", dir + string(os.PathSeparator)}
-		for _, pkg := range binaryPackages {
-			args = append(args, pkg)
-		}
-		out, err := exec.Command("go", args...).CombinedOutput()
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			buildErr = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
-			return
-		}
-		buildDir = dir
-	})
-	return buildDir, buildErr
-}
-
-// RemoveBinaries deletes what BuildBinaries built (TestMain calls it).
-func RemoveBinaries() {
-	if buildDir != "" {
-		_ = os.RemoveAll(buildDir)
-	}
-}
+//
+// Its parts: build.go (the binaries), proc.go (one child process),
+// natscluster.go and natsauth.go (the NATS nodes, with or without the
+// manifests' users) and postgres.go (the deployment's fresh database).
 
 // FreePort returns a TCP port free on 127.0.0.1 now (testkit.FreePort).
 // Processes that must keep their address across restarts (the relay, which
 // announcements name; NATS nodes, which routes name) get theirs up front
 // this way.
 func FreePort() (int, error) { return testkit.FreePort() }
-
-// Proc is one child process of a Deployment: a binary with its arguments
-// and environment that can be killed (SIGKILL) and started again with the
-// same ones. Its stdout and stderr go to Log, appended across restarts.
-type Proc struct {
-	// Name identifies the process in logs and reports (planner, fetcher-1, nats-2).
-	Name string
-	// Log is the path of its log file.
-	Log string
-	// HealthURL answers 200 once the process is ready (/readyz of a
-	// service, /healthz of a NATS node's monitor).
-	HealthURL string
-	// MetricsAddr serves /metrics; empty for NATS nodes.
-	MetricsAddr string
-
-	bin  string
-	args []string
-	env  []string
-
-	mu  sync.Mutex
-	cur *procRun
-}
-
-// procRun is one run of a Proc: the child and its exit.
-type procRun struct {
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd.Wait returned
-	err    error         // cmd.Wait's result, set before exited closes
-}
-
-// Start starts the process (it must not be running).
-func (p *Proc) Start() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cur != nil {
-		select {
-		case <-p.cur.exited:
-		default:
-			return fmt.Errorf("start %s: already running (pid %d)", p.Name, p.cur.cmd.Process.Pid)
-		}
-	}
-	f, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("start %s: log: %w", p.Name, err)
-	}
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Env = p.env
-	cmd.Stdout, cmd.Stderr = f, f
-	// The child dies with the test process even when the test binary is
-	// killed before its cleanups run: no leftovers.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	fmt.Fprintf(f, "=== e2e: start %s at %s\n", p.Name, time.Now().Format(time.RFC3339Nano))
-	if err := cmd.Start(); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("start %s: %w", p.Name, err)
-	}
-	r := &procRun{cmd: cmd, exited: make(chan struct{})}
-	p.cur = r
-	// The waiter is owned by the run: it ends when the child does, which
-	// Kill (and the deployment's cleanup) guarantees.
-	go func() {
-		r.err = cmd.Wait()
-		_ = f.Close()
-		close(r.exited)
-	}()
-	return nil
-}
-
-// Running reports whether the process is started and has not exited.
-func (p *Proc) Running() bool {
-	p.mu.Lock()
-	r := p.cur
-	p.mu.Unlock()
-	if r == nil {
-		return false
-	}
-	select {
-	case <-r.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// Pid is the current run's process id (0 when not started).
-func (p *Proc) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cur == nil {
-		return 0
-	}
-	return p.cur.cmd.Process.Pid
-}
-
-// Kill sends SIGKILL (no drain, no goodbye: kill -9) and waits for the
-// process to be gone. Killing a process that is not running is a no-op.
-func (p *Proc) Kill() error {
-	p.mu.Lock()
-	r := p.cur
-	p.mu.Unlock()
-	if r == nil {
-		return nil
-	}
-	select {
-	case <-r.exited:
-		return nil
-	default:
-	}
-	if err := r.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("kill %s: %w", p.Name, err)
-	}
-	select {
-	case <-r.exited:
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("kill %s: still running 10s after SIGKILL", p.Name)
-	}
-	if f, err := os.OpenFile(p.Log, os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
-		fmt.Fprintf(f, "=== e2e: killed %s (SIGKILL) at %s\n", p.Name, time.Now().Format(time.RFC3339Nano))
-		_ = f.Close()
-	}
-	return nil
-}
-
-// WaitReady polls HealthURL until it answers 200, the process exits (an
-// error quoting the end of its log) or ctx ends.
-func (p *Proc) WaitReady(ctx context.Context) error {
-	for {
-		p.mu.Lock()
-		r := p.cur
-		p.mu.Unlock()
-		if r == nil {
-			return fmt.Errorf("%s: not started", p.Name)
-		}
-		select {
-		case <-r.exited:
-			return fmt.Errorf("%s exited during start (%v); log ends:\n%s", p.Name, r.err, Tail(p.Log, 20))
-		default:
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.HealthURL, nil)
-		if err != nil {
-			return err
-		}
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s not ready at %s: %w; log ends:\n%s", p.Name, p.HealthURL, ctx.Err(), Tail(p.Log, 20))
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// Restart starts the process again (after Kill) and waits until it is
-// ready, for at most a minute.
-func (p *Proc) Restart() error {
-	if err := p.Start(); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	return p.WaitReady(ctx)
-}
-
-// Tail returns the last n lines of the file at path (or why it cannot).
-func Tail(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Sprintf("(%v)", err)
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	return strings.Join(lines, "\n")
-}
 
 // DeploymentOptions shape a multi-process deployment.
 type DeploymentOptions struct {
@@ -431,124 +190,6 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 	return d
 }
 
-// addNATS starts n NATS nodes (a cluster when n > 1) and returns the
-// client URL list the services get. With auth, the single node runs the
-// manifests' configuration (manifestNATSConfig).
-func (d *Deployment) addNATS(t testing.TB, bin string, n int, auth bool) string {
-	t.Helper()
-	type ports struct{ client, cluster, monitor int }
-	ps := make([]ports, n)
-	var routes, clients []string
-	for i := range ps {
-		ps[i] = ports{mustPort(t), mustPort(t), mustPort(t)}
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ps[i].cluster))
-		clients = append(clients, fmt.Sprintf("nats://127.0.0.1:%d", ps[i].client))
-	}
-	for i, p := range ps {
-		name := fmt.Sprintf("nats-%d", i)
-		storeDir := filepath.Join(d.Dir, name)
-		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(p.client), "-m", strconv.Itoa(p.monitor),
-			"-js", "-sd", storeDir, "-n", name}
-		var env Env
-		if auth {
-			a, err := manifestNATSConfig(d.Dir, storeDir, p.client, p.monitor)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d.auth, env = a, a.env
-			args = []string{"-c", a.confPath}
-		}
-		if n > 1 {
-			args = append(args, "--cluster_name", "grasp-e2e",
-				"--cluster", routes[i], "--routes", strings.Join(routes, ","))
-		}
-		d.NATS = append(d.NATS, &Proc{Name: name, Log: filepath.Join(d.Dir, name+".log"),
-			HealthURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", p.monitor),
-			bin:       natsServerBinary(bin), args: args, env: processEnv(env, nil)})
-	}
-	for _, p := range d.NATS {
-		if err := p.Start(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A cluster's nodes are healthy only once they see each other and
-	// agree on a JetStream meta leader, so they start together first.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, p := range d.NATS {
-		if err := p.WaitReady(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n > 1 {
-		monitors := make([]int, n)
-		for i, p := range ps {
-			monitors[i] = p.monitor
-		}
-		if err := waitRoutesSettled(ctx, monitors, n-1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return strings.Join(clients, ",")
-}
-
-// waitRoutesSettled waits until every node reports at least want routes
-// and no node's route count changed for two seconds. A cluster answers
-// /healthz before its pooled routes settle; the duplicate routes it then
-// closes can drop JetStream API replies in flight, so services would start
-// into a cluster still rearranging itself, which a long-running cluster
-// never is. (See the report: the ingester does not survive that today.)
-func waitRoutesSettled(ctx context.Context, monitors []int, want int) error {
-	last := make([]int, len(monitors))
-	var stable time.Time
-	for {
-		ok := true
-		for i, port := range monitors {
-			n, err := numRoutes(ctx, port)
-			if err != nil || n < want {
-				ok = false
-			}
-			if n != last[i] {
-				last[i] = n
-				ok = false
-			}
-		}
-		switch {
-		case !ok:
-			stable = time.Time{}
-		case stable.IsZero():
-			stable = time.Now()
-		case time.Since(stable) >= 2*time.Second:
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("NATS routes did not settle (last counts %v): %w", last, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-// numRoutes reads num_routes from a NATS node's /routez.
-func numRoutes(ctx context.Context, monitorPort int) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/routez", monitorPort), nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var rz struct {
-		NumRoutes int `json:"num_routes"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&rz); err != nil {
-		return 0, fmt.Errorf("routez: %w", err)
-	}
-	return rz.NumRoutes, nil
-}
-
 // Services are the service processes in start order.
 func (d *Deployment) Services() []*Proc {
 	out := []*Proc{d.Relay}
@@ -644,24 +285,6 @@ func (d *Deployment) Metrics(ctx context.Context) (map[string]float64, error) {
 	return out, nil
 }
 
-// processEnv is the environment of a child: this process's, without any
-// GRASP_* variable (the test's own settings must not leak in), plus env
-// and extra.
-func processEnv(env, extra Env) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GRASP_") {
-			out = append(out, kv)
-		}
-	}
-	for _, m := range []Env{env, extra} {
-		for k, v := range m {
-			out = append(out, k+"="+v)
-		}
-	}
-	return out
-}
-
 func mustPort(t testing.TB) int {
 	t.Helper()
 	p, err := FreePort()
@@ -669,41 +292,4 @@ func mustPort(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// FreshDatabase creates an empty database on the PostgreSQL server at
-// serverURL, drops it when the test ends (after everything registered
-// later, so after the processes that use it are gone), and returns its URL.
-func FreshDatabase(t testing.TB, serverURL string) string {
-	t.Helper()
-	u, err := url.Parse(serverURL)
-	if err != nil {
-		t.Fatalf("PostgreSQL URL: %v", err)
-	}
-	db, err := sql.Open("postgres", serverURL)
-	if err != nil {
-		t.Fatalf("PostgreSQL %s: %v", store.Redact(serverURL), err)
-	}
-	defer db.Close()
-	name := fmt.Sprintf("grasp_e2e_%d_%d", os.Getpid(), time.Now().UnixNano())
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, `CREATE DATABASE `+pq.QuoteIdentifier(name)); err != nil {
-		t.Fatalf("create database %s on %s: %v", name, store.Redact(serverURL), err)
-	}
-	t.Cleanup(func() {
-		db, err := sql.Open("postgres", serverURL)
-		if err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-			return
-		}
-		defer db.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := db.ExecContext(ctx, `DROP DATABASE IF EXISTS `+pq.QuoteIdentifier(name)+` WITH (FORCE)`); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	u.Path = "/" + name
-	return u.String()
 }

@@ -1,13 +1,21 @@
 package e2e
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/lib/pq"
+
+	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
 
 // PrivatePostgres is a PostgreSQL server of one test's own (initdb in a
@@ -96,3 +104,40 @@ func (p *PrivatePostgres) Start() error {
 // Stop stops the server the hard way (pg_ctl -m immediate: no checkpoint,
 // clients cut off, crash recovery at the next start), like a kill.
 func (p *PrivatePostgres) Stop() error { return p.pgctl("stop", "-m", "immediate") }
+
+// FreshDatabase creates an empty database on the PostgreSQL server at
+// serverURL, drops it when the test ends (after everything registered
+// later, so after the processes that use it are gone), and returns its URL.
+func FreshDatabase(t testing.TB, serverURL string) string {
+	t.Helper()
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		t.Fatalf("PostgreSQL URL: %v", err)
+	}
+	db, err := sql.Open("postgres", serverURL)
+	if err != nil {
+		t.Fatalf("PostgreSQL %s: %v", store.Redact(serverURL), err)
+	}
+	defer db.Close()
+	name := fmt.Sprintf("grasp_e2e_%d_%d", os.Getpid(), time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, `CREATE DATABASE `+pq.QuoteIdentifier(name)); err != nil {
+		t.Fatalf("create database %s on %s: %v", name, store.Redact(serverURL), err)
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("postgres", serverURL)
+		if err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+			return
+		}
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := db.ExecContext(ctx, `DROP DATABASE IF EXISTS `+pq.QuoteIdentifier(name)+` WITH (FORCE)`); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	u.Path = "/" + name
+	return u.String()
+}
