@@ -171,3 +171,45 @@ func TestAdvertisedNIPsAreServed(t *testing.T) {
 		})
 	}
 }
+
+func TestNIP11(t *testing.T) {
+	pk := strings.Repeat("ab", 32)
+	s := startServer(t, serverOpts{cfg: Config{Name: "my grasp", Description: "desc", PubKey: pk}})
+	req, _ := http.NewRequest(http.MethodGet, s.http, nil)
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Name            string   `json:"name"`
+		Description     string   `json:"description"`
+		PubKey          string   `json:"pubkey"`
+		SupportedNIPs   []int    `json:"supported_nips"`
+		SupportedGrasps []string `json:"supported_grasps"`
+		Limitation      struct {
+			MaxLimit int `json:"max_limit"`
+		} `json:"limitation"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Name != "my grasp" || doc.Description != "desc" || doc.PubKey != pk {
+		t.Fatalf("document %+v", doc)
+	}
+	for _, n := range []int{1, 9, 11, 34, 77} {
+		if !slices.Contains(doc.SupportedNIPs, n) {
+			t.Errorf("supported_nips %v lacks %d", doc.SupportedNIPs, n)
+		}
+	}
+	if !slices.Equal(doc.SupportedGrasps, []string{"GRASP-01", "GRASP-02"}) {
+		t.Errorf("supported_grasps = %v", doc.SupportedGrasps)
+	}
+	if doc.Limitation.MaxLimit != 500 {
+		t.Errorf("max_limit = %d", doc.Limitation.MaxLimit)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/nostr+json" {
+		t.Errorf("content type %q", ct)
+	}
+}
