@@ -36,11 +36,11 @@ require (
 	github.com/golang/groupcache v0.0.0-20241129210726-2c02b8208cf8 // indirect
 	github.com/google/flatbuffers v24.12.23+incompatible // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
-	github.com/grasp-sync/grasp-sync/proto v0.0.0 // indirect
+	github.com/grasp-sync/grasp-sync/proto v0.0.0
 	github.com/grasp-sync/grasp-sync/services/discovery v0.0.0 // indirect
 	github.com/grasp-sync/grasp-sync/services/fetcher v0.0.0
 	github.com/grasp-sync/grasp-sync/services/ingester v0.0.0 // indirect
-	github.com/grasp-sync/grasp-sync/services/planner v0.0.0 // indirect
+	github.com/grasp-sync/grasp-sync/services/planner v0.0.0
 	github.com/grasp-sync/grasp-sync/services/relay v0.0.0 // indirect
 	github.com/jmoiron/sqlx v1.4.0 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
@@ -57,7 +57,7 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.3 // indirect
 	github.com/nats-io/nats-server/v2 v2.15.3 // indirect
-	github.com/nats-io/nats.go v1.55.0 // indirect
+	github.com/nats-io/nats.go v1.55.0
 	github.com/nats-io/nkeys v0.4.17 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
@@ -81,7 +81,7 @@ require (
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/protobuf v1.36.12
 )
 
 replace (

@@ -5,7 +5,6 @@ go 1.26.0
 require (
 	github.com/grasp-sync/grasp-sync/pkg v0.0.0
 	github.com/grasp-sync/grasp-sync/proto v0.0.0
-	github.com/grasp-sync/grasp-sync/services/graspd v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/nbd-wtf/go-nostr v0.52.3
 	github.com/prometheus/client_golang v1.25.0
@@ -16,7 +15,6 @@ require (
 require (
 	fiatjaf.com/lib v0.2.0 // indirect
 	github.com/ImVexed/fasturl v0.0.0-20230304231329-4e41488060f3 // indirect
-	github.com/PowerDNS/lmdb-go v1.9.3 // indirect
 	github.com/andybalholm/brotli v1.1.1 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -40,20 +38,13 @@ require (
 	github.com/golang/groupcache v0.0.0-20241129210726-2c02b8208cf8 // indirect
 	github.com/google/flatbuffers v24.12.23+incompatible // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
-	github.com/grasp-sync/grasp-sync/services/discovery v0.0.0 // indirect
-	github.com/grasp-sync/grasp-sync/services/fetcher v0.0.0 // indirect
-	github.com/grasp-sync/grasp-sync/services/ingester v0.0.0 // indirect
-	github.com/grasp-sync/grasp-sync/services/relay v0.0.0 // indirect
-	github.com/jmoiron/sqlx v1.4.0 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/kelseyhightower/envconfig v1.4.0 // indirect
 	github.com/klauspost/compress v1.20.4 // indirect
 	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
-	github.com/lib/pq v1.10.9 // indirect
 	github.com/mailru/easyjson v0.9.0 // indirect
-	github.com/mattn/go-sqlite3 v1.14.24 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect
@@ -87,9 +78,4 @@ require (
 replace (
 	github.com/grasp-sync/grasp-sync/pkg => ../../pkg
 	github.com/grasp-sync/grasp-sync/proto => ../../proto
-	github.com/grasp-sync/grasp-sync/services/discovery => ../discovery
-	github.com/grasp-sync/grasp-sync/services/fetcher => ../fetcher
-	github.com/grasp-sync/grasp-sync/services/graspd => ../graspd
-	github.com/grasp-sync/grasp-sync/services/ingester => ../ingester
-	github.com/grasp-sync/grasp-sync/services/relay => ../relay
 )

@@ -329,3 +329,16 @@ func TestRecomputeDebounceOverNATS(t *testing.T) {
 		t.Fatalf("%d recomputes, want 3", n)
 	}
 }
+
+// waitFor polls cond until it holds or ctx ends. The planner-failover test
+// in e2e has its own copy since it moved there (it needs graspd).
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -1,13 +1,3 @@
-// Package planner decides what to fetch from which relay. It mirrors the
-// RepoSyncIndex from KV, derives per-relay targets, runs ComputeActions once
-// per discovery batch, follows each relay's lifecycle from fetcher reports,
-// and sends fetch commands to the fetcher owning the relay's shard. It is the
-// only place that decides what to subscribe to.
-//
-// The decisions live in Machine, a pure state machine (index changes,
-// reports and the time in; commands and changed relay records out). This
-// file is its I/O: the KV watch, the report consumer, command publishing,
-// persistence of relay records in grasp_relay_state, leadership and metrics.
 package planner
 
 import (

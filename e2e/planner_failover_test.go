@@ -1,4 +1,4 @@
-package planner_test
+package e2e
 
 import (
 	"context"

@@ -1,0 +1,106 @@
+package planner
+
+import (
+	"time"
+)
+
+// Rules are the lifecycle constants (docs/sync.md, "Relay lifecycle"), all configurable.
+type Rules struct {
+	// QuickReconnect is the longest disconnection after which confirmed
+	// state is kept (quick reconnect); longer ones start fresh.
+	QuickReconnect time.Duration `envconfig:"PLANNER_QUICK_RECONNECT" default:"15m"`
+	// SinceBuffer is subtracted from the moment the live stream was lost to
+	// get a catch-up's since (propagation buffer).
+	SinceBuffer time.Duration `envconfig:"PLANNER_SINCE_BUFFER" default:"15m"`
+	// ResyncMin and ResyncMax bound the random daily full resync interval.
+	ResyncMin time.Duration `envconfig:"PLANNER_RESYNC_MIN" default:"23h"`
+	ResyncMax time.Duration `envconfig:"PLANNER_RESYNC_MAX" default:"25h"`
+	// QuietPeriod is how long a relay must have no batch pending before it
+	// counts as synced: longer than discovery's batch window, because roots
+	// found in a relay's history need their own batches.
+	QuietPeriod time.Duration `envconfig:"PLANNER_QUIET_PERIOD" default:"6s"`
+	// MaxLiveFilters is the live filter budget per relay; above it the
+	// relay's live subscriptions are consolidated.
+	MaxLiveFilters int `envconfig:"PLANNER_MAX_LIVE_FILTERS" default:"70"`
+	// ConsolidatePerTick and ConsolidateEvery pace deferred consolidations.
+	// A relay whose minimal live set alone exceeds MaxLiveFilters cannot
+	// meet the budget anyway; when it outgrows its headroom its
+	// consolidation (a ReplaceLive with the whole minimal set, ~1 MB at
+	// design scale) is queued instead of being built inside the discovery
+	// batch's recompute, and Tick builds at most ConsolidatePerTick of them
+	// every ConsolidateEvery. 0 consolidates at once, inside the recompute.
+	ConsolidatePerTick int `envconfig:"PLANNER_CONSOLIDATE_PER_TICK" default:"2"`
+	// ConsolidateEvery is the pause between two rounds of deferred
+	// consolidations, so reports and recomputes run in between.
+	ConsolidateEvery time.Duration `envconfig:"PLANNER_CONSOLIDATE_EVERY" default:"10ms"`
+	// MaxBatchItems bounds one batch (repositories + roots), so a failure
+	// or disconnect loses little progress.
+	MaxBatchItems int `envconfig:"PLANNER_MAX_BATCH_ITEMS" default:"1000"`
+	// MaxFiltersPerCommand bounds the live filters of one command (one REQ
+	// at the fetcher): 50 filters of 100 ids are ~330 KB, under NATS's 1 MiB
+	// payload and khatru's 512 KB message limit. A larger consolidated set
+	// is sent as ReplaceLive plus live-only AddFilters.
+	MaxFiltersPerCommand int `envconfig:"PLANNER_MAX_FILTERS_PER_COMMAND" default:"50"`
+	// FailureRetry is how long a relay waits after a failed batch before
+	// its items are tried again.
+	FailureRetry time.Duration `envconfig:"PLANNER_FAILURE_RETRY" default:"5m"`
+	// Heartbeat re-sends EnsureConnected to every relay this often, so a
+	// relay whose fetcher died (and whose shard moved) is reconnected and a
+	// session that ended unreported is noticed. 0 disables it.
+	Heartbeat time.Duration `envconfig:"PLANNER_HEARTBEAT" default:"30s"`
+}
+
+// DefaultRules are the defaults docs/sync.md describes.
+func DefaultRules() Rules {
+	return Rules{
+		QuickReconnect:       15 * time.Minute,
+		SinceBuffer:          15 * time.Minute,
+		ResyncMin:            23 * time.Hour,
+		ResyncMax:            25 * time.Hour,
+		QuietPeriod:          6 * time.Second,
+		MaxLiveFilters:       70,
+		ConsolidatePerTick:   2,
+		ConsolidateEvery:     10 * time.Millisecond,
+		MaxBatchItems:        1000,
+		MaxFiltersPerCommand: 50,
+		FailureRetry:         5 * time.Minute,
+		Heartbeat:            30 * time.Second,
+	}
+}
+
+// ReconnectKind classifies how a session started.
+type ReconnectKind string
+
+// Reconnect kinds, as counted in metrics.
+const (
+	KindFresh  ReconnectKind = "fresh"  // first connect
+	KindQuick  ReconnectKind = "quick"  // disconnected ≤ QuickReconnect
+	KindLong   ReconnectKind = "long"   // disconnected longer: fresh start, counted as a disconnect
+	KindDaily  ReconnectKind = "daily"  // daily resync: fresh start, not a disconnect
+	KindResume ReconnectKind = "resume" // a new planner took over a live session
+)
+
+// Observer receives lifecycle facts for metrics. Methods are called from the
+// machine's goroutine.
+type Observer interface {
+	BatchStarted(relay string, kind BatchKind)
+	BatchFinished(relay string, kind BatchKind, ok bool, took time.Duration)
+	// BatchAbandoned is a batch that will never report: its session ended
+	// or a resync started over. Started = finished + abandoned + in flight.
+	BatchAbandoned(relay string, kind BatchKind)
+	// BatchIncomplete is a batch the fetcher read as far as the relay
+	// allows but not completely (a crowded second it could not split); it
+	// is also finished as failed.
+	BatchIncomplete(relay string, kind BatchKind)
+	Consolidated(relay string)
+	Reconnected(relay string, kind ReconnectKind)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) BatchStarted(string, BatchKind)                       {}
+func (nopObserver) BatchFinished(string, BatchKind, bool, time.Duration) {}
+func (nopObserver) BatchAbandoned(string, BatchKind)                     {}
+func (nopObserver) BatchIncomplete(string, BatchKind)                    {}
+func (nopObserver) Consolidated(string)                                  {}
+func (nopObserver) Reconnected(string, ReconnectKind)                    {}
