@@ -25,6 +25,6 @@
 //   - persist.go: relay records as stored in grasp_relay_state (Snapshot,
 //     Restore).
 //   - planner.go: the I/O around the machine: the KV watch, the report
-//     consumer, command publishing, persistence, leadership; debounce.go
-//     and metrics.go serve it.
+//     consumer, command publishing, persistence, leadership (its recompute
+//     is debounced by pkg/debounce); metrics.go serves it.
 package planner

@@ -20,6 +20,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/debounce"
 	"github.com/grasp-sync/grasp-sync/pkg/leader"
 )
 
@@ -239,7 +240,7 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 	// it is armed at a burst's first update and re-armed if more updates
 	// arrived meanwhile, so a burst costs a few timers, not one per update.
 	var recompute <-chan time.Time
-	debounce := newRecomputeDebounce(p.cfg.RecomputeDelay, p.cfg.RecomputeMaxDelay)
+	pending := debounce.New(p.cfg.RecomputeDelay, p.cfg.RecomputeMaxDelay)
 	var timer <-chan time.Time
 	var timerAt time.Time
 	for {
@@ -271,19 +272,19 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 			}
 			p.metrics.indexUpdates.Inc()
 			now := p.clock.Now()
-			debounce.Updated(now)
+			pending.Updated(now)
 			if recompute == nil {
-				recompute = p.clock.After(debounce.Due().Sub(now))
+				recompute = p.clock.After(pending.Due().Sub(now))
 			}
 		case <-recompute:
 			recompute = nil
-			if now := p.clock.Now(); now.Before(debounce.Due()) {
+			if now := p.clock.Now(); now.Before(pending.Due()) {
 				// Updates arrived since the timer was armed: wait until
 				// they have been quiet (or the burst's maximum wait).
-				recompute = p.clock.After(debounce.Due().Sub(now))
+				recompute = p.clock.After(pending.Due().Sub(now))
 				continue
 			}
-			debounce.Done()
+			pending.Done()
 			start := time.Now()
 			t.m.Recompute(p.clock.Now(), false)
 			p.metrics.recompute.Observe(time.Since(start).Seconds())
