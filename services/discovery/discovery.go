@@ -26,6 +26,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/debounce"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/leader"
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
@@ -44,8 +45,15 @@ const LeaseKey = "discovery"
 type Config struct {
 	// RelayURL is the own relay discovery subscribes to.
 	RelayURL string `envconfig:"DISCOVERY_RELAY_URL"`
-	// BatchWindow starts at the first event after a flush and does not
-	// reset; one index update is written per window.
+	// BatchQuiet is how long index changes must have been quiet before
+	// they are written: a single announcement reaches the planner after
+	// this, not after the whole window (docs/decisions.md, "Discovery
+	// batches: quiet period, window as the maximum"). A quiet period
+	// longer than the window acts as the window.
+	BatchQuiet time.Duration `envconfig:"DISCOVERY_BATCH_QUIET" default:"150ms"`
+	// BatchWindow is the longest a change waits to be written: it starts at
+	// the first change after a flush and does not reset, so a stream of
+	// changes that never pauses is still one index update per window.
 	BatchWindow time.Duration `envconfig:"DISCOVERY_BATCH_WINDOW" default:"5s"`
 	// PageSize is the limit of each history page.
 	PageSize int `envconfig:"DISCOVERY_PAGE_SIZE" default:"500"`
@@ -91,6 +99,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.BatchWindow <= 0:
 		return config.Invalid("DISCOVERY_BATCH_WINDOW", c.BatchWindow, "must be positive")
+	case c.BatchQuiet <= 0:
+		return config.Invalid("DISCOVERY_BATCH_QUIET", c.BatchQuiet, "must be positive")
 	case c.PageSize <= 0:
 		return config.Invalid("DISCOVERY_PAGE_SIZE", c.PageSize, "must be positive")
 	case c.RelayMinCap < 0:
@@ -118,6 +128,10 @@ func (c Config) withDefaults() Config {
 	if c.BatchWindow <= 0 {
 		c.BatchWindow = 5 * time.Second
 	}
+	if c.BatchQuiet <= 0 {
+		c.BatchQuiet = 150 * time.Millisecond
+	}
+	c.BatchQuiet = min(c.BatchQuiet, c.BatchWindow)
 	if c.PageSize <= 0 {
 		c.PageSize = 500
 	}
@@ -278,9 +292,13 @@ type term struct {
 	since *nostr.Timestamp
 	// loaded is set once the bucket has been read and reconciled.
 	loaded bool
-	// window is the open batch window (nil: none); it outlives a session,
-	// so what the stored feed brings between sessions is written too.
+	// window fires when the pending changes are due to be written, or a
+	// failed write is retried (nil: none); it outlives a session, so what
+	// the stored feed brings between sessions is written too.
 	window <-chan time.Time
+	// burst decides when the pending changes are due: BatchQuiet after the
+	// last, at most BatchWindow after the first.
+	burst debounce.Burst
 	// gap, when set, is the stored feed's mark at the moment the
 	// self-subscription was lost, kept until a history read completes. If
 	// the feed may have lost something since (see storedFeed), the catch-up
@@ -357,6 +375,9 @@ func (d *Discovery) between(ctx context.Context, t *term, feed *storedFeed, back
 			d.applyStored(t, evt)
 		case <-t.window:
 			t.window = nil
+			if !d.due(t) {
+				continue
+			}
 			// Not loaded yet: the first history read has not completed,
 			// the entries stay pending until it has.
 			if t.loaded && !d.flush(ctx, t) {
@@ -371,6 +392,7 @@ func (d *Discovery) newTerm(kv jetstream.KeyValue, log *slog.Logger) *term {
 		index:   NewRepoSyncIndex(d.rules),
 		writer:  NewIndexWriter(kv, d.clock),
 		pending: map[nip34.RepoRef]struct{}{},
+		burst:   debounce.New(d.cfg.BatchQuiet, d.cfg.BatchWindow),
 		refused: map[string]int{},
 		log:     log,
 	}
@@ -484,13 +506,16 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 			d.flush(ctx, t)
 			d.state.Store(stateConnected) // live and caught up: ready
 		case evt := <-sub.Events():
-			if d.apply(t, evt) && t.window == nil {
-				t.window = d.clock.After(d.cfg.BatchWindow)
+			if d.apply(t, evt) {
+				d.changed(t)
 			}
 		case evt := <-feed.events:
 			d.applyStored(t, evt)
 		case <-t.window:
 			t.window = nil
+			if !d.due(t) {
+				continue
+			}
 			if historyDone && !t.loaded {
 				if err := d.load(ctx, t); err != nil {
 					t.log.Warn("index bucket not reconciled yet, retrying at the next window", "err", err)
@@ -543,6 +568,29 @@ func (d *Discovery) fold(t *term, evt *nostr.Event) bool {
 		t.pending[ref] = struct{}{}
 	}
 	return len(changed) > 0
+}
+
+// changed records that entries changed now and arms the timer of their
+// write, unless one is armed already (due re-arms it if more changes came).
+func (d *Discovery) changed(t *term) {
+	now := d.clock.Now()
+	t.burst.Updated(now)
+	if t.window == nil {
+		t.window = d.clock.After(t.burst.Due().Sub(now))
+	}
+}
+
+// due is called when t.window fired: it reports whether the pending changes
+// are to be written now, or re-arms the timer when changes arrived since it
+// was armed and the burst is not yet due (quiet period not over, window not
+// yet reached). A retry timer with no burst pending is always due.
+func (d *Discovery) due(t *term) bool {
+	if now := d.clock.Now(); now.Before(t.burst.Due()) {
+		t.window = d.clock.After(t.burst.Due().Sub(now))
+		return false
+	}
+	t.burst.Done()
+	return true
 }
 
 // load reads the bucket once per term, so the first flush also removes

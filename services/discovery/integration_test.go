@@ -270,58 +270,78 @@ func TestLiveIndexing(t *testing.T) {
 	eventually(t, 10*time.Second, "removal by NIP-09 deletion", func() bool { return entries(t, e.kv)[ref] == nil })
 }
 
-// TestBatchWindow checks the window with a fake clock: it starts at the
-// first event, is not reset by later events, and one write covers them all.
+// TestBatchWindow checks discovery's flush rule with a fake clock: a
+// change is written once changes have been quiet for the quiet period (a
+// single announcement does not wait out the window), changes within the
+// quiet period share one write, and a stream that never pauses is still
+// written when the window, counted from its first change, closes.
 func TestBatchWindow(t *testing.T) {
 	relay := testkit.StartRelay(t, testkit.RelayOptions{})
 	e := newEnv(t)
 	fake := clock.NewFake(time.Now())
-	const window = 5 * time.Second
-	in := e.start(t, Config{RelayURL: relay.URL, BatchWindow: window}, fake)
+	const quiet, window = 150 * time.Millisecond, 5 * time.Second
+	in := e.start(t, Config{RelayURL: relay.URL, BatchQuiet: quiet, BatchWindow: window}, fake)
 	eventually(t, 10*time.Second, "ready", func() bool { return in.d.Ready() == nil })
 	if n := fake.Waiters(); n != 0 {
 		t.Fatalf("%d timers armed before any event", n)
 	}
 	batches := func() float64 { return testutil.ToFloat64(in.d.metrics.batches) }
 	before := batches()
-
-	a, b, c := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	applied := func(n int64) func() bool { return func() bool { return in.d.applied.Load() == n } }
-	add(t, relay, announce(a, "r", nil))
-	eventually(t, 10*time.Second, "first event applied", applied(1))
-	if n := fake.Waiters(); n != 1 {
-		t.Fatalf("%d timers after the first event, want the window", n)
+	armed := func() bool { return fake.Waiters() == 1 }
+	var n int64
+	announceOne := func(what string) {
+		t.Helper()
+		n++
+		add(t, relay, announce(testkit.NewKey(), "r", nil))
+		eventually(t, 10*time.Second, what+" applied", applied(n))
+		eventually(t, 10*time.Second, what+": timer armed", armed)
 	}
-	fake.Advance(3 * time.Second)
-	add(t, relay, announce(b, "r", nil))
-	eventually(t, 10*time.Second, "second event applied", applied(2))
-	if n := fake.Waiters(); n != 1 {
-		t.Fatalf("%d timers after the second event, want the same single window", n)
-	}
-	fake.Advance(window - 3*time.Second - time.Millisecond)
-	if n := fake.Waiters(); n != 1 {
-		t.Fatal("window closed early")
-	}
+
+	// A single announcement is written after the quiet period.
+	announceOne("lone announcement")
+	fake.Advance(quiet - time.Millisecond)
 	if got := len(entries(t, e.kv)); got != 0 {
-		t.Fatalf("%d entries written before the window closed", got)
+		t.Fatalf("%d entries written before the quiet period ended", got)
 	}
-	fake.Advance(time.Millisecond) // 5 s after the first event
-	eventually(t, 10*time.Second, "one batch with both", func() bool { return len(entries(t, e.kv)) == 2 })
+	fake.Advance(time.Millisecond)
+	eventually(t, 10*time.Second, "lone announcement written after the quiet period", func() bool { return len(entries(t, e.kv)) == 1 })
 	if got := batches() - before; got != 1 {
 		t.Fatalf("%v batches, want 1", got)
 	}
 
-	// A later event opens a new window from its own arrival.
-	add(t, relay, announce(c, "r", nil))
-	eventually(t, 10*time.Second, "third event applied", applied(3))
-	fake.Advance(window - time.Millisecond)
-	if got := len(entries(t, e.kv)); got != 2 {
-		t.Fatalf("%d entries before the second window closed", got)
+	// Two changes inside the quiet period are one write, quiet after the
+	// second.
+	announceOne("burst 1/2")
+	fake.Advance(quiet / 2)
+	announceOne("burst 2/2")
+	fake.Advance(quiet / 2) // the first timer fires and is re-armed
+	eventually(t, 10*time.Second, "re-armed for the second change", armed)
+	if got := len(entries(t, e.kv)); got != 1 {
+		t.Fatalf("%d entries before the burst was quiet", got)
 	}
-	fake.Advance(time.Millisecond)
-	eventually(t, 10*time.Second, "second batch", func() bool { return len(entries(t, e.kv)) == 3 })
+	fake.Advance(quiet / 2)
+	eventually(t, 10*time.Second, "one batch with the burst", func() bool { return len(entries(t, e.kv)) == 3 })
 	if got := batches() - before; got != 2 {
 		t.Fatalf("%v batches, want 2", got)
+	}
+
+	// A stream that never pauses is written when the window closes.
+	step := quiet - 50*time.Millisecond
+	announceOne("stream start")
+	var elapsed time.Duration
+	for elapsed+step < window {
+		fake.Advance(step)
+		elapsed += step
+		announceOne("stream")
+		if got := len(entries(t, e.kv)); got != 3 {
+			t.Fatalf("%d entries written %s into a stream that never paused", got, elapsed)
+		}
+	}
+	fake.Advance(window - elapsed)
+	eventually(t, 10*time.Second, "stream written at the window", func() bool { return len(entries(t, e.kv)) == int(n) })
+	if got := batches() - before; got != 3 {
+		t.Fatalf("%v batches, want 3", got)
 	}
 }
 
@@ -483,13 +503,14 @@ func TestOneActiveDiscovery(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	good := Config{BatchWindow: time.Second, PageSize: 500, BackoffBase: time.Second, BackoffMax: time.Minute,
+	good := Config{BatchQuiet: 150 * time.Millisecond, BatchWindow: time.Second, PageSize: 500, BackoffBase: time.Second, BackoffMax: time.Minute,
 		BootstrapRelays: []string{"WSS://Boot.Example:443/"}}
 	if err := good.Validate(); err != nil || good.BootstrapRelays[0] != "wss://boot.example" {
 		t.Fatalf("Validate = %v, bootstrap %v", err, good.BootstrapRelays)
 	}
 	for name, mutate := range map[string]func(*Config){
 		"zero window":        func(c *Config) { c.BatchWindow = 0 },
+		"zero quiet":         func(c *Config) { c.BatchQuiet = 0 },
 		"zero page":          func(c *Config) { c.PageSize = 0 },
 		"negative min cap":   func(c *Config) { c.RelayMinCap = -1 },
 		"backoff max < base": func(c *Config) { c.BackoffMax = time.Millisecond },

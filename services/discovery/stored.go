@@ -115,7 +115,7 @@ func (d *Discovery) complete(f *storedFeed, m gapMark) bool {
 // arms the batch window when an entry may have changed.
 func (d *Discovery) applyStored(t *term, evt *nostr.Event) {
 	d.metrics.storedSeen.Inc()
-	if d.fold(t, evt) && t.window == nil {
-		t.window = d.clock.After(d.cfg.BatchWindow)
+	if d.fold(t, evt) {
+		d.changed(t)
 	}
 }
