@@ -37,6 +37,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
 // Config bounds the lot. Services embed it anonymously in their own
@@ -216,7 +217,7 @@ func Open(ctx context.Context, b *bus.Bus, cfg Config, clk clock.Clock, log *slo
 // waits for may have been stored between the refusal and the park, and that
 // event's wake-up looked before the park was visible.
 func (l *Lot) Park(ctx context.Context, evt *nostr.Event, reason string, missing []string, relay string) (Parked, bool, error) {
-	if !isHex64(evt.ID) {
+	if !nip34.IsEventID(evt.ID) {
 		return Parked{}, false, fmt.Errorf("park: invalid event id %q", evt.ID)
 	}
 	raw, err := json.Marshal(evt)
@@ -312,7 +313,7 @@ func (l *Lot) remove(ctx context.Context, p Parked) bool {
 	if err != nil {
 		l.log.Debug("remove parked event", "id", p.Event.ID, "seq", p.seq, "err", err)
 	}
-	if p.Event != nil && isHex64(p.Event.ID) {
+	if p.Event != nil && nip34.IsEventID(p.Event.ID) {
 		if err := l.wake.Purge(ctx, jetstream.WithPurgeSubject(l.names.ParkedWakeSubject("*", p.Event.ID))); err != nil {
 			l.log.Warn("purge wake entries", "id", p.Event.ID, "err", err)
 		}

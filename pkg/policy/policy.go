@@ -18,15 +18,8 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
-)
-
-// Event kinds the rules treat specially.
-const (
-	kindDeletion     = 5
-	kindAnnouncement = 30617
-	kindState        = 30618
-	kindGraspList    = 10317
 )
 
 // Bounds on the work one hostile event can cause.
@@ -224,13 +217,13 @@ func (p *Policy) evaluate(ctx context.Context, evt *nostr.Event, verify bool) De
 		return d
 	}
 	switch evt.Kind {
-	case kindAnnouncement:
+	case nip34.KindRepoAnnouncement:
 		return p.evaluateAnnouncement(ctx, evt)
-	case kindState:
+	case nip34.KindRepoState:
 		return p.evaluateState(ctx, evt)
-	case kindDeletion:
+	case nip34.KindDeletion:
 		return p.evaluateDeletion(ctx, evt)
-	case kindGraspList:
+	case nip34.KindUserGraspList:
 		return accept()
 	default:
 		return p.evaluateReferences(ctx, evt)
@@ -277,7 +270,7 @@ func (p *Policy) checkIntegrity(evt *nostr.Event, verify bool) (Decision, bool) 
 	if verify && !evt.CheckID() {
 		return refuse(ReasonBadID, "invalid: event id does not match its content"), false
 	}
-	if !isLowerHex(evt.PubKey, 64) {
+	if !nip34.IsPubKey(evt.PubKey) {
 		return refuse(ReasonMalformed, "invalid: pubkey must be 64 lower-case hex characters"), false
 	}
 	if evt.Kind < 0 || evt.Kind > 65535 {
@@ -313,7 +306,7 @@ func (p *Policy) checkIntegrity(evt *nostr.Event, verify bool) (Decision, bool) 
 	if exp, ok := expiration(evt); ok && exp <= now.Unix() {
 		return refuse(ReasonExpired, "invalid: event has expired"), false
 	}
-	if !isLowerHex(evt.Sig, 128) {
+	if !nip34.IsSignature(evt.Sig) {
 		return refuse(ReasonBadSignature, "invalid: signature must be 128 lower-case hex characters"), false
 	}
 	// CheckSignature recomputes the hash from the body and ignores evt.ID;
@@ -349,12 +342,12 @@ func (p *Policy) checkStored(ctx context.Context, evt *nostr.Event) (Decision, b
 	if len(found) > 0 {
 		return refuse(ReasonDuplicate, "duplicate: already have this event"), false
 	}
-	coord, keyed := eventCoordinate(evt)
+	coord, keyed := nip34.CoordinateOf(evt)
 	// A deletion of a deletion has no effect (NIP-09), so kind 5 is never
 	// refused as deleted.
-	if evt.Kind != kindDeletion {
+	if evt.Kind != nip34.KindDeletion {
 		dels, err := p.query(ctx, nostr.Filter{
-			Kinds: []int{kindDeletion}, Authors: []string{evt.PubKey},
+			Kinds: []int{nip34.KindDeletion}, Authors: []string{evt.PubKey},
 			Tags: nostr.TagMap{"e": {evt.ID}}, Limit: 1,
 		})
 		if err != nil {
@@ -368,7 +361,7 @@ func (p *Policy) checkStored(ctx context.Context, evt *nostr.Event) (Decision, b
 			// created_at: only deletions at or after this version count.
 			since := evt.CreatedAt
 			dels, err := p.query(ctx, nostr.Filter{
-				Kinds: []int{kindDeletion}, Authors: []string{evt.PubKey},
+				Kinds: []int{nip34.KindDeletion}, Authors: []string{evt.PubKey},
 				Tags: nostr.TagMap{"a": {coord.String()}}, Since: &since, Limit: 1,
 			})
 			if err != nil {
@@ -412,12 +405,12 @@ func (p *Policy) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, err
 }
 
 // versions returns the stored events with coordinate c.
-func (p *Policy) versions(ctx context.Context, c coordinate) ([]*nostr.Event, error) {
-	f := nostr.Filter{Kinds: []int{c.kind}, Authors: []string{c.pubkey}, Limit: maxVersions}
-	if nostr.IsAddressableKind(c.kind) && c.d != "" {
+func (p *Policy) versions(ctx context.Context, c nip34.Coordinate) ([]*nostr.Event, error) {
+	f := nostr.Filter{Kinds: []int{c.Kind}, Authors: []string{c.PubKey}, Limit: maxVersions}
+	if nostr.IsAddressableKind(c.Kind) && c.D != "" {
 		// Stores do not index empty tag values, so "d":"" cannot be
 		// queried; those are matched below instead.
-		f.Tags = nostr.TagMap{"d": {c.d}}
+		f.Tags = nostr.TagMap{"d": {c.D}}
 	}
 	evts, err := p.query(ctx, f)
 	if err != nil {
@@ -425,7 +418,7 @@ func (p *Policy) versions(ctx context.Context, c coordinate) ([]*nostr.Event, er
 	}
 	out := evts[:0]
 	for _, e := range evts {
-		if c.matches(e) {
+		if c.Matches(e) {
 			out = append(out, e)
 		}
 	}
@@ -471,7 +464,7 @@ func (p *Policy) evaluateAnnouncement(ctx context.Context, evt *nostr.Event) Dec
 		dec := refuse(ReasonNotMaintainer, "%s, and no accepted announcement with identifier %q names its author as a maintainer", msg, d)
 		for _, m := range maintainers(evt) {
 			if m != evt.PubKey && !stored[m] && len(dec.Missing) < maxReferences {
-				dec.Missing = append(dec.Missing, coordinate{kindAnnouncement, m, d}.String())
+				dec.Missing = append(dec.Missing, nip34.Coordinate{Kind: nip34.KindRepoAnnouncement, PubKey: m, D: d}.String())
 			}
 		}
 		return dec
@@ -491,7 +484,7 @@ func unannounced(set, stored map[string]bool, d string) []string {
 	var out []string
 	for m := range set {
 		if !stored[m] {
-			out = append(out, coordinate{kindAnnouncement, m, d}.String())
+			out = append(out, nip34.Coordinate{Kind: nip34.KindRepoAnnouncement, PubKey: m, D: d}.String())
 		}
 	}
 	slices.Sort(out)
@@ -515,7 +508,7 @@ func (p *Policy) evaluateState(ctx context.Context, evt *nostr.Event) Decision {
 	if set[evt.PubKey] {
 		return accept()
 	}
-	own := coordinate{kindAnnouncement, evt.PubKey, d}.String()
+	own := nip34.Coordinate{Kind: nip34.KindRepoAnnouncement, PubKey: evt.PubKey, D: d}.String()
 	if len(set) == 0 {
 		return Decision{
 			Reason:  ReasonNotMaintainer,
@@ -548,11 +541,11 @@ func (p *Policy) evaluateDeletion(ctx context.Context, evt *nostr.Event) Decisio
 		}
 		switch tag[0] {
 		case "a":
-			if c, ok := parseCoordinate(tag[1]); ok && c.pubkey != evt.PubKey {
+			if c, ok := nip34.ParseCoordinate(tag[1]); ok && c.PubKey != evt.PubKey {
 				return refuse(ReasonDeleteOthers, "blocked: cannot delete another author's event %s", c)
 			}
 		case "e":
-			if isLowerHex(tag[1], 64) && !seen[tag[1]] {
+			if nip34.IsEventID(tag[1]) && !seen[tag[1]] {
 				seen[tag[1]] = true
 				ids = append(ids, tag[1])
 			}
@@ -614,13 +607,13 @@ func (p *Policy) evaluateReferences(ctx context.Context, evt *nostr.Event) Decis
 // repository, so letting them anchor other events would let anyone bring in
 // anything by first publishing one of them.
 func anchors(kind int) bool {
-	return kind != kindDeletion && kind != kindGraspList
+	return kind != nip34.KindDeletion && kind != nip34.KindUserGraspList
 }
 
 // anyCoordinateStored reports whether a stored event has one of coords. All
 // coordinates are looked up in one query over their kinds, authors and
 // identifiers, then matched exactly.
-func (p *Policy) anyCoordinateStored(ctx context.Context, coords []coordinate) (bool, error) {
+func (p *Policy) anyCoordinateStored(ctx context.Context, coords []nip34.Coordinate) (bool, error) {
 	if len(coords) == 0 {
 		return false, nil
 	}
@@ -629,19 +622,19 @@ func (p *Policy) anyCoordinateStored(ctx context.Context, coords []coordinate) (
 	seenK, seenP, seenD := map[int]bool{}, map[string]bool{}, map[string]bool{}
 	emptyD := false
 	for _, c := range coords {
-		if !seenK[c.kind] {
-			seenK[c.kind] = true
-			kinds = append(kinds, c.kind)
+		if !seenK[c.Kind] {
+			seenK[c.Kind] = true
+			kinds = append(kinds, c.Kind)
 		}
-		if !seenP[c.pubkey] {
-			seenP[c.pubkey] = true
-			pubkeys = append(pubkeys, c.pubkey)
+		if !seenP[c.PubKey] {
+			seenP[c.PubKey] = true
+			pubkeys = append(pubkeys, c.PubKey)
 		}
-		if c.d == "" {
+		if c.D == "" {
 			emptyD = true
-		} else if !seenD[c.d] {
-			seenD[c.d] = true
-			ds = append(ds, c.d)
+		} else if !seenD[c.D] {
+			seenD[c.D] = true
+			ds = append(ds, c.D)
 		}
 	}
 	// At most one stored event per (kind, pubkey, d): the product bounds
@@ -663,7 +656,7 @@ func (p *Policy) anyCoordinateStored(ctx context.Context, coords []coordinate) (
 		}
 		for _, e := range found {
 			for _, c := range coords {
-				if c.matches(e) {
+				if c.Matches(e) {
 					return true, nil
 				}
 			}
@@ -702,7 +695,7 @@ func (p *Policy) referencedByStored(ctx context.Context, evt *nostr.Event) (bool
 		{"E": {evt.ID}},
 		{"q": {evt.ID}},
 	}
-	if c, ok := eventCoordinate(evt); ok {
+	if c, ok := nip34.CoordinateOf(evt); ok {
 		tags[2]["q"] = append(tags[2]["q"], c.String())
 		tags = append(tags, nostr.TagMap{"a": {c.String()}}, nostr.TagMap{"A": {c.String()}})
 	}
@@ -723,14 +716,14 @@ func (p *Policy) referencedByStored(ctx context.Context, evt *nostr.Event) (bool
 // announcements returns the stored announcements with identifier d.
 func (p *Policy) announcements(ctx context.Context, d string) ([]*nostr.Event, error) {
 	evts, err := p.query(ctx, nostr.Filter{
-		Kinds: []int{kindAnnouncement}, Tags: nostr.TagMap{"d": {d}}, Limit: maxAnnouncements,
+		Kinds: []int{nip34.KindRepoAnnouncement}, Tags: nostr.TagMap{"d": {d}}, Limit: maxAnnouncements,
 	})
 	if err != nil {
 		return nil, err
 	}
 	out := evts[:0]
 	for _, e := range evts {
-		if e.Kind == kindAnnouncement && e.Tags.GetD() == d {
+		if e.Kind == nip34.KindRepoAnnouncement && e.Tags.GetD() == d {
 			out = append(out, e)
 		}
 	}
@@ -794,7 +787,7 @@ func maintainers(evt *nostr.Event) []string {
 			if len(out) >= maxMaintainers {
 				return out
 			}
-			if isLowerHex(v, 64) {
+			if nip34.IsPubKey(v) {
 				out = append(out, v)
 			}
 		}
@@ -859,9 +852,7 @@ func (p *Policy) listing(evt *nostr.Event) (clone, relays bool) {
 func identifier(evt *nostr.Event) (string, bool) {
 	for _, tag := range evt.Tags {
 		if len(tag) >= 2 && tag[0] == "d" {
-			d := tag[1]
-			ok := d != "" && d != "." && d != ".." && !strings.ContainsAny(d, "/\\\x00")
-			return d, ok
+			return tag[1], nip34.ValidIdentifier(tag[1])
 		}
 	}
 	return "", false
@@ -870,7 +861,7 @@ func identifier(evt *nostr.Event) (string, bool) {
 // references collects the ids (e, E, q) and coordinates (a, A, q) evt names,
 // deduplicated and capped at maxReferences in total. Malformed values are
 // skipped; coordinates of kinds that cannot anchor are skipped too.
-func references(evt *nostr.Event) (ids []string, coords []coordinate) {
+func references(evt *nostr.Event) (ids []string, coords []nip34.Coordinate) {
 	seen := map[string]bool{}
 	for _, tag := range evt.Tags {
 		if len(ids)+len(coords) >= maxReferences {
@@ -882,98 +873,26 @@ func references(evt *nostr.Event) (ids []string, coords []coordinate) {
 		v := tag[1]
 		switch tag[0] {
 		case "e", "E":
-			if isLowerHex(v, 64) {
+			if nip34.IsEventID(v) {
 				seen[v] = true
 				ids = append(ids, v)
 			}
 		case "a", "A":
-			if c, ok := parseCoordinate(v); ok && anchors(c.kind) {
+			if c, ok := nip34.ParseCoordinate(v); ok && anchors(c.Kind) {
 				seen[v] = true
 				coords = append(coords, c)
 			}
 		case "q":
-			if isLowerHex(v, 64) {
+			if nip34.IsEventID(v) {
 				seen[v] = true
 				ids = append(ids, v)
-			} else if c, ok := parseCoordinate(v); ok && anchors(c.kind) {
+			} else if c, ok := nip34.ParseCoordinate(v); ok && anchors(c.Kind) {
 				seen[v] = true
 				coords = append(coords, c)
 			}
 		}
 	}
 	return ids, coords
-}
-
-// coordinate is a replaceable or addressable event's address,
-// "kind:pubkey:d" (d is empty for replaceable kinds).
-type coordinate struct {
-	kind   int
-	pubkey string
-	d      string
-}
-
-func (c coordinate) String() string {
-	return strconv.Itoa(c.kind) + ":" + c.pubkey + ":" + c.d
-}
-
-// matches reports whether e is a version of the event at c.
-func (c coordinate) matches(e *nostr.Event) bool {
-	if e.Kind != c.kind || e.PubKey != c.pubkey {
-		return false
-	}
-	return !nostr.IsAddressableKind(c.kind) || e.Tags.GetD() == c.d
-}
-
-// eventCoordinate returns evt's own coordinate if its kind has one.
-func eventCoordinate(evt *nostr.Event) (coordinate, bool) {
-	switch {
-	case nostr.IsAddressableKind(evt.Kind):
-		return coordinate{evt.Kind, evt.PubKey, evt.Tags.GetD()}, true
-	case nostr.IsReplaceableKind(evt.Kind):
-		return coordinate{evt.Kind, evt.PubKey, ""}, true
-	}
-	return coordinate{}, false
-}
-
-// parseCoordinate parses "kind:pubkey:d" strictly: a decimal kind of a
-// replaceable or addressable range, a lower-case hex pubkey, and an empty d
-// for replaceable kinds. d may itself contain ':'.
-func parseCoordinate(s string) (coordinate, bool) {
-	k, rest, ok := strings.Cut(s, ":")
-	if !ok || k == "" || len(k) > 5 {
-		return coordinate{}, false
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] < '0' || k[i] > '9' {
-			return coordinate{}, false
-		}
-	}
-	kind, _ := strconv.Atoi(k)
-	pk, d, ok := strings.Cut(rest, ":")
-	if !ok || !isLowerHex(pk, 64) {
-		return coordinate{}, false
-	}
-	switch {
-	case nostr.IsAddressableKind(kind):
-	case nostr.IsReplaceableKind(kind) && d == "":
-	default:
-		return coordinate{}, false
-	}
-	return coordinate{kind, pk, d}, true
-}
-
-// isLowerHex reports whether s is exactly n lower-case hex characters.
-func isLowerHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // References returns the event ids (e, E, q) and "kind:pubkey:d"
@@ -997,7 +916,7 @@ func Coordinate(evt *nostr.Event) (string, bool) {
 	if evt == nil {
 		return "", false
 	}
-	c, ok := eventCoordinate(evt)
+	c, ok := nip34.CoordinateOf(evt)
 	if !ok {
 		return "", false
 	}
@@ -1011,7 +930,7 @@ func Coordinate(evt *nostr.Event) (string, bool) {
 // which Deletes holds; together with rule 0 (deleted events are refused when
 // re-sent) this is all of NIP-09.
 func DeletionFilters(del *nostr.Event) []nostr.Filter {
-	if del == nil || del.Kind != kindDeletion {
+	if del == nil || del.Kind != nip34.KindDeletion {
 		return nil
 	}
 	var out []nostr.Filter
@@ -1024,18 +943,18 @@ func DeletionFilters(del *nostr.Event) []nostr.Filter {
 		seen[tag[0]+tag[1]] = true
 		switch tag[0] {
 		case "e":
-			if isLowerHex(tag[1], 64) {
+			if nip34.IsEventID(tag[1]) {
 				ids = append(ids, tag[1])
 			}
 		case "a":
-			c, ok := parseCoordinate(tag[1])
-			if !ok || c.pubkey != del.PubKey {
+			c, ok := nip34.ParseCoordinate(tag[1])
+			if !ok || c.PubKey != del.PubKey {
 				continue
 			}
 			until := del.CreatedAt
-			f := nostr.Filter{Kinds: []int{c.kind}, Authors: []string{c.pubkey}, Until: &until, Limit: maxVersions}
-			if nostr.IsAddressableKind(c.kind) && c.d != "" {
-				f.Tags = nostr.TagMap{"d": {c.d}}
+			f := nostr.Filter{Kinds: []int{c.Kind}, Authors: []string{c.PubKey}, Until: &until, Limit: maxVersions}
+			if nostr.IsAddressableKind(c.Kind) && c.D != "" {
+				f.Tags = nostr.TagMap{"d": {c.D}}
 			}
 			out = append(out, f)
 		}
@@ -1051,10 +970,10 @@ func DeletionFilters(del *nostr.Event) []nostr.Filter {
 // author, and target is named by id, or by coordinate with created_at not
 // after the deletion's. Deletions themselves are never removed (NIP-09).
 func Deletes(del, target *nostr.Event) bool {
-	if del == nil || target == nil || del.Kind != kindDeletion || target.Kind == kindDeletion || target.PubKey != del.PubKey {
+	if del == nil || target == nil || del.Kind != nip34.KindDeletion || target.Kind == nip34.KindDeletion || target.PubKey != del.PubKey {
 		return false
 	}
-	coord, keyed := eventCoordinate(target)
+	coord, keyed := nip34.CoordinateOf(target)
 	for _, tag := range del.Tags {
 		if len(tag) < 2 {
 			continue

@@ -33,6 +33,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
 
@@ -183,7 +184,7 @@ func secretKey(s string) (string, error) {
 		sk, _ := v.(string)
 		return sk, nil
 	}
-	if !isHex(strings.ToLower(s), 64) {
+	if !nip34.IsLowerHex(strings.ToLower(s), 64) {
 		return "", errors.New("want 64 hex characters or an nsec")
 	}
 	if _, err := nostr.GetPublicKey(strings.ToLower(s)); err != nil {

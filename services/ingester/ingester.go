@@ -31,6 +31,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
@@ -219,7 +220,7 @@ func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []
 	if !stored {
 		return false, nil
 	}
-	if evt.Kind == 5 {
+	if evt.Kind == nip34.KindDeletion {
 		if err := i.applyDeletion(ctx, &evt); err != nil {
 			// The deletion is stored; its redelivery finds it a duplicate
 			// and applies it again (see process).

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
@@ -361,7 +362,7 @@ func (i *Ingester) settle(ctx context.Context, items []*item) {
 func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
 	deletion := false
 	for _, it := range items {
-		deletion = deletion || it.evt != nil && it.evt.Kind == 5
+		deletion = deletion || it.evt != nil && it.evt.Kind == nip34.KindDeletion
 	}
 	// A deletion is decided and applied with nothing else of this replica
 	// in progress (wake-ups of parked events included): a target being
@@ -465,7 +466,7 @@ func (i *Ingester) refuse(ctx context.Context, it *item, d policy.Decision) {
 
 // duplicate settles an item whose event is stored already.
 func (i *Ingester) duplicate(ctx context.Context, it *item) {
-	if it.evt.Kind == 5 {
+	if it.evt.Kind == nip34.KindDeletion {
 		// A stored deletion whose application failed before is applied
 		// again on redelivery (idempotent).
 		if err := i.applyDeletion(ctx, it.evt); err != nil {
@@ -619,15 +620,15 @@ func (b *batch) prefetch(ctx context.Context, items []*item) {
 		b.cache[filterKey(f)] = lookup{f, r}
 	}
 	limit := 4 * len(ids)
-	dels, err := b.i.store.Query(ctx, nostr.Filter{Kinds: []int{5}, Tags: nostr.TagMap{"e": ids}, Limit: limit})
+	dels, err := b.i.store.Query(ctx, nostr.Filter{Kinds: []int{nip34.KindDeletion}, Tags: nostr.TagMap{"e": ids}, Limit: limit})
 	if err != nil || len(dels) >= limit {
 		return
 	}
 	for _, e := range evts {
-		if e.Kind == 5 {
+		if e.Kind == nip34.KindDeletion {
 			continue // a deletion cannot be deleted: the policy does not ask
 		}
-		f := nostr.Filter{Kinds: []int{5}, Authors: []string{e.PubKey}, Tags: nostr.TagMap{"e": {e.ID}}, Limit: 1}
+		f := nostr.Filter{Kinds: []int{nip34.KindDeletion}, Authors: []string{e.PubKey}, Tags: nostr.TagMap{"e": {e.ID}}, Limit: 1}
 		var r []*nostr.Event
 		for _, d := range dels {
 			if f.Matches(d) {
@@ -670,7 +671,7 @@ func (b *batch) flush(ctx context.Context) error {
 				failed = it.err
 			}
 		default:
-			if it.evt.Kind == 5 {
+			if it.evt.Kind == nip34.KindDeletion {
 				if err := b.i.applyDeletion(ctx, it.evt); err != nil {
 					// The deletion is stored; its retry finds it a
 					// duplicate and applies it again (see duplicate).
@@ -690,7 +691,7 @@ func (b *batch) flush(ctx context.Context) error {
 // stored events (which any filter may have found), all of them.
 func (b *batch) forget(events *pendingSet) {
 	for _, it := range events.items {
-		if k := it.evt.Kind; k == 5 || nostr.IsReplaceableKind(k) || nostr.IsAddressableKind(k) {
+		if k := it.evt.Kind; k == nip34.KindDeletion || nostr.IsReplaceableKind(k) || nostr.IsAddressableKind(k) {
 			clear(b.cache)
 			return
 		}

@@ -33,6 +33,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/khatrulock"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
@@ -305,7 +306,7 @@ func (r *Relay) deleteEvent(ctx context.Context, evt *nostr.Event) error {
 // applyDeletion removes what an accepted, stored NIP-09 deletion request
 // names: only its author's events, coordinates up to its created_at.
 func (r *Relay) applyDeletion(ctx context.Context, del *nostr.Event) {
-	if del.Kind != 5 {
+	if del.Kind != nip34.KindDeletion {
 		return
 	}
 	for _, f := range policy.DeletionFilters(del) {
