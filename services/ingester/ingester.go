@@ -31,7 +31,6 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
-	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
@@ -209,26 +208,18 @@ func (i *Ingester) Run(ctx context.Context) error {
 }
 
 // storeAccepted stores an event the policy accepted, applies it if it is a
-// deletion, and publishes it on grasp.stored.<kind>. data is its JSON.
-// stored is false for a duplicate.
+// deletion, and publishes it on grasp.stored.<kind> (store.SaveAccepted).
+// data is its JSON. stored is false for a duplicate.
 func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []byte) (stored bool, err error) {
 	evt := *evtp
-	stored, err = i.store.Save(ctx, &evt)
-	if err != nil {
+	stored, err = store.SaveAccepted(ctx, i.store, &evt, func(e *nostr.Event) { i.publishStored(e, data) })
+	if err != nil && !stored {
 		return false, fmt.Errorf("store %s: %w", evt.ID, err)
 	}
-	if !stored {
-		return false, nil
-	}
-	if evt.Kind == nip34.KindDeletion {
-		if err := i.applyDeletion(ctx, &evt); err != nil {
-			// The deletion is stored; its redelivery finds it a duplicate
-			// and applies it again (see process).
-			return true, err
-		}
-	}
-	i.publishStored(&evt, data)
-	return true, nil
+	// With stored true, an error is a deletion stored but not fully
+	// applied: its redelivery finds it a duplicate and applies it again
+	// (see duplicate).
+	return stored, err
 }
 
 // publishStored announces a stored event on grasp.stored.<kind>; data is its
@@ -242,27 +233,6 @@ func (i *Ingester) publishStored(evt *nostr.Event, data []byte) {
 		// only find a duplicate.
 		i.log.Warn("publish stored event", "id", evt.ID, "err", err)
 	}
-}
-
-// applyDeletion removes the events a stored NIP-09 deletion names, by id and
-// by a coordinate, that its author wrote (policy.DeletionFilters and
-// policy.Deletes decide which). Idempotent.
-func (i *Ingester) applyDeletion(ctx context.Context, del *nostr.Event) error {
-	for _, f := range policy.DeletionFilters(del) {
-		targets, err := i.store.Query(ctx, f)
-		if err != nil {
-			return fmt.Errorf("deletion %s: find targets: %w", del.ID, err)
-		}
-		for _, t := range targets {
-			if !policy.Deletes(del, t) {
-				continue
-			}
-			if err := i.store.Delete(ctx, t); err != nil {
-				return fmt.Errorf("deletion %s: delete %s: %w", del.ID, t.ID, err)
-			}
-		}
-	}
-	return nil
 }
 
 // decode parses raw event JSON with go-nostr's generated decoder, skipping

@@ -466,13 +466,11 @@ func (i *Ingester) refuse(ctx context.Context, it *item, d policy.Decision) {
 
 // duplicate settles an item whose event is stored already.
 func (i *Ingester) duplicate(ctx context.Context, it *item) {
-	if it.evt.Kind == nip34.KindDeletion {
-		// A stored deletion whose application failed before is applied
-		// again on redelivery (idempotent).
-		if err := i.applyDeletion(ctx, it.evt); err != nil {
-			it.err = err
-			return
-		}
+	// A stored deletion whose application failed before is applied again
+	// on redelivery (idempotent; nothing for other kinds).
+	if err := store.ApplyDeletion(ctx, i.store, it.evt); err != nil {
+		it.err = err
+		return
 	}
 	if md, err := it.msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		// A redelivery: an earlier attempt may have stored the event and
@@ -671,15 +669,12 @@ func (b *batch) flush(ctx context.Context) error {
 				failed = it.err
 			}
 		default:
-			if it.evt.Kind == nip34.KindDeletion {
-				if err := b.i.applyDeletion(ctx, it.evt); err != nil {
-					// The deletion is stored; its retry finds it a
-					// duplicate and applies it again (see duplicate).
-					it.err, failed = err, err
-					continue
-				}
+			if err := store.Settle(ctx, b.i.store, it.evt, func(e *nostr.Event) { b.i.publishStored(e, it.msg.Data()) }); err != nil {
+				// The deletion is stored; its retry finds it a
+				// duplicate and applies it again (see duplicate).
+				it.err, failed = err, err
+				continue
 			}
-			b.i.publishStored(it.evt, it.msg.Data())
 			b.i.done(it, outcomeStored)
 		}
 	}
