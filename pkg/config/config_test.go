@@ -1,6 +1,8 @@
 package config_test
 
 import (
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +130,13 @@ func TestFormerNames(t *testing.T) {
 				t.Fatalf("Load = %v, %+v; want MaxTags %d, Skew %s", err, s, tt.wantTags, tt.wantSkew)
 			}
 		})
+	}
+}
+
+func TestInstanceIDNamesHostAndProcess(t *testing.T) {
+	host, _ := os.Hostname()
+	want := host + "-" + strconv.Itoa(os.Getpid())
+	if got := config.InstanceID(); got != want {
+		t.Errorf("InstanceID() = %q, want %q", got, want)
 	}
 }

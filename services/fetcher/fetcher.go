@@ -16,8 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -113,8 +111,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.ID == "" {
-		host, _ := os.Hostname()
-		c.ID = host + "-" + strconv.Itoa(os.Getpid())
+		c.ID = config.InstanceID()
 	}
 	if c.NegentropyFrameSize != 0 && c.NegentropyFrameSize < 4096 {
 		return config.Invalid("FETCHER_NEGENTROPY_FRAME_SIZE", c.NegentropyFrameSize, "must be at least 4096")
@@ -168,8 +165,7 @@ func (c Config) withDefaults() Config {
 	defi(&c.MaxPendingBatches, 256)
 	defi(&c.PublishWindow, 256)
 	if c.ID == "" {
-		host, _ := os.Hostname()
-		c.ID = host + "-" + strconv.Itoa(os.Getpid())
+		c.ID = config.InstanceID()
 	}
 	return c
 }
