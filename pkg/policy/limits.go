@@ -2,6 +2,8 @@ package policy
 
 import (
 	"time"
+
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 )
 
 // Bounds on the work one hostile event can cause.
@@ -52,34 +54,18 @@ type Limits struct {
 }
 
 // DefaultLimits returns the limits used for unset fields: 256 KiB events,
-// 2000 tags, 64 KiB tag values, 15 minutes of clock skew.
+// 2000 tags, 64 KiB tag values, 15 minutes of clock skew (the default tags
+// of Limits).
 func DefaultLimits() Limits {
-	return Limits{
-		MaxEventBytes:    256 << 10,
-		MaxTags:          2000,
-		MaxTagValueBytes: 64 << 10,
-		MaxFutureSkew:    15 * time.Minute,
-	}
+	return Limits{}.WithDefaults()
 }
 
 // limits returns the configured limits with defaults filled in.
 func (p *Policy) limits() Limits { return p.Limits.WithDefaults() }
 
-// WithDefaults returns l with its zero (or negative) fields set to
-// DefaultLimits values.
+// WithDefaults returns l with its zero (or negative) fields set to their
+// default tags, the same values GRASP_POLICY_* take when unset.
 func (l Limits) WithDefaults() Limits {
-	def := DefaultLimits()
-	if l.MaxEventBytes <= 0 {
-		l.MaxEventBytes = def.MaxEventBytes
-	}
-	if l.MaxTags <= 0 {
-		l.MaxTags = def.MaxTags
-	}
-	if l.MaxTagValueBytes <= 0 {
-		l.MaxTagValueBytes = def.MaxTagValueBytes
-	}
-	if l.MaxFutureSkew <= 0 {
-		l.MaxFutureSkew = def.MaxFutureSkew
-	}
+	config.FillDefaults(&l)
 	return l
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
@@ -83,40 +84,14 @@ type Config struct {
 	policy.Limits
 }
 
-// withDefaults fills zero fields, so a Config built in code (tests, graspd)
-// behaves like one read from the environment.
+// withDefaults fills zero fields (the parking and policy ones too) from their
+// default tags, so a Config built in code (tests, graspd) behaves like one
+// read from the environment; Workers' default depends on the CPUs.
 func (c Config) withDefaults() Config {
-	if c.Consumer == "" {
-		c.Consumer = "ingester"
-	}
-	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 20
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = 30 * time.Second
-	}
+	config.FillDefaults(&c)
 	if c.Workers <= 0 {
 		c.Workers = max(4, 2*runtime.GOMAXPROCS(0))
 	}
-	if c.FetchBatch <= 0 {
-		c.FetchBatch = 256
-	}
-	if c.RetryDelay <= 0 {
-		c.RetryDelay = time.Second
-	}
-	if c.OutageBackoffMax <= 0 {
-		c.OutageBackoffMax = 5 * time.Second
-	}
-	if c.LagInterval <= 0 {
-		c.LagInterval = 5 * time.Second
-	}
-	if c.ParkSweep <= 0 {
-		c.ParkSweep = 30 * time.Second
-	}
-	if c.ParkSweepMax <= 0 {
-		c.ParkSweepMax = 1000
-	}
-	c.Limits = c.Limits.WithDefaults()
 	return c
 }
 

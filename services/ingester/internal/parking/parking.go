@@ -37,6 +37,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
@@ -62,30 +63,19 @@ type Config struct {
 }
 
 // DefaultConfig returns the defaults: 100,000 events for 1 h.
-func DefaultConfig() Config {
-	return Config{MaxEvents: 100_000, MaxAge: time.Hour, MaxWakeKeys: 16, MaxSignals: 32, SweepInterval: time.Minute, Replicas: 1}
-}
+func DefaultConfig() Config { return Config{}.withDefaults() }
 
+// withDefaults fills zero fields from their default tags. Fewer than two
+// wake keys or signals cannot hold an event's own id and coordinate, so
+// those take the default too.
 func (c Config) withDefaults() Config {
-	d := DefaultConfig()
-	if c.MaxEvents <= 0 {
-		c.MaxEvents = d.MaxEvents
-	}
-	if c.MaxAge <= 0 {
-		c.MaxAge = d.MaxAge
-	}
 	if c.MaxWakeKeys < 2 {
-		c.MaxWakeKeys = d.MaxWakeKeys
+		c.MaxWakeKeys = 0
 	}
 	if c.MaxSignals < 2 {
-		c.MaxSignals = d.MaxSignals
+		c.MaxSignals = 0
 	}
-	if c.SweepInterval <= 0 {
-		c.SweepInterval = d.SweepInterval
-	}
-	if c.Replicas <= 0 {
-		c.Replicas = 1
-	}
+	config.FillDefaults(&c)
 	return c
 }
 
