@@ -127,43 +127,10 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// withDefaults fills zero values (tests build Config literals).
+// withDefaults fills zero values from the default tags (tests build Config
+// literals).
 func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	defi := func(d *int, v int) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	defi(&c.Shards, bus.DefaultShards)
-	def(&c.LeaseTTL, 15*time.Second)
-	defi(&c.PageSize, 500)
-	defi(&c.RelayMinCap, 100)
-	defi(&c.MaxPages, 10000)
-	defi(&c.IDsPerREQ, 100)
-	defi(&c.NegentropyFrameSize, 60_000)
-	def(&c.NegentropyTimeout, 30*time.Second)
-	def(&c.PageTimeout, 2*time.Minute)
-	def(&c.ConnectTimeout, 10*time.Second)
-	def(&c.PingInterval, 30*time.Second)
-	def(&c.PongTimeout, 20*time.Second)
-	if c.MaxMessageBytes <= 0 {
-		c.MaxMessageBytes = 4 << 20
-	}
-	def(&c.BackoffBase, 5*time.Second)
-	def(&c.BackoffMax, time.Hour)
-	def(&c.DeadAfter, 24*time.Hour)
-	def(&c.DeadRetry, 24*time.Hour)
-	def(&c.RateLimitCooldown, 65*time.Second)
-	def(&c.RateLimitMaxCooldown, time.Hour)
-	defi(&c.LiveFiltersPerREQ, 20)
-	defi(&c.MaxConcurrentBatches, 2)
-	defi(&c.MaxPendingBatches, 256)
-	defi(&c.PublishWindow, 256)
+	config.FillDefaults(&c)
 	if c.ID == "" {
 		c.ID = config.InstanceID()
 	}
