@@ -181,7 +181,7 @@ func TestNATSPermissionsWork(t *testing.T) {
 				step("bus.Setup", bus.Setup(ctx, js, names, bus.DefaultOptions()))
 			}
 			for f := range u.Streams {
-				ensureStream(ctx, t, url, passwords, fams[f]) // what pkg/parking creates itself
+				ensureStream(ctx, t, url, passwords, fams[f]) // what services/ingester/internal/parking creates itself
 				exerciseStream(ctx, step, js, fams[f])
 			}
 			for f := range u.Publish {

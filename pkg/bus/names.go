@@ -123,7 +123,7 @@ func (n Names) AllSubjects() string { return n.prefix() + ".>" }
 
 // ParkedStream holds events the policy refused only because something they
 // reference has not arrived yet, one message per parked event on
-// ParkedSubject (written and read by pkg/parking in the ingesters).
+// ParkedSubject (written and read by services/ingester/internal/parking in the ingesters).
 func (n Names) ParkedStream() string { return n.upper() + "_PARKED" }
 
 // ParkedSubject is the subject of one parked event, by event id.
@@ -139,7 +139,7 @@ func (n Names) ParkedSubjects() string { return n.all("parked.event") }
 func (n Names) ParkedWakeStream() string { return n.upper() + "_PARKED_WAKE" }
 
 // ParkedWakeSubject is the wake-up entry of parked event id for reference
-// token (a KV- and subject-safe token, see pkg/parking).
+// token (a KV- and subject-safe token, see services/ingester/internal/parking).
 func (n Names) ParkedWakeSubject(token, id string) string {
 	return n.prefix() + ".parked.wake." + token + "." + id
 }

@@ -1,6 +1,8 @@
 package config_test
 
 import (
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +130,79 @@ func TestFormerNames(t *testing.T) {
 				t.Fatalf("Load = %v, %+v; want MaxTags %d, Skew %s", err, s, tt.wantTags, tt.wantSkew)
 			}
 		})
+	}
+}
+
+func TestInstanceIDNamesHostAndProcess(t *testing.T) {
+	host, _ := os.Hostname()
+	want := host + "-" + strconv.Itoa(os.Getpid())
+	if got := config.InstanceID(); got != want {
+		t.Errorf("InstanceID() = %q, want %q", got, want)
+	}
+}
+
+type defaulted struct {
+	Name     string        `default:"grasp"`
+	Count    int           `default:"16"`
+	Size     int64         `default:"4194304"`
+	Rate     float64       `default:"2.5"`
+	Wait     time.Duration `default:"15s"`
+	Hosts    []string      `default:"127.0.0.1,::1"`
+	Untagged int
+	Nested   struct {
+		Depth uint `default:"3"`
+	}
+	EmbeddedDefaults
+}
+
+type EmbeddedDefaults struct {
+	Inner int `default:"7"`
+}
+
+func TestFillDefaultsFillsZeroAndNegativeFields(t *testing.T) {
+	var d defaulted
+	config.FillDefaults(&d)
+	if d.Name != "grasp" || d.Count != 16 || d.Size != 4<<20 || d.Rate != 2.5 || d.Wait != 15*time.Second ||
+		strings.Join(d.Hosts, " ") != "127.0.0.1 ::1" || d.Untagged != 0 || d.Nested.Depth != 3 || d.Inner != 7 {
+		t.Errorf("FillDefaults(zero) = %+v", d)
+	}
+	set := defaulted{Name: "x", Count: 1, Size: -1, Rate: -2, Wait: time.Second, Hosts: []string{"h"}, Untagged: 9}
+	config.FillDefaults(&set)
+	if set.Name != "x" || set.Count != 1 || set.Size != 4<<20 || set.Rate != 2.5 || set.Wait != time.Second ||
+		len(set.Hosts) != 1 || set.Untagged != 9 {
+		t.Errorf("FillDefaults kept the wrong fields: %+v", set)
+	}
+}
+
+func TestFillDefaultsRefusesBadTags(t *testing.T) {
+	for name, spec := range map[string]any{
+		"unparsable": &struct {
+			N int `default:"many"`
+		}{},
+		"bool": &struct {
+			B bool `default:"true"`
+		}{},
+		"not a pointer": struct{}{},
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Error("FillDefaults did not panic")
+				}
+			}()
+			config.FillDefaults(spec)
+		})
+	}
+}
+
+// Every default tag of this package's test spec parses.
+func TestFillDefaultsMatchesLoad(t *testing.T) {
+	var loaded, filled spec
+	if err := config.Load(&loaded); err != nil {
+		t.Fatal(err)
+	}
+	config.FillDefaults(&filled)
+	if loaded != filled {
+		t.Errorf("Load = %+v, FillDefaults = %+v", loaded, filled)
 	}
 }

@@ -5,24 +5,36 @@ package nip34
 
 import (
 	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"strings"
 
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// Kinds of NIP-34 and GRASP events.
+// Kinds of NIP-34 and GRASP events, and the general nostr kinds the write
+// policy treats specially.
 const (
-	KindRepoAnnouncement  = 30617
-	KindRepoState         = 30618
-	KindPatch             = 1617
-	KindPullRequest       = 1618
+	// KindRepoAnnouncement is a repository announcement (addressable; its d
+	// tag is the repository identifier).
+	KindRepoAnnouncement = 30617
+	// KindRepoState is a repository state: branch and tag heads (addressable,
+	// same d tag as the announcement).
+	KindRepoState = 30618
+	// KindPatch is a patch; a root event replies are followed by.
+	KindPatch = 1617
+	// KindPullRequest is a pull request; a root event.
+	KindPullRequest = 1618
+	// KindPullRequestUpdate updates a pull request's tip.
 	KindPullRequestUpdate = 1619
-	KindIssue             = 1621
-	KindUserGraspList     = 10317
-	KindComment           = 1111
-	KindDeletion          = 5
+	// KindIssue is an issue; a root event.
+	KindIssue = 1621
+	// KindUserGraspList is a user's list of GRASP servers (replaceable).
+	KindUserGraspList = 10317
+	// KindComment is a NIP-22 comment, the usual reply to a root event.
+	KindComment = 1111
+	// KindDeletion is a NIP-09 deletion request: it names the events (e tags)
+	// and coordinates (a tags) its author wants removed.
+	KindDeletion = 5
 )
 
 // IsRootKind reports whether replies to events of this kind are followed by
@@ -81,12 +93,22 @@ func ParseKey(key string) (RepoRef, bool) {
 	return RepoRef{PubKey: pk, Identifier: string(d)}, true
 }
 
-func isHex64(s string) bool {
-	if len(s) != 64 {
+func isHex64(s string) bool { return IsLowerHex(s, 64) }
+
+// IsLowerHex reports whether s is exactly n lower-case hex characters, the
+// only form ids (64), public keys (64) and signatures (128) take in a valid
+// event; upper case is refused because ids are compared as strings.
+func IsLowerHex(s string, n int) bool {
+	if len(s) != n {
 		return false
 	}
-	_, err := hex.DecodeString(s)
-	return err == nil && strings.ToLower(s) == s
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // IsEventID reports whether s has the form of an event id (64 lower-case hex).
@@ -95,6 +117,10 @@ func IsEventID(s string) bool { return isHex64(s) }
 // IsPubKey reports whether s is a public key in hex (64 lower-case hex
 // characters).
 func IsPubKey(s string) bool { return isHex64(s) }
+
+// IsSignature reports whether s has the form of a Schnorr signature (128
+// lower-case hex characters).
+func IsSignature(s string) bool { return IsLowerHex(s, 128) }
 
 // RepoRefsOf returns the repositories an event names in its "a" tags.
 func RepoRefsOf(evt *nostr.Event) []RepoRef {

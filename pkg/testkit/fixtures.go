@@ -11,24 +11,27 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip19"
+
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
-// NIP-34 and related event kinds used by the fixtures.
+// NIP-34 and related event kinds used by the fixtures; the ones grasp-sync
+// itself names are pkg/nip34's.
 const (
 	KindNote              = 1
-	KindDeletion          = 5
-	KindPatch             = 1617
-	KindPullRequest       = 1618
-	KindPullRequestUpdate = 1619
-	KindIssue             = 1621
+	KindDeletion          = nip34.KindDeletion
+	KindPatch             = nip34.KindPatch
+	KindPullRequest       = nip34.KindPullRequest
+	KindPullRequestUpdate = nip34.KindPullRequestUpdate
+	KindIssue             = nip34.KindIssue
 	KindStatusOpen        = 1630
 	KindStatusApplied     = 1631
 	KindStatusClosed      = 1632
 	KindStatusDraft       = 1633
-	KindComment           = 1111
-	KindGraspList         = 10317
-	KindAnnouncement      = 30617
-	KindState             = 30618
+	KindComment           = nip34.KindComment
+	KindGraspList         = nip34.KindUserGraspList
+	KindAnnouncement      = nip34.KindRepoAnnouncement
+	KindState             = nip34.KindRepoState
 )
 
 // Key is a real secp256k1 key pair (hex), so fixtures carry valid ids and

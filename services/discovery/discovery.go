@@ -14,8 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -148,8 +146,7 @@ func (c Config) withDefaults() Config {
 		c.BackoffMax = max(time.Minute, c.BackoffBase)
 	}
 	if c.InstanceID == "" {
-		host, _ := os.Hostname()
-		c.InstanceID = host + "-" + strconv.Itoa(os.Getpid())
+		c.InstanceID = config.InstanceID()
 	}
 	return c
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
 // Reasons an event is dropped before publishing.
@@ -25,7 +27,7 @@ const (
 // signature is the ingester's job (expensive, and it must check anyway).
 // It returns "" for a good event, else the drop reason.
 func CheckEvent(evt *nostr.Event, fs nostr.Filters) string {
-	if !isHex(evt.ID, 64) || !isHex(evt.PubKey, 64) || !isHex(evt.Sig, 128) || evt.Kind < 0 || evt.Kind > 65535 {
+	if !nip34.IsEventID(evt.ID) || !nip34.IsPubKey(evt.PubKey) || !nip34.IsSignature(evt.Sig) || evt.Kind < 0 || evt.Kind > 65535 {
 		return DropShape
 	}
 	for _, tag := range evt.Tags {
@@ -49,19 +51,6 @@ func matchesIgnoringLimit(fs nostr.Filters, evt *nostr.Event) bool {
 		}
 	}
 	return false
-}
-
-func isHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // windowPublisher publishes events asynchronously with at most Window

@@ -16,8 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +31,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
 
@@ -115,8 +114,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.ID == "" {
-		host, _ := os.Hostname()
-		c.ID = host + "-" + strconv.Itoa(os.Getpid())
+		c.ID = config.InstanceID()
 	}
 	if c.NegentropyFrameSize != 0 && c.NegentropyFrameSize < 4096 {
 		return config.Invalid("FETCHER_NEGENTROPY_FRAME_SIZE", c.NegentropyFrameSize, "must be at least 4096")
@@ -132,46 +130,12 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// withDefaults fills zero values (tests build Config literals).
+// withDefaults fills zero values from the default tags (tests build Config
+// literals).
 func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	defi := func(d *int, v int) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	defi(&c.Shards, bus.DefaultShards)
-	def(&c.LeaseTTL, 15*time.Second)
-	defi(&c.PageSize, 500)
-	defi(&c.RelayMinCap, 100)
-	defi(&c.MaxPages, 10000)
-	defi(&c.IDsPerREQ, 100)
-	defi(&c.NegentropyFrameSize, 60_000)
-	def(&c.NegentropyTimeout, 30*time.Second)
-	def(&c.PageTimeout, 2*time.Minute)
-	def(&c.ConnectTimeout, 10*time.Second)
-	def(&c.PingInterval, 30*time.Second)
-	def(&c.PongTimeout, 20*time.Second)
-	if c.MaxMessageBytes <= 0 {
-		c.MaxMessageBytes = 4 << 20
-	}
-	def(&c.BackoffBase, 5*time.Second)
-	def(&c.BackoffMax, time.Hour)
-	def(&c.DeadAfter, 24*time.Hour)
-	def(&c.DeadRetry, 24*time.Hour)
-	def(&c.RateLimitCooldown, 65*time.Second)
-	def(&c.RateLimitMaxCooldown, time.Hour)
-	defi(&c.LiveFiltersPerREQ, 20)
-	defi(&c.MaxConcurrentBatches, 2)
-	defi(&c.MaxPendingBatches, 256)
-	defi(&c.PublishWindow, 256)
+	config.FillDefaults(&c)
 	if c.ID == "" {
-		host, _ := os.Hostname()
-		c.ID = host + "-" + strconv.Itoa(os.Getpid())
+		c.ID = config.InstanceID()
 	}
 	return c
 }
@@ -186,7 +150,7 @@ func secretKey(s string) (string, error) {
 		sk, _ := v.(string)
 		return sk, nil
 	}
-	if !isHex(strings.ToLower(s), 64) {
+	if !nip34.IsLowerHex(strings.ToLower(s), 64) {
 		return "", errors.New("want 64 hex characters or an nsec")
 	}
 	if _, err := nostr.GetPublicKey(strings.ToLower(s)); err != nil {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -259,7 +260,8 @@ func (a *App) Store() *store.Store { return a.store }
 func (a *App) Run(parent context.Context) error {
 	g, ctx := errgroup.WithContext(parent)
 	g.Go(func() error { return a.health.Serve(ctx) })
-	if err := a.startOps(ctx, g.Go); err != nil {
+	var ing atomic.Pointer[ingester.Ingester]
+	if err := a.startOps(ctx, g.Go, &ing); err != nil {
 		return err
 	}
 	pol := &policy.Policy{ServiceURL: a.cfg.Relay.PublicURL}
@@ -299,6 +301,7 @@ func (a *App) Run(parent context.Context) error {
 			g.Go(func() error { return f.Run(ctx) })
 		case "ingester":
 			i := ingester.New(a.cfg.Ingester, b, a.store, a.cfg.Relay.PublicURL, log, a.registry)
+			ing.Store(i)
 			g.Go(func() error { return i.Run(ctx) })
 		}
 	}

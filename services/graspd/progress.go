@@ -3,12 +3,12 @@ package graspd
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+	"github.com/grasp-sync/grasp-sync/services/ingester"
 )
 
 // ProgressInterval is how often graspd logs sync progress while a relay is
@@ -16,38 +16,10 @@ import (
 // not to drown the log.
 const ProgressInterval = 10 * time.Second
 
-// acceptedEvents reads how many events the ingester stored from the
-// registry: grasp_ingester_stored_total, or the older
-// grasp_ingester_events_total{outcome="accepted"} (0 when the ingester does
-// not run in this process).
-func acceptedEvents(g prometheus.Gatherer) float64 {
-	mfs, err := g.Gather()
-	if err != nil {
-		return 0
-	}
-	var n float64
-	for _, mf := range mfs {
-		switch mf.GetName() {
-		case "grasp_ingester_stored_total":
-			for _, m := range mf.GetMetric() {
-				n += m.GetCounter().GetValue()
-			}
-		case "grasp_ingester_events_total":
-			for _, m := range mf.GetMetric() {
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == "outcome" && lp.GetValue() == "accepted" {
-						n += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-	}
-	return n
-}
-
 // runProgress logs a progress line every ProgressInterval while any relay is
-// Syncing, until ctx is done. read takes the status snapshot (NATS KV).
-func runProgress(ctx context.Context, clk clock.Clock, log *slog.Logger, g prometheus.Gatherer,
+// Syncing, until ctx is done. read takes the status snapshot (NATS KV);
+// stored counts the events this process's ingester stored (its Stats).
+func runProgress(ctx context.Context, clk clock.Clock, log *slog.Logger, stored func() int64,
 	read func(context.Context) (*syncstatus.Snapshot, error)) error {
 	var prevStored float64
 	var prev time.Time
@@ -64,17 +36,19 @@ func runProgress(ctx context.Context, clk clock.Clock, log *slog.Logger, g prome
 			}
 			continue
 		}
-		now, stored := clk.Now(), acceptedEvents(g)
-		if line, ok := syncstatus.NextProgress(snap.Progress(), stored, prevStored, now, prev); ok {
+		now, n := clk.Now(), float64(stored())
+		if line, ok := syncstatus.NextProgress(snap.Progress(), n, prevStored, now, prev); ok {
 			log.Info("sync progress", line.Attrs()...)
 		}
-		prevStored, prev = stored, now
+		prevStored, prev = n, now
 	}
 }
 
 // startOps registers the NATS health collector and starts the progress
-// logger; both read NATS through their own connection.
-func (a *App) startOps(ctx context.Context, goFn func(func() error)) error {
+// logger; both read NATS through their own connection. ing is where Run
+// puts the ingester once it runs in this process; until then (or without
+// one) progress counts no stored events.
+func (a *App) startOps(ctx context.Context, goFn func(func() error), ing *atomic.Pointer[ingester.Ingester]) error {
 	b, err := a.connect(ctx, "graspd-ops")
 	if err != nil {
 		return err
@@ -82,7 +56,13 @@ func (a *App) startOps(ctx context.Context, goFn func(func() error)) error {
 	a.registry.MustRegister(syncstatus.NewNATSCollector(b.JS, b.Names))
 	goFn(func() error {
 		defer b.Close()
-		return runProgress(ctx, a.clock, a.log.With("service", "graspd"), a.registry,
+		stored := func() int64 {
+			if i := ing.Load(); i != nil {
+				return i.Stats().Stored
+			}
+			return 0
+		}
+		return runProgress(ctx, a.clock, a.log.With("service", "graspd"), stored,
 			func(ctx context.Context) (*syncstatus.Snapshot, error) {
 				return syncstatus.ReadRelays(ctx, b.JS, b.Names)
 			})

@@ -6,10 +6,9 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
@@ -59,12 +58,11 @@ func (l *lockedBuffer) String() string {
 }
 
 // runProgress logs one line per interval while a relay is Syncing, with
-// the stored-events rate from the registry, and nothing once sync is done.
+// the stored-events rate from the ingester's count, and nothing once sync
+// is done.
 func TestRunProgressLogsWhileSyncing(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
-	reg := prometheus.NewRegistry()
-	stored := prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_ingester_stored_total", Help: "test"})
-	reg.MustRegister(stored)
+	var stored atomic.Int64
 	var logs lockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 
@@ -79,7 +77,7 @@ func TestRunProgressLogsWhileSyncing(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- runProgress(ctx, clk, log, reg, read) }()
+	go func() { done <- runProgress(ctx, clk, log, stored.Load, read) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -31,10 +31,11 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
-	"github.com/grasp-sync/grasp-sync/pkg/parking"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
 )
 
 // Config is the ingester's configuration (GRASP_* variables).
@@ -83,40 +84,14 @@ type Config struct {
 	policy.Limits
 }
 
-// withDefaults fills zero fields, so a Config built in code (tests, graspd)
-// behaves like one read from the environment.
+// withDefaults fills zero fields (the parking and policy ones too) from their
+// default tags, so a Config built in code (tests, graspd) behaves like one
+// read from the environment; Workers' default depends on the CPUs.
 func (c Config) withDefaults() Config {
-	if c.Consumer == "" {
-		c.Consumer = "ingester"
-	}
-	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = 20
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = 30 * time.Second
-	}
+	config.FillDefaults(&c)
 	if c.Workers <= 0 {
 		c.Workers = max(4, 2*runtime.GOMAXPROCS(0))
 	}
-	if c.FetchBatch <= 0 {
-		c.FetchBatch = 256
-	}
-	if c.RetryDelay <= 0 {
-		c.RetryDelay = time.Second
-	}
-	if c.OutageBackoffMax <= 0 {
-		c.OutageBackoffMax = 5 * time.Second
-	}
-	if c.LagInterval <= 0 {
-		c.LagInterval = 5 * time.Second
-	}
-	if c.ParkSweep <= 0 {
-		c.ParkSweep = 30 * time.Second
-	}
-	if c.ParkSweepMax <= 0 {
-		c.ParkSweepMax = 1000
-	}
-	c.Limits = c.Limits.WithDefaults()
 	return c
 }
 
@@ -208,26 +183,18 @@ func (i *Ingester) Run(ctx context.Context) error {
 }
 
 // storeAccepted stores an event the policy accepted, applies it if it is a
-// deletion, and publishes it on grasp.stored.<kind>. data is its JSON.
-// stored is false for a duplicate.
+// deletion, and publishes it on grasp.stored.<kind> (store.SaveAccepted).
+// data is its JSON. stored is false for a duplicate.
 func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []byte) (stored bool, err error) {
 	evt := *evtp
-	stored, err = i.store.Save(ctx, &evt)
-	if err != nil {
+	stored, err = store.SaveAccepted(ctx, i.store, &evt, func(e *nostr.Event) { i.publishStored(e, data) })
+	if err != nil && !stored {
 		return false, fmt.Errorf("store %s: %w", evt.ID, err)
 	}
-	if !stored {
-		return false, nil
-	}
-	if evt.Kind == 5 {
-		if err := i.applyDeletion(ctx, &evt); err != nil {
-			// The deletion is stored; its redelivery finds it a duplicate
-			// and applies it again (see process).
-			return true, err
-		}
-	}
-	i.publishStored(&evt, data)
-	return true, nil
+	// With stored true, an error is a deletion stored but not fully
+	// applied: its redelivery finds it a duplicate and applies it again
+	// (see duplicate).
+	return stored, err
 }
 
 // publishStored announces a stored event on grasp.stored.<kind>; data is its
@@ -241,27 +208,6 @@ func (i *Ingester) publishStored(evt *nostr.Event, data []byte) {
 		// only find a duplicate.
 		i.log.Warn("publish stored event", "id", evt.ID, "err", err)
 	}
-}
-
-// applyDeletion removes the events a stored NIP-09 deletion names, by id and
-// by a coordinate, that its author wrote (policy.DeletionFilters and
-// policy.Deletes decide which). Idempotent.
-func (i *Ingester) applyDeletion(ctx context.Context, del *nostr.Event) error {
-	for _, f := range policy.DeletionFilters(del) {
-		targets, err := i.store.Query(ctx, f)
-		if err != nil {
-			return fmt.Errorf("deletion %s: find targets: %w", del.ID, err)
-		}
-		for _, t := range targets {
-			if !policy.Deletes(del, t) {
-				continue
-			}
-			if err := i.store.Delete(ctx, t); err != nil {
-				return fmt.Errorf("deletion %s: delete %s: %w", del.ID, t.ID, err)
-			}
-		}
-	}
-	return nil
 }
 
 // decode parses raw event JSON with go-nostr's generated decoder, skipping

@@ -15,10 +15,10 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
-	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/services/ingester"
+	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
 )
 
 // lostWake is a deployment in which ingester replicas can be stopped and

@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
 )
 
 // wakeQueue bounds the stored-event notifications waiting for the wake

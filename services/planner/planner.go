@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/debounce"
 	"github.com/grasp-sync/grasp-sync/pkg/leader"
 )
@@ -58,8 +57,7 @@ const DefaultRecomputeMaxDelay = time.Second
 // Validate fills defaults and checks values.
 func (c *Config) Validate() error {
 	if c.ID == "" {
-		host, _ := os.Hostname()
-		c.ID = host + "-" + strconv.Itoa(os.Getpid())
+		c.ID = config.InstanceID()
 	}
 	if c.Shards < 1 {
 		return fmt.Errorf("GRASP_SHARDS=%d: must be at least 1", c.Shards)

@@ -245,7 +245,7 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 	// the save hook broadcasts under it instead (see pkg/khatrulock), after
 	// an accepted deletion is applied and the event announced to other
 	// writers.
-	save := khatrulock.SaveThenBroadcast(k, r.save, r.applyDeletion, r.announceStored)
+	save := khatrulock.SaveThenBroadcast(k, r.save)
 	k.StoreEvent = append(k.StoreEvent, save)
 	k.ReplaceEvent = append(k.ReplaceEvent, save)
 	k.QueryEvents = append(k.QueryEvents, st.QueryEvents)
@@ -254,8 +254,8 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 	// has seen it, and refuses it by itself when a target is someone
 	// else's. Both are the policy's call: khatru's outcome is always
 	// "accept", its deletes from a client request are skipped
-	// (deleteEvent), and an accepted, stored deletion is applied in
-	// applyDeletion.
+	// (deleteEvent), and an accepted, stored deletion is applied in save
+	// (store.SaveAccepted).
 	k.OverwriteDeletionOutcome = append(k.OverwriteDeletionOutcome, func(context.Context, *nostr.Event, *nostr.Event) (bool, string) {
 		return true, ""
 	})
@@ -275,8 +275,12 @@ func (r *Relay) Collectors() []prometheus.Collector {
 // duplicate or an outdated version is reported as khatru's ErrDupEvent, so
 // the client gets OK true and nothing is broadcast twice.
 func (r *Relay) save(ctx context.Context, evt *nostr.Event) error {
-	stored, err := r.store.Save(ctx, evt)
-	if err != nil {
+	stored, err := store.SaveAccepted(ctx, r.store, evt, func(e *nostr.Event) { r.announceStored(ctx, e) })
+	if err != nil && stored {
+		// A deletion stored but not fully applied (and so not announced):
+		// the client still gets OK, as for any stored event.
+		r.log.Error("apply deletion", "deletion", evt.ID, "err", err)
+	} else if err != nil {
 		if errors.Is(err, store.ErrUnstorable) {
 			r.refused.WithLabelValues("unstorable").Inc()
 			return fmt.Errorf("invalid: this relay cannot store this event: %w", err)
@@ -293,36 +297,13 @@ func (r *Relay) save(ctx context.Context, evt *nostr.Event) error {
 
 // deleteEvent is khatru's delete hook. Deletes khatru makes while handling a
 // client's deletion request (an internal call on a client connection) are
-// skipped: applyDeletion does them once the policy has accepted the request.
+// skipped: save applies the request once the policy has accepted it.
 // Other deletes (NIP-40 expiry) go through.
 func (r *Relay) deleteEvent(ctx context.Context, evt *nostr.Event) error {
 	if khatru.IsInternalCall(ctx) && khatru.GetConnection(ctx) != nil {
 		return nil
 	}
 	return r.store.Delete(ctx, evt)
-}
-
-// applyDeletion removes what an accepted, stored NIP-09 deletion request
-// names: only its author's events, coordinates up to its created_at.
-func (r *Relay) applyDeletion(ctx context.Context, del *nostr.Event) {
-	if del.Kind != 5 {
-		return
-	}
-	for _, f := range policy.DeletionFilters(del) {
-		targets, err := r.store.Query(ctx, f)
-		if err != nil {
-			r.log.Error("find deletion targets", "deletion", del.ID, "err", err)
-			continue
-		}
-		for _, t := range targets {
-			if !policy.Deletes(del, t) {
-				continue
-			}
-			if err := r.store.Delete(ctx, t); err != nil {
-				r.log.Error("apply deletion", "deletion", del.ID, "target", t.ID, "err", err)
-			}
-		}
-	}
 }
 
 // capLimit caps every REQ filter at MaxLimit results (a filter without a

@@ -12,8 +12,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
-	"github.com/grasp-sync/grasp-sync/pkg/parking"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
 )
 
 var t0 = time.Unix(1_750_000_000, 0)

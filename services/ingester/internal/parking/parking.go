@@ -37,6 +37,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
 // Config bounds the lot. Services embed it anonymously in their own
@@ -61,30 +63,19 @@ type Config struct {
 }
 
 // DefaultConfig returns the defaults: 100,000 events for 1 h.
-func DefaultConfig() Config {
-	return Config{MaxEvents: 100_000, MaxAge: time.Hour, MaxWakeKeys: 16, MaxSignals: 32, SweepInterval: time.Minute, Replicas: 1}
-}
+func DefaultConfig() Config { return Config{}.withDefaults() }
 
+// withDefaults fills zero fields from their default tags. Fewer than two
+// wake keys or signals cannot hold an event's own id and coordinate, so
+// those take the default too.
 func (c Config) withDefaults() Config {
-	d := DefaultConfig()
-	if c.MaxEvents <= 0 {
-		c.MaxEvents = d.MaxEvents
-	}
-	if c.MaxAge <= 0 {
-		c.MaxAge = d.MaxAge
-	}
 	if c.MaxWakeKeys < 2 {
-		c.MaxWakeKeys = d.MaxWakeKeys
+		c.MaxWakeKeys = 0
 	}
 	if c.MaxSignals < 2 {
-		c.MaxSignals = d.MaxSignals
+		c.MaxSignals = 0
 	}
-	if c.SweepInterval <= 0 {
-		c.SweepInterval = d.SweepInterval
-	}
-	if c.Replicas <= 0 {
-		c.Replicas = 1
-	}
+	config.FillDefaults(&c)
 	return c
 }
 
@@ -216,7 +207,7 @@ func Open(ctx context.Context, b *bus.Bus, cfg Config, clk clock.Clock, log *slo
 // waits for may have been stored between the refusal and the park, and that
 // event's wake-up looked before the park was visible.
 func (l *Lot) Park(ctx context.Context, evt *nostr.Event, reason string, missing []string, relay string) (Parked, bool, error) {
-	if !isHex64(evt.ID) {
+	if !nip34.IsEventID(evt.ID) {
 		return Parked{}, false, fmt.Errorf("park: invalid event id %q", evt.ID)
 	}
 	raw, err := json.Marshal(evt)
@@ -312,7 +303,7 @@ func (l *Lot) remove(ctx context.Context, p Parked) bool {
 	if err != nil {
 		l.log.Debug("remove parked event", "id", p.Event.ID, "seq", p.seq, "err", err)
 	}
-	if p.Event != nil && isHex64(p.Event.ID) {
+	if p.Event != nil && nip34.IsEventID(p.Event.ID) {
 		if err := l.wake.Purge(ctx, jetstream.WithPurgeSubject(l.names.ParkedWakeSubject("*", p.Event.ID))); err != nil {
 			l.log.Warn("purge wake entries", "id", p.Event.ID, "err", err)
 		}

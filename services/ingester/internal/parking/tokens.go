@@ -6,6 +6,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 )
 
@@ -14,7 +15,7 @@ import (
 // become "c" plus 128 bits of their SHA-256, because an identifier may hold
 // characters (and lengths) no subject allows. Empty for anything else.
 func Token(ref string) string {
-	if isHex64(ref) {
+	if nip34.IsEventID(ref) {
 		return ref
 	}
 	if ref == "" {
@@ -68,17 +69,4 @@ func tokens(refs []string, max int) []string {
 		out = append(out, t)
 	}
 	return out
-}
-
-func isHex64(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }

@@ -1,0 +1,112 @@
+package policy_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
+)
+
+// failingLookup is a store that cannot be read.
+type failingLookup struct{ err error }
+
+func (f failingLookup) Query(context.Context, nostr.Filter) ([]*nostr.Event, error) {
+	return nil, f.err
+}
+
+func TestStoreErrorFailsClosed(t *testing.T) {
+	alice := newUser(t)
+	boom := errors.New("disk on fire")
+	p := &policy.Policy{ServiceURL: service, Store: failingLookup{boom}, Now: func() time.Time { return t0 }}
+	tests := []struct {
+		name string
+		evt  *nostr.Event
+	}{
+		{"issue", alice.ev(t, 1621, 0, "", nostr.Tag{"a", alice.coord("repo")})},
+		{"served announcement", alice.served(t, "repo", 0)},
+		{"state", alice.ev(t, 30618, 0, "", nostr.Tag{"d", "repo"})},
+		{"deletion", alice.ev(t, 5, 0, "", nostr.Tag{"e", strings.Repeat("a", 64)})},
+		{"grasp list", alice.ev(t, 10317, 0, "")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := p.Evaluate(context.Background(), tt.evt)
+			if d.Accept || d.Reason != policy.ReasonStoreError || !strings.HasPrefix(d.Message, "error: ") {
+				t.Fatalf("got %+v, want a store-error refusal", d)
+			}
+			if !errors.Is(d.Err, boom) {
+				t.Fatalf("Err = %v, want it to wrap %v", d.Err, boom)
+			}
+			if strings.Contains(d.Message, boom.Error()) {
+				t.Fatalf("message %q leaks the internal error", d.Message)
+			}
+		})
+	}
+	// A failure on a later query (not the first) fails closed too.
+	e := newEnv(t)
+	e.submit(t, alice.served(t, "repo", 0))
+	p2 := &policy.Policy{ServiceURL: service, Now: func() time.Time { return t0 }, Store: &flakyLookup{inner: badgerLookup{e.db}, failAt: 2, err: boom}}
+	if d := p2.Evaluate(context.Background(), alice.ev(t, 1, 0, "x")); d.Reason != policy.ReasonStoreError {
+		t.Fatalf("got %+v, want store error", d)
+	}
+	if d := (&policy.Policy{ServiceURL: service}).Evaluate(context.Background(), alice.ev(t, 1, 0, "x")); d.Reason != policy.ReasonStoreError {
+		t.Fatalf("nil store: got %+v, want store error", d)
+	}
+}
+
+// flakyLookup fails its failAt-th query (1-based).
+type flakyLookup struct {
+	inner  policy.Lookup
+	failAt int
+	n      int
+	err    error
+}
+
+func (f *flakyLookup) Query(ctx context.Context, flt nostr.Filter) ([]*nostr.Event, error) {
+	f.n++
+	if f.n == f.failAt {
+		return nil, f.err
+	}
+	return f.inner.Query(ctx, flt)
+}
+
+func TestQueriesAreBounded(t *testing.T) {
+	e := newEnv(t)
+	alice := newUser(t)
+	e.submit(t, alice.served(t, "repo", 0))
+	rec := &recordingLookup{inner: badgerLookup{e.db}}
+	p := &policy.Policy{ServiceURL: service, Store: rec, Now: func() time.Time { return t0 }}
+	var tags []nostr.Tag
+	for i := 0; i < 1000; i++ {
+		tags = append(tags, nostr.Tag{"e", fakeID(i)}, nostr.Tag{"a", alice.coord("r" + strconv.Itoa(i))})
+	}
+	p.Evaluate(context.Background(), alice.ev(t, 1, 0, "", tags...))
+	t.Logf("%d queries", len(rec.filters))
+	if len(rec.filters) > 10 {
+		t.Errorf("%d queries for one event", len(rec.filters))
+	}
+	for _, f := range rec.filters {
+		if f.Limit <= 0 {
+			t.Errorf("filter without limit: %v", f)
+		}
+		if len(f.IDs) > 100 || len(f.Tags["d"]) > 100 {
+			t.Errorf("filter with too many values: %d ids, %d d", len(f.IDs), len(f.Tags["d"]))
+		}
+	}
+}
+
+type recordingLookup struct {
+	inner   policy.Lookup
+	filters []nostr.Filter
+}
+
+func (r *recordingLookup) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
+	r.filters = append(r.filters, f)
+	return r.inner.Query(ctx, f)
+}

@@ -1,0 +1,181 @@
+package ingester
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
+	"github.com/grasp-sync/grasp-sync/pkg/store"
+)
+
+// batch is the decide stage's view of the store for one batch: the policy
+// reads the store through it, and accepted events wait in pending until the
+// batch is written.
+type batch struct {
+	i       *Ingester
+	pending *pendingSet
+	// deferred are the events of this pass waiting for the next one:
+	// events depending on them wait too.
+	deferred *pendingSet
+	// cache holds lookup results (by filterKey) until the batch writes an
+	// event that could change them (see flush): only other writers can
+	// change the rest, which is no different from the lookup having been
+	// made a moment earlier. Most events of a batch ask for the same few
+	// announcements, and the events deferred to a later pass ask again
+	// what the prefetch answered. Bounded by the lookups of one batch.
+	cache map[string]lookup
+}
+
+// lookup is a cached answer and the filter it answers.
+type lookup struct {
+	f    nostr.Filter
+	evts []*nostr.Event
+}
+
+// errDeferred fails a lookup that an event of the batch not written yet
+// would answer: the decision waits for the next pass (see decide).
+var errDeferred = errors.New("depends on an event of this batch not written yet")
+
+// Query implements policy.Lookup. A lookup that an accepted, not yet
+// written event of this batch (or one deferred) would answer fails with
+// errDeferred: a decision that depends on an event is made only once that
+// event is stored (or refused).
+func (b *batch) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
+	if b.pending.matches(f) || b.deferred.matches(f) {
+		return nil, errDeferred
+	}
+	key := filterKey(f)
+	if l, ok := b.cache[key]; ok {
+		return l.evts, nil
+	}
+	r, err := b.i.store.Query(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	b.cache[key] = lookup{f, r}
+	return r, nil
+}
+
+// prefetch answers the two lookups the policy makes for every event (is
+// its id stored, is it deleted by its author) for the whole batch with one
+// query each (none for ids the verify stage just found unstored), into the
+// cache. The filters are built as the policy builds
+// them; should they differ, the cache simply misses. A failed or truncated
+// read leaves the cache empty: the policy then asks for itself.
+func (b *batch) prefetch(ctx context.Context, items []*item) {
+	var evts []*nostr.Event
+	var ids, ask []string
+	for _, it := range items {
+		if it.check == checkVerified && !b.pending.has(it.evt.ID) {
+			evts = append(evts, it.evt)
+			ids = append(ids, it.evt.ID)
+			if !it.unstored {
+				ask = append(ask, it.evt.ID)
+			}
+		}
+	}
+	if len(evts) < 2 {
+		return
+	}
+	var found []*nostr.Event
+	if len(ask) > 0 {
+		var err error
+		if found, err = b.i.store.Query(ctx, nostr.Filter{IDs: ask, Limit: len(ask)}); err != nil {
+			return
+		}
+	}
+	byID := make(map[string]*nostr.Event, len(found))
+	for _, e := range found {
+		byID[e.ID] = e
+	}
+	for _, e := range evts {
+		var r []*nostr.Event
+		if s := byID[e.ID]; s != nil {
+			r = []*nostr.Event{s}
+		}
+		f := nostr.Filter{IDs: []string{e.ID}, Limit: 1}
+		b.cache[filterKey(f)] = lookup{f, r}
+	}
+	limit := 4 * len(ids)
+	dels, err := b.i.store.Query(ctx, nostr.Filter{Kinds: []int{nip34.KindDeletion}, Tags: nostr.TagMap{"e": ids}, Limit: limit})
+	if err != nil || len(dels) >= limit {
+		return
+	}
+	for _, e := range evts {
+		if e.Kind == nip34.KindDeletion {
+			continue // a deletion cannot be deleted: the policy does not ask
+		}
+		f := nostr.Filter{Kinds: []int{nip34.KindDeletion}, Authors: []string{e.PubKey}, Tags: nostr.TagMap{"e": {e.ID}}, Limit: 1}
+		var r []*nostr.Event
+		for _, d := range dels {
+			if f.Matches(d) {
+				r = []*nostr.Event{d}
+				break
+			}
+		}
+		b.cache[filterKey(f)] = lookup{f, r}
+	}
+}
+
+// flush writes the pending events with one SaveBatch, then applies stored
+// deletions, publishes what was stored and acks. An error means at least one
+// event was not written (its item carries the error).
+func (b *batch) flush(ctx context.Context) error {
+	items := b.pending.items
+	if len(items) == 0 {
+		return nil
+	}
+	b.forget(b.pending)
+	b.pending = newPendingSet()
+	evts := make([]*nostr.Event, len(items))
+	for n, it := range items {
+		evts[n] = it.evt
+	}
+	var failed error
+	for n, r := range b.i.store.SaveBatch(ctx, evts) {
+		it := items[n]
+		switch {
+		case errors.Is(r.Err, store.ErrUnstorable):
+			b.i.log.Debug("accepted event cannot be stored", "id", it.evt.ID, "kind", it.evt.Kind, "relay", it.relay, "err", r.Err)
+			b.i.done(it, outcomeUnstorable)
+		case r.Err != nil:
+			it.err = fmt.Errorf("store %s: %w", it.evt.ID, r.Err)
+			failed = it.err
+		case !r.Stored:
+			// Stored by another writer since the lookups: a redelivery
+			// still owes the announcement (see duplicate).
+			if b.i.duplicate(ctx, it); it.err != nil {
+				failed = it.err
+			}
+		default:
+			if err := store.Settle(ctx, b.i.store, it.evt, func(e *nostr.Event) { b.i.publishStored(e, it.msg.Data()) }); err != nil {
+				// The deletion is stored; its retry finds it a
+				// duplicate and applies it again (see duplicate).
+				it.err, failed = err, err
+				continue
+			}
+			b.i.done(it, outcomeStored)
+		}
+	}
+	return failed
+}
+
+// forget drops the cached answers that writing events may change: those
+// whose filter one of them matches or, when one of them replaces or deletes
+// stored events (which any filter may have found), all of them.
+func (b *batch) forget(events *pendingSet) {
+	for _, it := range events.items {
+		if k := it.evt.Kind; k == nip34.KindDeletion || nostr.IsReplaceableKind(k) || nostr.IsAddressableKind(k) {
+			clear(b.cache)
+			return
+		}
+	}
+	for key, l := range b.cache {
+		if events.matches(l.f) {
+			delete(b.cache, key)
+		}
+	}
+}
