@@ -31,24 +31,10 @@ import (
 // Connected report gets layer 1 and the items, and the relay's record is
 // persisted in grasp_relay_state.
 func TestPlannerLoopOverNATS(t *testing.T) {
-	srv := testkit.StartNATS(t)
-	names := bus.Names{Prefix: "loop"}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	connect := func(name string) *bus.Bus {
-		b, err := bus.ConnectInProcess(srv.Server, name, names)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		return b
-	}
+	names, connect := loopNATS(t, ctx, "loop")
 	test := connect("test")
-	opts := bus.DefaultOptions()
-	opts.Storage = jetstream.MemoryStorage
-	if err := bus.Setup(ctx, test.JS, names, opts); err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	var cmds []*graspv1.FetchCommand
 	sub, err := test.Conn.Subscribe(names.FetchCmdSubjects(), func(m *nats.Msg) {
@@ -198,24 +184,10 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 // not one per 250 ms since the first; updates that never pause are
 // recomputed 1 s after the first of them.
 func TestRecomputeDebounceOverNATS(t *testing.T) {
-	srv := testkit.StartNATS(t)
-	names := bus.Names{Prefix: "debounce"}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	connect := func(name string) *bus.Bus {
-		b, err := bus.ConnectInProcess(srv.Server, name, names)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		return b
-	}
+	names, connect := loopNATS(t, ctx, "debounce")
 	test := connect("test")
-	opts := bus.DefaultOptions()
-	opts.Storage = jetstream.MemoryStorage
-	if err := bus.Setup(ctx, test.JS, names, opts); err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	ensured := map[string]int{}
 	sub, err := test.Conn.Subscribe(names.FetchCmdSubjects(), func(m *nats.Msg) {
@@ -341,4 +313,27 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// loopNATS starts an embedded NATS with the planner's streams and buckets
+// (memory storage) under prefix, and returns the names and a function that
+// connects a named client to it, closed when the test ends.
+func loopNATS(t *testing.T, ctx context.Context, prefix string) (bus.Names, func(name string) *bus.Bus) {
+	t.Helper()
+	srv := testkit.StartNATS(t)
+	names := bus.Names{Prefix: prefix}
+	connect := func(name string) *bus.Bus {
+		b, err := bus.ConnectInProcess(srv.Server, name, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		return b
+	}
+	opts := bus.DefaultOptions()
+	opts.Storage = jetstream.MemoryStorage
+	if err := bus.Setup(ctx, connect("setup").JS, names, opts); err != nil {
+		t.Fatal(err)
+	}
+	return names, connect
 }
