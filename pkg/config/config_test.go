@@ -174,6 +174,20 @@ func TestFillDefaultsFillsZeroAndNegativeFields(t *testing.T) {
 	}
 }
 
+// TestFillDefaultsLeavesZeroOff: a field whose zero value means "off" in a
+// Config built in code keeps it; the environment still gets its default.
+func TestFillDefaultsLeavesZeroOff(t *testing.T) {
+	var d struct {
+		Resync  time.Duration `default:"24h" zero:"off"`
+		Trusted string        `default:"127.0.0.1" zero:"off"`
+		Window  time.Duration `default:"5s"`
+	}
+	config.FillDefaults(&d)
+	if d.Resync != 0 || d.Trusted != "" || d.Window != 5*time.Second {
+		t.Errorf("FillDefaults = %+v, want Resync and Trusted left zero, Window 5s", d)
+	}
+}
+
 func TestFillDefaultsRefusesBadTags(t *testing.T) {
 	for name, spec := range map[string]any{
 		"unparsable": &struct {

@@ -16,6 +16,10 @@ import (
 // separated) are supported; a bool default cannot be told from an unset
 // false and is refused, as is a tag that does not parse: both are
 // programming errors, so FillDefaults panics on them.
+//
+// A field tagged `zero:"off"` is left alone: in a Config built in code its
+// zero value means "off" or "none" (no resync, no exempt addresses), which
+// the environment cannot express but tests and graspd rely on.
 func FillDefaults(spec any) {
 	v := reflect.ValueOf(spec)
 	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
@@ -38,7 +42,7 @@ func fillStruct(v reflect.Value) {
 			continue
 		}
 		def, ok := f.Tag.Lookup("default")
-		if !ok {
+		if !ok || f.Tag.Get("zero") == "off" {
 			continue
 		}
 		if err := fillField(fv, def); err != nil {

@@ -65,7 +65,7 @@ type Config struct {
 	RelayMinCap int `envconfig:"DISCOVERY_RELAY_MIN_CAP" default:"100"`
 	// ReconnectBuffer is subtracted from the moment the live stream was lost
 	// to get the since of the catch-up after a reconnect.
-	ReconnectBuffer time.Duration `envconfig:"DISCOVERY_RECONNECT_BUFFER" default:"15m"`
+	ReconnectBuffer time.Duration `envconfig:"DISCOVERY_RECONNECT_BUFFER" default:"15m" zero:"off"`
 	// BackoffBase and BackoffMax bound the reconnect backoff (doubling from
 	// base up to max; reset once a connection is live).
 	BackoffBase time.Duration `envconfig:"DISCOVERY_BACKOFF_BASE" default:"1s"`
@@ -76,9 +76,9 @@ type Config struct {
 	// resync picks them up. The writers' stored-event announcements on NATS
 	// (grasp.stored.<kind>) cover such gaps while NATS is up; the resync
 	// remains the backstop.
-	ResyncInterval time.Duration `envconfig:"DISCOVERY_RESYNC_INTERVAL" default:"24h"`
+	ResyncInterval time.Duration `envconfig:"DISCOVERY_RESYNC_INTERVAL" default:"24h" zero:"off"`
 	// MaxRelaysPerAnnouncement bounds the relays one announcement adds.
-	MaxRelaysPerAnnouncement int `envconfig:"MAX_RELAYS_PER_ANNOUNCEMENT" default:"20"`
+	MaxRelaysPerAnnouncement int `envconfig:"MAX_RELAYS_PER_ANNOUNCEMENT" default:"20" zero:"off"`
 	// RelayAllowlist names internal hosts (or host:port) sync may dial
 	// anyway, for tests and local demos.
 	RelayAllowlist []string `envconfig:"RELAY_ALLOWLIST"`
@@ -121,27 +121,12 @@ func (c *Config) Validate() error {
 }
 
 // withDefaults fills what a Config built in code (not from the
-// environment) may leave zero.
+// environment) may leave zero, from the default tags (config.FillDefaults;
+// the fields tagged zero:"off" stay as they are), then what depends on
+// other fields.
 func (c Config) withDefaults() Config {
-	if c.BatchWindow <= 0 {
-		c.BatchWindow = 5 * time.Second
-	}
-	if c.BatchQuiet <= 0 {
-		c.BatchQuiet = 150 * time.Millisecond
-	}
+	config.FillDefaults(&c)
 	c.BatchQuiet = min(c.BatchQuiet, c.BatchWindow)
-	if c.PageSize <= 0 {
-		c.PageSize = 500
-	}
-	if c.RelayMinCap <= 0 {
-		c.RelayMinCap = 100
-	}
-	if c.MaxPages <= 0 {
-		c.MaxPages = 100_000
-	}
-	if c.BackoffBase <= 0 {
-		c.BackoffBase = time.Second
-	}
 	if c.BackoffMax < c.BackoffBase {
 		c.BackoffMax = max(time.Minute, c.BackoffBase)
 	}

@@ -43,13 +43,13 @@ import (
 // code needs only Addr and PublicURL.
 type Config struct {
 	// Addr is where the relay listens (HTTP and websocket).
-	Addr string `envconfig:"RELAY_ADDR" default:"127.0.0.1:7777"`
+	Addr string `envconfig:"RELAY_ADDR" default:"127.0.0.1:7777" zero:"off"`
 	// PublicURL is the relay's public websocket URL; its host and port are
 	// what "an announcement lists this service" compares against. Default:
 	// ws:// + Addr.
 	PublicURL   string `envconfig:"PUBLIC_URL"`
 	Name        string `envconfig:"RELAY_NAME" default:"grasp-sync"`
-	Description string `envconfig:"RELAY_DESCRIPTION" default:"GRASP relay with proactive sync (GRASP-02)"`
+	Description string `envconfig:"RELAY_DESCRIPTION" default:"GRASP relay with proactive sync (GRASP-02)" zero:"off"`
 	// PubKey is the operator's hex public key, shown in NIP-11.
 	PubKey string `envconfig:"RELAY_PUBKEY"`
 	// Contact is the operator's contact, shown in NIP-11.
@@ -85,45 +85,21 @@ type Config struct {
 	// from rate and connection limits when they connect directly: our own
 	// services, the operator. A forwarded connection (X-Forwarded-For,
 	// X-Real-IP or Forwarded present) is never exempt.
-	TrustedAddresses string `envconfig:"RELAY_TRUSTED_ADDRESSES" default:"127.0.0.1,::1"`
+	TrustedAddresses string `envconfig:"RELAY_TRUSTED_ADDRESSES" default:"127.0.0.1,::1" zero:"off"`
 	// TrustedProxies (IPs and CIDR networks, comma-separated) are the
 	// reverse proxies in front of the relay: a request they forward is
 	// counted as the client its X-Forwarded-For names. Forwarding headers
 	// from other peers are ignored (their clients share the peer's limits).
 	// The default trusts a proxy on the same host; behind a Kubernetes
 	// ingress, name the pod network (docs/deploy.md).
-	TrustedProxies string `envconfig:"RELAY_TRUSTED_PROXIES" default:"127.0.0.1,::1"`
+	TrustedProxies string `envconfig:"RELAY_TRUSTED_PROXIES" default:"127.0.0.1,::1" zero:"off"`
 }
 
-// withDefaults fills zero fields with the documented defaults.
+// withDefaults fills zero fields from the default tags (config.FillDefaults;
+// the fields tagged zero:"off" stay as a Config built in code has them),
+// then what depends on other fields.
 func (c Config) withDefaults() Config {
-	setInt := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	if c.Name == "" {
-		c.Name = "grasp-sync"
-	}
-	if c.MaxMessageBytes <= 0 {
-		c.MaxMessageBytes = 512000
-	}
-	c.Limits = c.Limits.WithDefaults()
-	setInt(&c.MaxFilters, 20)
-	setInt(&c.MaxSubscriptions, 200)
-	setInt(&c.MaxLimit, 500)
-	setInt(&c.EventBurst, 200)
-	setInt(&c.ConnectBurst, 30)
-	setInt(&c.MaxConnsPerAddr, 50)
-	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = 10 * time.Second
-	}
-	if c.EventRate <= 0 {
-		c.EventRate = 20
-	}
-	if c.ConnectRate <= 0 {
-		c.ConnectRate = 2
-	}
+	config.FillDefaults(&c)
 	if c.PublicURL == "" {
 		c.PublicURL = "ws://" + c.Addr
 	}
