@@ -60,6 +60,8 @@ type Config struct {
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 	// LogFormat is text or json; unset: text when stderr is a terminal, JSON otherwise.
 	LogFormat string `envconfig:"LOG_FORMAT"`
+	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set, else no limit. Set it to about three quarters of the memory graspd may use (docs/performance.md, "Memory").
+	MemoryLimit config.ByteSize `envconfig:"MEMORY_LIMIT"`
 	// Services lists the services to run (all by default).
 	Services []string `envconfig:"SERVICES" default:"relay,discovery,planner,fetcher,ingester"`
 }
