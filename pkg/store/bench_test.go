@@ -266,7 +266,7 @@ func BenchmarkStore1M(b *testing.B) {
 			runtime.ReadMemStats(&ms)
 			// The corpus and the id list are the benchmark's own (~0.2 GiB);
 			// they are in these numbers for every backend alike.
-			fmt.Printf("store1m %s: after writes: RSS %s, Go heap in use after GC %.0f MiB\n", bc.name, procStatus("VmRSS"), float64(ms.HeapInuse)/(1<<20))
+			fmt.Printf("store1m %s: after writes: RSS %s, Go heap in use after GC %.0f MiB, peak RSS of the import %s\n", bc.name, procStatus("VmRSS"), float64(ms.HeapInuse)/(1<<20), procStatus("VmHWM"))
 			fmt.Printf("store1m %s: %d events written in %s (%.0f/s), %d unstorable\n", bc.name, n, saveTime.Round(time.Second), float64(n)/saveTime.Seconds(), unstorable)
 			for _, q := range queryKinds(c, stored) {
 				ops, start := 0, time.Now()
@@ -288,7 +288,8 @@ func BenchmarkStore1M(b *testing.B) {
 			fmt.Printf("store1m %s: Items of all kind-1111 = %d in %s\n", bc.name, len(items), time.Since(start).Round(time.Millisecond))
 			items = nil
 			disk := diskUse(b, filepath.Dir(dir))
-			fmt.Printf("store1m %s: disk %.0f MiB, peak RSS of the whole run %s\n", bc.name, float64(disk)/(1<<20), procStatus("VmHWM"))
+			runtime.GC()
+			fmt.Printf("store1m %s: disk %.0f MiB, peak RSS of the whole run %s, RSS at the end %s\n", bc.name, float64(disk)/(1<<20), procStatus("VmHWM"), procStatus("VmRSS"))
 			b.ReportMetric(float64(disk)/(1<<20), "disk-MiB")
 		})
 	}

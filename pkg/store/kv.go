@@ -145,8 +145,7 @@ func openKV(dir string, o options) (*kv, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("store kv://%s: %w", dir, err)
 	}
-	opts := dgbadger.DefaultOptions(dir).WithLogger(nil).WithDetectConflicts(false)
-	db, err := dgbadger.Open(opts)
+	db, err := dgbadger.Open(kvBadgerOptions(dir, o.kvMemory))
 	if err != nil {
 		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
 	}
