@@ -82,8 +82,18 @@ func TestBenchGraspdMemory(t *testing.T) {
 	peak := procStatusOf(p.Pid(), "VmHWM")
 	fmt.Printf("| graspd peak RSS, initial sync of %d events (own process) | %d MB | ≤ 256 MB | %s |\n",
 		len(ds.Distinct), peak>>20, metOrGap(peak, 256<<20))
-	t.Logf("graspd (pid %d): %d events in %s, peak RSS %d MiB, RSS now %d MiB, GRASP_MEMORY_LIMIT=%q",
-		p.Pid(), len(ds.Distinct), wall.Round(time.Second), peak>>20, procStatusOf(p.Pid(), "VmRSS")>>20, env["GRASP_MEMORY_LIMIT"])
+	t.Logf("graspd (pid %d): %d events in %s, peak RSS %d MiB, RSS now %d MiB (anon %d, file %d), GRASP_MEMORY_LIMIT=%q",
+		p.Pid(), len(ds.Distinct), wall.Round(time.Second), peak>>20, procStatusOf(p.Pid(), "VmRSS")>>20,
+		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, env["GRASP_MEMORY_LIMIT"])
+	// Where the memory is, for the next round of cuts.
+	m := map[string]float64{}
+	if err := scrapeInto(ctx, metricsAddr, m); err == nil {
+		for _, k := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_heap_sys_bytes", "go_memstats_heap_released_bytes", "go_memstats_stack_inuse_bytes", "go_memstats_next_gc_bytes"} {
+			if v, ok := m[k]; ok {
+				t.Logf("graspd %s %.0f MiB", k, v/(1<<20))
+			}
+		}
+	}
 }
 
 // metOrGap says whether measured is within target, or by how much not.
