@@ -24,8 +24,9 @@ import (
 // be told apart there; here graspd is the real binary in a child process and
 // its VmHWM is read from /proc/<pid>/status when every event is stored.
 // GRASP_BENCH=1 enables it; GRASP_BENCH_REPOS, GRASP_BENCH_EVENTS_PER_REPO
-// scale it like TestBenchEndToEnd, and GRASP_BENCH_MEMORY_LIMIT is passed
-// to graspd as GRASP_MEMORY_LIMIT. It prints the row; docs/performance.md,
+// scale it like TestBenchEndToEnd; GRASP_BENCH_MEMORY_LIMIT and
+// GRASP_BENCH_STORE_MEMORY are passed to graspd as GRASP_MEMORY_LIMIT and
+// GRASP_STORE_MEMORY. It prints the row; docs/performance.md,
 // "Memory", records the measured runs.
 func TestBenchGraspdMemory(t *testing.T) {
 	if os.Getenv("GRASP_BENCH") == "" {
@@ -57,6 +58,9 @@ func TestBenchGraspdMemory(t *testing.T) {
 	if v := os.Getenv("GRASP_BENCH_MEMORY_LIMIT"); v != "" {
 		env["GRASP_MEMORY_LIMIT"] = v
 	}
+	if v := os.Getenv("GRASP_BENCH_STORE_MEMORY"); v != "" {
+		env["GRASP_STORE_MEMORY"] = v
+	}
 	p := &Proc{
 		Name: "graspd", Log: filepath.Join(t.TempDir(), "graspd.log"), HealthURL: "http://" + metricsAddr + "/readyz",
 		MetricsAddr: metricsAddr, bin: filepath.Join(bin, "graspd"), env: processEnv(env, nil),
@@ -82,9 +86,9 @@ func TestBenchGraspdMemory(t *testing.T) {
 	peak := procStatusOf(p.Pid(), "VmHWM")
 	fmt.Printf("| graspd peak RSS, initial sync of %d events (own process) | %d MB | ≤ 256 MB | %s |\n",
 		len(ds.Distinct), peak>>20, metOrGap(peak, 256<<20))
-	t.Logf("graspd (pid %d): %d events in %s, peak RSS %d MiB, RSS now %d MiB (anon %d, file %d), GRASP_MEMORY_LIMIT=%q",
+	t.Logf("graspd (pid %d): %d events in %s, peak RSS %d MiB, RSS now %d MiB (anon %d, file %d), GRASP_MEMORY_LIMIT=%q GRASP_STORE_MEMORY=%q",
 		p.Pid(), len(ds.Distinct), wall.Round(time.Second), peak>>20, procStatusOf(p.Pid(), "VmRSS")>>20,
-		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, env["GRASP_MEMORY_LIMIT"])
+		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, env["GRASP_MEMORY_LIMIT"], env["GRASP_STORE_MEMORY"])
 	// Where the memory is, for the next round of cuts.
 	m := map[string]float64{}
 	if err := scrapeInto(ctx, metricsAddr, m); err == nil {
