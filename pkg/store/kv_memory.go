@@ -14,7 +14,7 @@ const DefaultKVMemory int64 = 96 << 20
 // filter held in memory without bound, and four compactors each building
 // tables in buffers of up to twice the table size. The budget is split:
 //
-//   - memtables: 2 of budget/8 each (4–64 MiB): one taking writes while the
+//   - memtables: 2 of budget/8 each (8–64 MiB): one taking writes while the
 //     other is flushed. Smaller memtables mean more, smaller level-0 tables and
 //     more compaction, not lost writes;
 //   - block cache: budget/4 (decompressed blocks, the read path's cache);
@@ -28,7 +28,11 @@ func kvBadgerOptions(dir string, budget int64) dgbadger.Options {
 	if budget <= 0 {
 		budget = DefaultKVMemory
 	}
-	memtable := min(max(budget/8, 4<<20), 64<<20)
+	// At least 8 MiB: badger allows 15 % of a memtable in one batch and
+	// refuses to open when that is below its 1 MiB value threshold; 8 MiB
+	// also keeps one event of the relay's largest message with its index
+	// keys within one batch.
+	memtable := min(max(budget/8, 8<<20), 64<<20)
 	return dgbadger.DefaultOptions(dir).
 		WithLogger(nil).
 		WithDetectConflicts(false).
