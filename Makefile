@@ -154,6 +154,8 @@ demo:
 bench:
 	cd services/ingester && $(GO) test $(TAGFLAGS) -run '^$$' -bench . -benchtime 3x -cpu 1,2 .
 	cd e2e && GRASP_BENCH=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run TestBenchEndToEnd -v .
+	# graspd's own peak RSS in the same initial sync, graspd in its own process (docs/performance.md, "Memory").
+	cd e2e && GRASP_BENCH=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run TestBenchGraspdMemory -v .
 
 .PHONY: interop
 

@@ -19,6 +19,7 @@ var binaryPackages = map[string]string{
 	"fetcher":     "github.com/grasp-sync/grasp-sync/services/fetcher/cmd/fetcher",
 	"ingester":    "github.com/grasp-sync/grasp-sync/services/ingester/cmd/ingester",
 	"graspctl":    "github.com/grasp-sync/grasp-sync/services/graspctl/cmd/graspctl",
+	"graspd":      "github.com/grasp-sync/grasp-sync/services/graspd/cmd/graspd",
 	"nats-server": "github.com/nats-io/nats-server/v2", // the module the workspace pins
 }
 

@@ -29,6 +29,10 @@ func Load(spec any) error {
 	if err := envconfig.Process(Prefix, spec); err != nil {
 		var pe *envconfig.ParseError
 		if errors.As(err, &pe) {
+			var iv invalidValue
+			if errors.As(pe.Err, &iv) {
+				return fmt.Errorf("%s=%q: %s", pe.KeyName, pe.Value, iv.why)
+			}
 			return fmt.Errorf("%s=%q: not a valid %s", pe.KeyName, pe.Value, pe.TypeName)
 		}
 		return fmt.Errorf("configuration: %w", err)

@@ -40,6 +40,8 @@ type Common struct {
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 	// LogFormat is text or json; unset: text when stderr is a terminal, JSON otherwise.
 	LogFormat string `envconfig:"LOG_FORMAT"`
+	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set, else no limit. Set it to about three quarters of the memory the process may use.
+	MemoryLimit config.ByteSize `envconfig:"MEMORY_LIMIT"`
 }
 
 // Env is what a service's run function gets.
@@ -90,6 +92,7 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 		return err
 	}
 	log = log.With("service", name)
+	memLimit, memSource := config.ApplyMemoryLimit(common.MemoryLimit)
 	ctx, stop := obs.SignalContext(context.Background())
 	defer stop()
 
@@ -123,7 +126,7 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 			effective[k] = v
 		}
 	}
-	log.Info("started", "version", obs.Version, "commit", obs.Commit, "verifier", verify.Backend(), "metrics", health.Addr(), "nats", bus.RedactURL(common.NATSURL), "config", effective)
+	log.Info("started", "version", obs.Version, "commit", obs.Commit, "verifier", verify.Backend(), "metrics", health.Addr(), "nats", bus.RedactURL(common.NATSURL), "memory_limit", config.ByteSize(memLimit), "memory_limit_from", memSource, "config", effective)
 
 	g, gctx := errgroup.WithContext(ctx)
 	gctx, end := context.WithCancel(gctx)

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -46,5 +47,37 @@ func TestLogFormatMustBeKnown(t *testing.T) {
 	}
 	if msg := err.Error(); !strings.Contains(msg, "GRASP_LOG_FORMAT") || strings.Contains(msg, "\n") {
 		t.Fatalf("error %q: want one line naming GRASP_LOG_FORMAT", msg)
+	}
+}
+
+// A memory limit that is not a size is a configuration mistake: one line
+// naming GRASP_MEMORY_LIMIT, before anything is dialled or served.
+func TestMemoryLimitMustBeASize(t *testing.T) {
+	t.Setenv("GRASP_MEMORY_LIMIT", "256 megs")
+	t.Setenv("GRASP_NATS_URL", "nats://127.0.0.1:1")
+	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
+	ran := false
+	err := mainErr("test", nil, func(context.Context, *Env) error { ran = true; return nil })
+	if err == nil || ran {
+		t.Fatalf("mainErr = %v (ran %v), want a refusal", err, ran)
+	}
+	if msg := err.Error(); !strings.HasPrefix(msg, `GRASP_MEMORY_LIMIT="256 megs"`) || strings.Contains(msg, "\n") {
+		t.Fatalf("error %q: want one line naming GRASP_MEMORY_LIMIT", msg)
+	}
+}
+
+// GRASP_MEMORY_LIMIT becomes the runtime's soft memory limit before the
+// service connects anywhere (here NATS is unreachable, so mainErr fails
+// after applying it).
+func TestMemoryLimitIsApplied(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	t.Setenv("GRASP_MEMORY_LIMIT", "300MiB")
+	t.Setenv("GRASP_NATS_URL", "nats://127.0.0.1:1")
+	t.Setenv("GRASP_NATS_SETUP_TIMEOUT", "1s")
+	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
+	_ = mainErr("test", nil, func(context.Context, *Env) error { return nil })
+	if got := debug.SetMemoryLimit(-1); got != 300<<20 {
+		t.Fatalf("runtime memory limit %d, want %d", got, 300<<20)
 	}
 }

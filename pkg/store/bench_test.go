@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -236,6 +237,15 @@ func BenchmarkStore1M(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			dir := b.TempDir()
 			s := bc.open(b)
+			// GRASP_STORE_BENCH_DIR keeps the kv store for BenchmarkStoreSteady.
+			if keep := os.Getenv("GRASP_STORE_BENCH_DIR"); keep != "" && bc.name == "kv" {
+				s.Close()
+				var err error
+				if s, err = store.Open("kv://" + keep); err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+			}
 			ctx := context.Background()
 			c := newCorpus(max(10, n/500))
 			stored := make([]string, 0, n)
@@ -266,7 +276,7 @@ func BenchmarkStore1M(b *testing.B) {
 			runtime.ReadMemStats(&ms)
 			// The corpus and the id list are the benchmark's own (~0.2 GiB);
 			// they are in these numbers for every backend alike.
-			fmt.Printf("store1m %s: after writes: RSS %s, Go heap in use after GC %.0f MiB\n", bc.name, procStatus("VmRSS"), float64(ms.HeapInuse)/(1<<20))
+			fmt.Printf("store1m %s: after writes: RSS %s (anon %s, file %s), Go heap in use after GC %.0f MiB, peak RSS of the import %s\n", bc.name, procStatus("VmRSS"), procStatus("RssAnon"), procStatus("RssFile"), float64(ms.HeapInuse)/(1<<20), procStatus("VmHWM"))
 			fmt.Printf("store1m %s: %d events written in %s (%.0f/s), %d unstorable\n", bc.name, n, saveTime.Round(time.Second), float64(n)/saveTime.Seconds(), unstorable)
 			for _, q := range queryKinds(c, stored) {
 				ops, start := 0, time.Now()
@@ -288,7 +298,8 @@ func BenchmarkStore1M(b *testing.B) {
 			fmt.Printf("store1m %s: Items of all kind-1111 = %d in %s\n", bc.name, len(items), time.Since(start).Round(time.Millisecond))
 			items = nil
 			disk := diskUse(b, filepath.Dir(dir))
-			fmt.Printf("store1m %s: disk %.0f MiB, peak RSS of the whole run %s\n", bc.name, float64(disk)/(1<<20), procStatus("VmHWM"))
+			runtime.GC()
+			fmt.Printf("store1m %s: disk %.0f MiB, peak RSS of the whole run %s, RSS at the end %s\n", bc.name, float64(disk)/(1<<20), procStatus("VmHWM"), procStatus("VmRSS"))
 			b.ReportMetric(float64(disk)/(1<<20), "disk-MiB")
 		})
 	}
@@ -322,4 +333,55 @@ func procStatus(field string) string {
 		}
 	}
 	return "unknown"
+}
+
+// BenchmarkStoreSteady measures the kv store's memory in steady state: a
+// fresh process opens the store BenchmarkStore1M kept in
+// GRASP_STORE_BENCH_DIR (GRASP_STORE_BENCH_N events, default 1,000,000) and
+// runs the query mix. The corpus is regenerated (it is deterministic) to
+// have roots, repositories and ids to ask for; its memory is the
+// benchmark's own and is printed before the store opens.
+//
+//	GRASP_STORE_BENCH_1M=1 GRASP_STORE_BENCH_DIR=/var/tmp/kv1m go test -run '^$' \
+//	  -bench 'BenchmarkStore1M/kv$' -benchtime 1x -timeout 1h ./store/
+//	GRASP_STORE_BENCH_DIR=/var/tmp/kv1m go test -run '^$' -bench BenchmarkStoreSteady -benchtime 1x ./store/
+func BenchmarkStoreSteady(b *testing.B) {
+	dir := os.Getenv("GRASP_STORE_BENCH_DIR")
+	if dir == "" {
+		b.Skip("SKIP: set GRASP_STORE_BENCH_DIR to a store BenchmarkStore1M kept")
+	}
+	n := 1_000_000
+	if v := os.Getenv("GRASP_STORE_BENCH_N"); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	c := newCorpus(max(10, n/500))
+	var sample []string
+	for i := range n {
+		if e := c.next(); i%100 == 0 {
+			sample = append(sample, e.ID)
+		}
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	fmt.Printf("storesteady kv: before opening: RSS %s (the regenerated corpus)\n", procStatus("VmRSS"))
+	s, err := store.Open("kv://" + dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for _, q := range queryKinds(c, sample) {
+		ops, start := 0, time.Now()
+		for ops < 5000 && time.Since(start) < 20*time.Second {
+			if _, err := s.Query(ctx, q.filter()); err != nil {
+				b.Fatal(err)
+			}
+			ops++
+		}
+		fmt.Printf("storesteady kv: query %s %s/op over %d ops, RSS %s\n", q.name, time.Since(start)/time.Duration(ops), ops, procStatus("VmRSS"))
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Printf("storesteady kv: after the queries: RSS %s (anon %s, file %s), peak %s, Go heap in use %.0f MiB\n",
+		procStatus("VmRSS"), procStatus("RssAnon"), procStatus("RssFile"), procStatus("VmHWM"), float64(ms.HeapInuse)/(1<<20))
 }

@@ -48,9 +48,13 @@ import (
 // detection is not needed; the prefixes are letters so that opening the
 // directory with eventstore's badger backend by mistake cannot clobber them.
 type kv struct {
-	db    *dgbadger.DB
-	seq   *dgbadger.Sequence
-	locks stripes
+	db *dgbadger.DB
+	// txnBytes is how much one write transaction carries: kvTxnBytes, or
+	// half of what badger's memtable size allows in one batch when that is
+	// smaller (kvBadgerOptions), so a chunk is not first refused as too big.
+	txnBytes int
+	seq      *dgbadger.Sequence
+	locks    stripes
 	// mu is held shared by every operation and exclusively by close, so
 	// nothing touches the database after it closed.
 	mu     sync.RWMutex
@@ -145,8 +149,7 @@ func openKV(dir string, o options) (*kv, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("store kv://%s: %w", dir, err)
 	}
-	opts := dgbadger.DefaultOptions(dir).WithLogger(nil).WithDetectConflicts(false)
-	db, err := dgbadger.Open(opts)
+	db, err := dgbadger.Open(kvBadgerOptions(dir, o.kvMemory))
 	if err != nil {
 		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
 	}
@@ -158,7 +161,7 @@ func openKV(dir string, o options) (*kv, error) {
 	if err != nil {
 		return fail(err)
 	}
-	k := &kv{db: db}
+	k := &kv{db: db, txnBytes: int(min(int64(kvTxnBytes), db.MaxBatchSize()/2))}
 	if bytes.Equal(format, kvFormatV1) {
 		if err := kvUpgradeV1(db); err != nil {
 			return fail(fmt.Errorf("upgrade from v1: %w", err))

@@ -103,7 +103,7 @@ func (k *kv) write(ctx context.Context, evts []*nostr.Event) []SaveResult {
 			break
 		}
 		size, end := 0, 0
-		for end < len(todo) && (end == 0 || size+todo[end].size <= kvTxnBytes) {
+		for end < len(todo) && (end == 0 || size+todo[end].size <= k.txnBytes) {
 			size += todo[end].size
 			end++
 		}

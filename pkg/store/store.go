@@ -72,12 +72,18 @@ type Option func(*options)
 type options struct {
 	pgSchema string
 	maxLimit int
+	kvMemory int64
 }
 
 // WithPostgresSchema keeps the PostgreSQL store's tables in this schema
 // (created if missing) instead of the connection's default, so several
 // deployments or test runs can share one database.
 func WithPostgresSchema(schema string) Option { return func(o *options) { o.pgSchema = schema } }
+
+// WithKVMemory sizes the kv store's own memory (memtables, block and index
+// caches) from a budget in bytes; zero or less means DefaultKVMemory. See
+// kvBadgerOptions for how the budget is split.
+func WithKVMemory(bytes int64) Option { return func(o *options) { o.kvMemory = bytes } }
 
 // WithMaxQueryLimit overrides DefaultQueryLimit.
 func WithMaxQueryLimit(n int) Option { return func(o *options) { o.maxLimit = n } }

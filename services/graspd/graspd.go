@@ -61,6 +61,10 @@ type Config struct {
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 	// LogFormat is text or json; unset: text when stderr is a terminal, JSON otherwise.
 	LogFormat string `envconfig:"LOG_FORMAT"`
+	// StoreMemory is the embedded kv store's memory budget for its memtables and block and index caches (0: 96MiB); more makes reads of a large store faster. PostgreSQL ignores it.
+	StoreMemory config.ByteSize `envconfig:"STORE_MEMORY"`
+	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set, else no limit. Set it to about three quarters of the memory graspd may use (docs/performance.md, "Memory").
+	MemoryLimit config.ByteSize `envconfig:"MEMORY_LIMIT"`
 	// Services lists the services to run (all by default).
 	Services []string `envconfig:"SERVICES" default:"relay,discovery,planner,fetcher,ingester"`
 }
@@ -166,7 +170,7 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 	if storeURL == "" {
 		storeURL = filepath.Join(c.Graspd.DataDir, "events")
 	}
-	if a.store, err = store.Open(storeURL); err != nil {
+	if a.store, err = store.Open(storeURL, store.WithKVMemory(int64(c.Graspd.StoreMemory))); err != nil {
 		return nil, fmt.Errorf("GRASP_STORE_URL: %w", err)
 	}
 	ok = true
@@ -182,6 +186,10 @@ func startNATS(c Config) (*server.Server, error) {
 		NoLog:      true,
 		NoSigs:     true,
 		DontListen: c.NATSListen == "",
+		// Every stream and bucket is file-backed (pkg/bus); the server's
+		// default would reserve 75 % of the machine's memory for memory
+		// storage nobody uses.
+		JetStreamMaxMemory: 64 << 20,
 	}
 	if c.NATSListen != "" {
 		host, port, _ := net.SplitHostPort(c.NATSListen)

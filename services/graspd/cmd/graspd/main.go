@@ -40,6 +40,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	// Before anything allocates in bulk (docs/decisions.md, "Memory on a
+	// small machine").
+	memLimit, memSource := config.ApplyMemoryLimit(cfg.Graspd.MemoryLimit)
 	// Libraries that log through the standard logger (eventstore, khatru)
 	// log as structured lines too.
 	stdlog.SetFlags(0)
@@ -53,7 +56,7 @@ func run() error {
 	// Logged once start-up succeeded, so a start-up mistake stays one line.
 	// The verifier depends on the build (docs/decisions.md, "Signature
 	// verification: libsecp256k1 by default, pure Go as fallback").
-	log.Info("configuration", "version", obs.Version, "commit", obs.Commit, "verifier", verify.Backend(), "config", config.Effective(&cfg))
+	log.Info("configuration", "version", obs.Version, "commit", obs.Commit, "verifier", verify.Backend(), "memory_limit", config.ByteSize(memLimit), "memory_limit_from", memSource, "config", config.Effective(&cfg))
 	defer app.Close()
 	fmt.Fprintf(os.Stderr, "graspd: relay %s (NIP-11 at %s), public URL %s, NATS %s, metrics http://%s/metrics\n",
 		app.RelayURL(), "http"+app.RelayURL()[2:], app.PublicURL(), app.NATSURL(), app.MetricsAddr())

@@ -1,0 +1,56 @@
+package store
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// The kv store's badger options follow the memory budget, not badger's
+// server-sized defaults (docs/decisions.md, "Memory on a small machine").
+func TestKVBadgerOptionsFollowTheBudget(t *testing.T) {
+	tests := []struct {
+		budget                           int64
+		memtable, blockCache, indexCache int64
+	}{
+		{budget: 0, memtable: 12 << 20, blockCache: 24 << 20, indexCache: 12 << 20}, // DefaultKVMemory
+		{budget: 96 << 20, memtable: 12 << 20, blockCache: 24 << 20, indexCache: 12 << 20},
+		{budget: 16 << 20, memtable: 8 << 20, blockCache: 4 << 20, indexCache: 2 << 20},
+		{budget: 1 << 30, memtable: 64 << 20, blockCache: 256 << 20, indexCache: 128 << 20},
+	}
+	for _, tt := range tests {
+		o := kvBadgerOptions(t.TempDir(), tt.budget)
+		if o.MemTableSize != tt.memtable || o.BlockCacheSize != tt.blockCache || o.IndexCacheSize != tt.indexCache {
+			t.Errorf("budget %d: memtable %d, block cache %d, index cache %d; want %d, %d, %d",
+				tt.budget, o.MemTableSize, o.BlockCacheSize, o.IndexCacheSize, tt.memtable, tt.blockCache, tt.indexCache)
+		}
+		if o.NumMemtables != 2 || o.NumCompactors != 2 || o.DetectConflicts {
+			t.Errorf("budget %d: %d memtables, %d compactors, conflicts %v; want 2, 2, false", tt.budget, o.NumMemtables, o.NumCompactors, o.DetectConflicts)
+		}
+		if worst := int64(o.NumMemtables)*o.MemTableSize + o.BlockCacheSize + o.IndexCacheSize; tt.budget >= 64<<20 && worst > max(tt.budget, DefaultKVMemory) {
+			t.Errorf("budget %d: memtables and caches add up to %d", tt.budget, worst)
+		}
+	}
+}
+
+// The smallest budget still opens and stores an event as large as the relay
+// accepts (the memtable floor keeps badger's batch above its value
+// threshold and above one such event).
+func TestKVSmallBudgetOpensAndStoresLargeEvents(t *testing.T) {
+	s, err := Open("kv://"+t.TempDir(), WithKVMemory(1<<20))
+	if err != nil {
+		t.Fatalf("open with a 1 MiB budget: %v", err)
+	}
+	defer s.Close()
+	sk := nostr.GeneratePrivateKey()
+	evt := &nostr.Event{Kind: 1621, CreatedAt: nostr.Now(), Content: strings.Repeat("x", 500_000), Tags: nostr.Tags{{"a", "30617:" + strings.Repeat("a", 64) + ":repo"}}}
+	if err := evt.Sign(sk); err != nil {
+		t.Fatal(err)
+	}
+	res := s.SaveBatch(context.Background(), []*nostr.Event{evt})
+	if res[0].Err != nil || !res[0].Stored {
+		t.Fatalf("save a 500 kB event: %+v", res[0])
+	}
+}
