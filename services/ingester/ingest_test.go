@@ -131,6 +131,7 @@ func TestTwoReplicasShareTheStream(t *testing.T) {
 	e := newEnv(t)
 	a := e.start(t, fastConfig(), nil)
 	b := e.start(t, fastConfig(), nil)
+	e.waitPulling(t, fastConfig().Consumer, 2) // both share the work only if both pull
 	e.publish(t, w.deliveries)
 	e.waitDrained(t, w.accepted, 2*time.Minute)
 	e.assertExactly(t, w.accepted)
