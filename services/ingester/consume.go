@@ -104,9 +104,18 @@ func (i *Ingester) failed(ctx context.Context, msg jetstream.Msg, cause error) {
 	relay := msg.Headers().Get(bus.HeaderRelay)
 	md, err := msg.Metadata()
 	if err == nil && md.NumDelivered >= uint64(i.cfg.MaxDeliver) {
-		if err := i.deadLetter(ctx, msg, md.NumDelivered, cause); err != nil {
+		again, err := i.deadLetter(ctx, msg, md, cause)
+		if err != nil {
 			i.log.Error("dead-lettering failed: will be redelivered", "relay", relay, "err", err)
 			_ = msg.NakWithDelay(i.cfg.RetryDelay)
+			return
+		}
+		if again {
+			// Redelivered (its AckWait ran out) before the ack of its
+			// dead-lettering reached the server: the stream kept the first
+			// dead letter, and the counter counts messages, not attempts.
+			i.log.Debug("message already dead-lettered", "relay", relay, "subject", msg.Subject(), "deliveries", md.NumDelivered)
+			_ = msg.Ack()
 			return
 		}
 		i.m.incDeadLettered("store-error")
@@ -137,13 +146,18 @@ func (i *Ingester) setupDeadLetter(ctx context.Context) error {
 		MaxBytes:    256 << 20,
 		Discard:     jetstream.DiscardOld,
 		Replicas:    max(1, replicas),
+		// Longer than a redelivery takes, so a message dead-lettered twice
+		// (see deadLetter) is stored once.
+		Duplicates: max(2*time.Minute, 2*i.cfg.AckWait),
 	})
 	return err
 }
 
 // deadLetter copies a message, headers included, to the dead-letter subject
-// with why it was given up.
-func (i *Ingester) deadLetter(ctx context.Context, msg jetstream.Msg, deliveries uint64, cause error) error {
+// with why it was given up. again reports that this stream message was
+// dead-lettered before (the dead-letter stream dropped the copy as a
+// duplicate).
+func (i *Ingester) deadLetter(ctx context.Context, msg jetstream.Msg, md *jetstream.MsgMetadata, cause error) (again bool, err error) {
 	out := nats.NewMsg(i.bus.Names.DeadLetterSubject())
 	out.Data = msg.Data()
 	for k, v := range msg.Headers() {
@@ -151,11 +165,17 @@ func (i *Ingester) deadLetter(ctx context.Context, msg jetstream.Msg, deliveries
 	}
 	out.Header.Set(HeaderDeadReason, cause.Error())
 	out.Header.Set(HeaderDeadSubject, msg.Subject())
-	out.Header.Set(HeaderDeadDeliveries, strconv.FormatUint(deliveries, 10))
-	if _, err := i.bus.JS.PublishMsg(ctx, out); err != nil {
-		return fmt.Errorf("publish to %s: %w", i.bus.Names.DeadLetterSubject(), err)
+	out.Header.Set(HeaderDeadDeliveries, strconv.FormatUint(md.NumDelivered, 10))
+	// One stream message, one dead letter: a redelivery that fails again
+	// before the ack of the first dead-lettering lands is dropped by the
+	// dead-letter stream's de-duplication. (The original Nats-Msg-Id, the
+	// event's id and signature, is in the data.)
+	out.Header.Set(nats.MsgIdHdr, md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10))
+	ack, err := i.bus.JS.PublishMsg(ctx, out)
+	if err != nil {
+		return false, fmt.Errorf("publish to %s: %w", i.bus.Names.DeadLetterSubject(), err)
 	}
-	return nil
+	return ack.Duplicate, nil
 }
 
 // watchLag refreshes the consumer lag gauges every LagInterval.

@@ -3,6 +3,7 @@ package ingester_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,6 +131,7 @@ func TestTwoReplicasShareTheStream(t *testing.T) {
 	e := newEnv(t)
 	a := e.start(t, fastConfig(), nil)
 	b := e.start(t, fastConfig(), nil)
+	e.waitPulling(t, fastConfig().Consumer, 2) // both share the work only if both pull
 	e.publish(t, w.deliveries)
 	e.waitDrained(t, w.accepted, 2*time.Minute)
 	e.assertExactly(t, w.accepted)
@@ -316,5 +318,106 @@ func TestPoisonMessageDeadLettered(t *testing.T) {
 		if !strings.Contains(string(m.Data()), poisonID) {
 			t.Error("a dead letter does not carry the poisoned event")
 		}
+	}
+}
+
+// redeliveringStore fails every Save of its poisoned event, and holds the
+// first such failure back until the server has redelivered the message
+// (its AckWait ran out while the store answered slowly).
+type redeliveringStore struct {
+	*flakyStore
+	redelivered func(context.Context) error
+	once        sync.Once
+	calls       atomic.Int64
+}
+
+func (r *redeliveringStore) poisoned(ctx context.Context) {
+	r.calls.Add(1)
+	r.once.Do(func() {
+		if err := r.redelivered(ctx); err != nil {
+			panic(err)
+		}
+	})
+}
+
+func (r *redeliveringStore) Save(ctx context.Context, evt *nostr.Event) (bool, error) {
+	ok, err := r.flakyStore.Save(ctx, evt)
+	if err != nil {
+		r.poisoned(ctx)
+	}
+	return ok, err
+}
+
+func (r *redeliveringStore) SaveBatch(ctx context.Context, evts []*nostr.Event) []store.SaveResult {
+	res := r.flakyStore.SaveBatch(ctx, evts)
+	for _, s := range res {
+		if s.Err != nil {
+			r.poisoned(ctx)
+		}
+	}
+	return res
+}
+
+// TestDeadLetteredOnceWhenRedelivered: a message redelivered while it is
+// being dead-lettered (its AckWait ran out before the ack) is dead-lettered
+// again by the redelivery; the dead-letter stream holds it once and the
+// counter counts it once.
+func TestDeadLetteredOnceWhenRedelivered(t *testing.T) {
+	w := workloadFor(t, specSmall)
+	e := newEnv(t)
+	// A repository announcement: stored on its own, depending on nothing.
+	var poison delivery
+	var poisonID string
+	for _, d := range w.deliveries {
+		id, _, _ := strings.Cut(d.msgID, ":")
+		if strings.Contains(string(d.data), `"kind":30617`) && w.accepted[id] {
+			poison, poisonID = d, id
+			break
+		}
+	}
+	if poisonID == "" {
+		t.Fatal("the workload has no repository announcement")
+	}
+	cfg := fastConfig()
+	cfg.MaxDeliver, cfg.AckWait = 1, time.Second // the first failure dead-letters
+	rs := &redeliveringStore{flakyStore: &flakyStore{Store: e.store, poison: map[string]bool{poisonID: true}}}
+	rs.redelivered = func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		for {
+			cons, err := e.bus.JS.Consumer(ctx, e.bus.Names.EventsStream(), cfg.Consumer)
+			if err != nil {
+				return err
+			}
+			if info, err := cons.Info(ctx); err == nil && info.NumRedelivered > 0 {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("the poisoned message was not redelivered: %w", ctx.Err())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	r := e.start(t, cfg, rs)
+	e.publish(t, []delivery{poison})
+	waitFor(t, "the redelivery's store failure", func() bool { return rs.calls.Load() >= 2 })
+	// A marker settled after the redelivery (batches are settled in order).
+	e.publish(t, []delivery{{data: []byte("{not an event"), relay: poison.relay}})
+	waitFor(t, "the marker refused", func() bool { return r.ing.Stats().Refused[string(policy.ReasonMalformed)] == 1 })
+	dead := e.deadLetters(t)
+	if len(dead) != 1 || r.ing.Stats().DeadLettered != 1 {
+		t.Fatalf("dead-letter stream holds %d messages, counter says %d, want 1 and 1", len(dead), r.ing.Stats().DeadLettered)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -48,6 +48,7 @@ func TestTwoReplicasOnPostgres(t *testing.T) {
 	e.raw = open() // the test's own view of the shared store
 	a := e.start(t, fastConfig(), open())
 	bb := e.start(t, fastConfig(), open())
+	e.waitPulling(t, fastConfig().Consumer, 2) // both share the work only if both pull
 	e.publish(t, w.deliveries)
 	e.waitDrained(t, w.accepted, 2*time.Minute)
 	e.assertExactly(t, w.accepted)

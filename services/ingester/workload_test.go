@@ -289,6 +289,29 @@ func (r *replica) kill(t testing.TB) {
 	r.cancel = nil
 }
 
+// waitPulling waits until n pull requests wait on the ingesters' consumer:
+// replicas started with start are pulling only once their Run has set up
+// its streams, which on a loaded machine can take longer than one replica
+// needs to drain a whole workload. Each replica with nothing to do holds one
+// waiting pull, so n replicas each get a share of what is published after.
+func (e *env) waitPulling(t testing.TB, consumer string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		if cons, err := e.bus.JS.Consumer(ctx, e.bus.Names.EventsStream(), consumer); err == nil {
+			if info, err := cons.Info(ctx); err == nil && info.NumWaiting >= n {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d replicas not pulling from %s after a minute", n, consumer)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // publish sends the deliveries asynchronously with a bounded window, as the
 // fetcher does.
 func (e *env) publish(t testing.TB, ds []delivery) {
