@@ -1,0 +1,105 @@
+package discovery
+
+import (
+	"time"
+
+	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
+)
+
+// Config is discovery's configuration (GRASP_* variables).
+type Config struct {
+	// RelayURL is the own relay discovery subscribes to.
+	RelayURL string `envconfig:"DISCOVERY_RELAY_URL"`
+	// BatchQuiet is how long index changes must have been quiet before
+	// they are written: a single announcement reaches the planner after
+	// this, not after the whole window (docs/decisions.md, "Discovery
+	// batches: quiet period, window as the maximum"). A quiet period
+	// longer than the window acts as the window.
+	BatchQuiet time.Duration `envconfig:"DISCOVERY_BATCH_QUIET" default:"150ms"`
+	// BatchWindow is the longest a change waits to be written: it starts at
+	// the first change after a flush and does not reset, so a stream of
+	// changes that never pauses is still one index update per window.
+	BatchWindow time.Duration `envconfig:"DISCOVERY_BATCH_WINDOW" default:"5s"`
+	// PageSize is the limit of each history page.
+	PageSize int `envconfig:"DISCOVERY_PAGE_SIZE" default:"500"`
+	// MaxPages bounds one history read.
+	MaxPages int `envconfig:"DISCOVERY_MAX_PAGES" default:"100000"`
+	// RelayMinCap is the smallest per-REQ result cap assumed of the own
+	// relay: a page of at least min(this, PageSize) events that all share
+	// one created_at may hide more of that second, which is then read on
+	// its own (NIP-77, or REQs split by kind). Must not exceed
+	// GRASP_RELAY_MAX_LIMIT.
+	RelayMinCap int `envconfig:"DISCOVERY_RELAY_MIN_CAP" default:"100"`
+	// ReconnectBuffer is subtracted from the moment the live stream was lost
+	// to get the since of the catch-up after a reconnect.
+	ReconnectBuffer time.Duration `envconfig:"DISCOVERY_RECONNECT_BUFFER" default:"15m" zero:"off"`
+	// BackoffBase and BackoffMax bound the reconnect backoff (doubling from
+	// base up to max; reset once a connection is live).
+	BackoffBase time.Duration `envconfig:"DISCOVERY_BACKOFF_BASE" default:"1s"`
+	BackoffMax  time.Duration `envconfig:"DISCOVERY_BACKOFF_MAX" default:"1m"`
+	// ResyncInterval is how often the index is rebuilt from the relay's
+	// whole history (0: never). A catch-up with since misses events stored
+	// during a disconnection with an older created_at (synced history); the
+	// resync picks them up. The writers' stored-event announcements on NATS
+	// (grasp.stored.<kind>) cover such gaps while NATS is up; the resync
+	// remains the backstop.
+	ResyncInterval time.Duration `envconfig:"DISCOVERY_RESYNC_INTERVAL" default:"24h" zero:"off"`
+	// MaxRelaysPerAnnouncement bounds the relays one announcement adds.
+	MaxRelaysPerAnnouncement int `envconfig:"MAX_RELAYS_PER_ANNOUNCEMENT" default:"20" zero:"off"`
+	// RelayAllowlist names internal hosts (or host:port) sync may dial
+	// anyway, for tests and local demos.
+	RelayAllowlist []string `envconfig:"RELAY_ALLOWLIST"`
+	// BootstrapRelays are published under the index bucket's reserved key
+	// so the planner keeps them connected whether or not a repository lists
+	// them.
+	BootstrapRelays []string `envconfig:"BOOTSTRAP_RELAYS"`
+	// InstanceID names this instance in the discovery lease (default
+	// host-pid).
+	InstanceID string `envconfig:"DISCOVERY_ID"`
+}
+
+// Validate checks what the defaults cannot guarantee and normalises the
+// bootstrap relays.
+func (c *Config) Validate() error {
+	switch {
+	case c.BatchWindow <= 0:
+		return config.Invalid("DISCOVERY_BATCH_WINDOW", c.BatchWindow, "must be positive")
+	case c.BatchQuiet <= 0:
+		return config.Invalid("DISCOVERY_BATCH_QUIET", c.BatchQuiet, "must be positive")
+	case c.PageSize <= 0:
+		return config.Invalid("DISCOVERY_PAGE_SIZE", c.PageSize, "must be positive")
+	case c.RelayMinCap < 0:
+		return config.Invalid("DISCOVERY_RELAY_MIN_CAP", c.RelayMinCap, "must not be negative")
+	case c.BackoffBase <= 0:
+		return config.Invalid("DISCOVERY_BACKOFF_BASE", c.BackoffBase, "must be positive")
+	case c.BackoffMax < c.BackoffBase:
+		return config.Invalid("DISCOVERY_BACKOFF_MAX", c.BackoffMax, "must not be below GRASP_DISCOVERY_BACKOFF_BASE")
+	case c.ReconnectBuffer < 0:
+		return config.Invalid("DISCOVERY_RECONNECT_BUFFER", c.ReconnectBuffer, "must not be negative")
+	}
+	for i, raw := range c.BootstrapRelays {
+		u, err := relayurl.Normalize(raw)
+		if err != nil {
+			return config.Invalid("BOOTSTRAP_RELAYS", raw, err.Error())
+		}
+		c.BootstrapRelays[i] = u
+	}
+	return nil
+}
+
+// withDefaults fills what a Config built in code (not from the
+// environment) may leave zero, from the default tags (config.FillDefaults;
+// the fields tagged zero:"off" stay as they are), then what depends on
+// other fields.
+func (c Config) withDefaults() Config {
+	config.FillDefaults(&c)
+	c.BatchQuiet = min(c.BatchQuiet, c.BatchWindow)
+	if c.BackoffMax < c.BackoffBase {
+		c.BackoffMax = max(time.Minute, c.BackoffBase)
+	}
+	if c.InstanceID == "" {
+		c.InstanceID = config.InstanceID()
+	}
+	return c
+}
