@@ -36,6 +36,8 @@ type Config struct {
 	// RecomputeDelay are still recomputed this long after the first of them,
 	// so a newly hosted repository is planned within it however busy
 	// discovery is. A value below RecomputeDelay acts as RecomputeDelay.
+	// The default is four quiet periods, so a discovery batch written within
+	// a second is still one recompute (see docs/decisions.md).
 	RecomputeMaxDelay time.Duration `envconfig:"PLANNER_RECOMPUTE_MAX_DELAY" default:"1s"`
 	// BootstrapRelays are kept connected whether or not a repository lists
 	// them (union with the list discovery publishes in the index bucket).
@@ -47,12 +49,6 @@ type Config struct {
 	// Rules are the lifecycle constants.
 	Rules
 }
-
-// DefaultRecomputeMaxDelay is RecomputeMaxDelay's default: four quiet
-// periods, so a discovery batch written within a second is still one
-// recompute, while a repository announced during a busy stretch waits at
-// most a second for its first batch (see docs/decisions.md).
-const DefaultRecomputeMaxDelay = time.Second
 
 // Validate fills defaults and checks values.
 func (c *Config) Validate() error {
@@ -78,23 +74,18 @@ type Planner struct {
 	metrics *Metrics
 }
 
-// New builds a planner. Zero rules are replaced by DefaultRules.
+// New builds a planner. Zero rules are replaced by DefaultRules; other zero
+// fields take their default tags, except RecomputeDelay, whose zero in a
+// Config built in code means "recompute at once".
 func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *Planner {
 	if cfg.Rules == (Rules{}) {
 		cfg.Rules = DefaultRules()
 	}
-	if cfg.Shards == 0 {
-		cfg.Shards = bus.DefaultShards
-	}
-	if cfg.RecomputeMaxDelay == 0 {
-		cfg.RecomputeMaxDelay = DefaultRecomputeMaxDelay
-	}
-	if cfg.Consumer == "" {
-		cfg.Consumer = "planner"
-	}
-	if cfg.LeaseKey == "" {
-		cfg.LeaseKey = "planner"
-	}
+	// Rules are complete here (a zero Heartbeat or ConsolidatePerTick
+	// means "off"), so the tags fill only the planner's own fields.
+	rules, delay := cfg.Rules, cfg.RecomputeDelay
+	config.FillDefaults(&cfg)
+	cfg.Rules, cfg.RecomputeDelay = rules, delay
 	if cfg.ID == "" {
 		_ = cfg.Validate()
 	}

@@ -2,6 +2,8 @@ package planner
 
 import (
 	"time"
+
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 )
 
 // Rules are the lifecycle constants (docs/sync.md, "Relay lifecycle"), all configurable.
@@ -50,22 +52,11 @@ type Rules struct {
 	Heartbeat time.Duration `envconfig:"PLANNER_HEARTBEAT" default:"30s"`
 }
 
-// DefaultRules are the defaults docs/sync.md describes.
+// DefaultRules are the defaults docs/sync.md describes: the default tags.
 func DefaultRules() Rules {
-	return Rules{
-		QuickReconnect:       15 * time.Minute,
-		SinceBuffer:          15 * time.Minute,
-		ResyncMin:            23 * time.Hour,
-		ResyncMax:            25 * time.Hour,
-		QuietPeriod:          6 * time.Second,
-		MaxLiveFilters:       70,
-		ConsolidatePerTick:   2,
-		ConsolidateEvery:     10 * time.Millisecond,
-		MaxBatchItems:        1000,
-		MaxFiltersPerCommand: 50,
-		FailureRetry:         5 * time.Minute,
-		Heartbeat:            30 * time.Second,
-	}
+	var r Rules
+	config.FillDefaults(&r)
+	return r
 }
 
 // ReconnectKind classifies how a session started.
