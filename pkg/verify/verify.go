@@ -10,6 +10,8 @@ import (
 	"reflect"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
 // The names Backend reports.
@@ -57,25 +59,12 @@ func Signature(evt *nostr.Event) (bool, error) {
 // has the shape Signature accepts (64 and 128 lower-case hex characters),
 // for callers that hand the event to code calling CheckSignature itself
 // (khatru).
-func WellFormedPubKey(s string) bool { return isLowerHex(s, 64) }
+func WellFormedPubKey(s string) bool { return nip34.IsLowerHex(s, 64) }
 
 // WellFormedSig: see WellFormedPubKey.
-func WellFormedSig(s string) bool { return isLowerHex(s, 128) }
+func WellFormedSig(s string) bool { return nip34.IsSignature(s) }
 
 // errMalformed is the error of a pubkey or signature of the wrong shape.
 func errMalformed(field string, n int) error {
 	return fmt.Errorf("event %s must be %d lower-case hex characters", field, n)
-}
-
-func isLowerHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
