@@ -21,23 +21,10 @@ import (
 // can take the shard and connect to a relay ours is still connected to;
 // once they are closed the lease is freed at once.
 func TestGracefulReleaseHoldsLeaseUntilConnectionsClosed(t *testing.T) {
-	srv := testkit.StartNATS(t)
-	nc, err := nats.Connect("", nats.InProcessServer(srv.Server))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const ttl = time.Second
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases", TTL: ttl, History: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := leaseBucket(t, ctx, ttl)
 	gained := make(chan int, 1)
 	closing, closed := make(chan struct{}), make(chan struct{})
 	l := newShardLeases(kv, "a", ShardLeaseConfig{TTL: ttl, Shards: 1}, slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -82,23 +69,10 @@ func TestGracefulReleaseHoldsLeaseUntilConnectionsClosed(t *testing.T) {
 // renewed too: none lapses for another replica to take while we still
 // serve it.
 func TestRebalanceKeepsOtherLeasesWhileClosing(t *testing.T) {
-	srv := testkit.StartNATS(t)
-	nc, err := nats.Connect("", nats.InProcessServer(srv.Server))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const ttl = time.Second
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases", TTL: ttl, History: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := leaseBucket(t, ctx, ttl)
 	// A shard count at which a second member "b" takes some shards from
 	// "a" and leaves it others.
 	shards := 2
@@ -149,4 +123,24 @@ func TestRebalanceKeepsOtherLeasesWhileClosing(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	finish()
+}
+
+// leaseBucket is a lease bucket with the given TTL on a fresh embedded NATS.
+func leaseBucket(t *testing.T, ctx context.Context, ttl time.Duration) jetstream.KeyValue {
+	t.Helper()
+	srv := testkit.StartNATS(t)
+	nc, err := nats.Connect("", nats.InProcessServer(srv.Server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases", TTL: ttl, History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }
