@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -30,15 +29,8 @@ func TestCrowdedSecondThroughGraspd(t *testing.T) {
 			t.Setenv("GRASP_PLANNER_FAILURE_RETRY", "1s")
 			t.Setenv("GRASP_PLANNER_QUIET_PERIOD", "500ms")
 			remote := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100, Negentropy: nip77})
-			// Like startGraspd, with a NATS listener to read the status from.
-			t.Setenv("GRASP_DATA_DIR", t.TempDir())
-			t.Setenv("GRASP_NATS_LISTEN", "127.0.0.1:0")
-			t.Setenv("GRASP_RELAY_ADDR", "127.0.0.1:0")
-			t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
-			t.Setenv("GRASP_RELAY_ALLOWLIST", "127.0.0.1")
-			t.Setenv("GRASP_DISCOVERY_BATCH_WINDOW", "300ms")
-			t.Setenv("GRASP_SHARDS", "4")
-			t.Setenv("GRASP_SERVICES", strings.Join(graspd.AllServices, ","))
+			// With a NATS listener to read the status from.
+			graspdTestEnv(t, "127.0.0.1:0", graspd.AllServices)
 			app, _ := graspdtest.Start(t, nil)
 			owner, author := testkit.NewKey(), testkit.NewKey()
 			repo := testkit.RepoRef(owner.PubKey, "crowded")
@@ -113,14 +105,8 @@ func waitSnapshot(t *testing.T, b *bus.Bus, wait time.Duration, what string, con
 func TestRelayCappingBelowMinCapThroughGraspd(t *testing.T) {
 	t.Setenv("GRASP_PLANNER_QUIET_PERIOD", "500ms")
 	remote := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 50})
-	t.Setenv("GRASP_DATA_DIR", t.TempDir())
-	t.Setenv("GRASP_NATS_LISTEN", "127.0.0.1:0")
-	t.Setenv("GRASP_RELAY_ADDR", "127.0.0.1:0")
-	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
-	t.Setenv("GRASP_RELAY_ALLOWLIST", "127.0.0.1")
-	t.Setenv("GRASP_DISCOVERY_BATCH_WINDOW", "300ms")
-	t.Setenv("GRASP_SHARDS", "4")
-	t.Setenv("GRASP_SERVICES", strings.Join(graspd.AllServices, ","))
+	// With a NATS listener to read the status from.
+	graspdTestEnv(t, "127.0.0.1:0", graspd.AllServices)
 	app, _ := graspdtest.Start(t, nil)
 	owner, author := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "capped")

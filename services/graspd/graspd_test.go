@@ -19,16 +19,24 @@ import (
 // startGraspd starts graspd on random ports with the given services.
 func startGraspd(t *testing.T, services []string) *graspd.App {
 	t.Helper()
+	graspdTestEnv(t, "", services)
+	app, _ := graspdtest.Start(t, nil)
+	return app
+}
+
+// graspdTestEnv sets the environment the graspd tests run under: a fresh
+// data directory, loopback listeners, a short discovery window, 4 shards;
+// natsListen "" runs the embedded NATS without a listener.
+func graspdTestEnv(t *testing.T, natsListen string, services []string) {
+	t.Helper()
 	t.Setenv("GRASP_DATA_DIR", t.TempDir())
-	t.Setenv("GRASP_NATS_LISTEN", "")
+	t.Setenv("GRASP_NATS_LISTEN", natsListen)
 	t.Setenv("GRASP_RELAY_ADDR", "127.0.0.1:0")
 	t.Setenv("GRASP_METRICS_ADDR", "127.0.0.1:0")
 	t.Setenv("GRASP_RELAY_ALLOWLIST", "127.0.0.1")
 	t.Setenv("GRASP_DISCOVERY_BATCH_WINDOW", "300ms")
 	t.Setenv("GRASP_SHARDS", "4")
 	t.Setenv("GRASP_SERVICES", strings.Join(services, ","))
-	app, _ := graspdtest.Start(t, nil)
-	return app
 }
 
 // TestWalkingSkeleton is the end-to-end path of docs/sync.md, "The pipeline": a client
