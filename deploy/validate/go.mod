@@ -18,7 +18,7 @@ require (
 	github.com/grasp-sync/grasp-sync/services/discovery v0.0.0
 	github.com/grasp-sync/grasp-sync/services/fetcher v0.0.0
 	github.com/grasp-sync/grasp-sync/services/ingester v0.0.0
-	github.com/grasp-sync/grasp-sync/services/planner v0.0.0-00010101000000-000000000000
+	github.com/grasp-sync/grasp-sync/services/planner v0.0.0
 	github.com/grasp-sync/grasp-sync/services/relay v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.3
 	github.com/nats-io/nats.go v1.55.0
@@ -76,6 +76,7 @@ require (
 	github.com/google/gnostic-models v0.7.1 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/grasp-sync/grasp-sync/proto v0.0.0 // indirect
+	github.com/grasp-sync/grasp-sync/services/graspd v0.0.0
 	github.com/jmoiron/sqlx v1.4.0 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
