@@ -17,6 +17,7 @@ require (
 	github.com/grasp-sync/grasp-sync/pkg v0.0.0
 	github.com/grasp-sync/grasp-sync/services/discovery v0.0.0
 	github.com/grasp-sync/grasp-sync/services/fetcher v0.0.0
+	github.com/grasp-sync/grasp-sync/services/graspd v0.0.0
 	github.com/grasp-sync/grasp-sync/services/ingester v0.0.0
 	github.com/grasp-sync/grasp-sync/services/planner v0.0.0
 	github.com/grasp-sync/grasp-sync/services/relay v0.0.0
@@ -76,7 +77,6 @@ require (
 	github.com/google/gnostic-models v0.7.1 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/grasp-sync/grasp-sync/proto v0.0.0 // indirect
-	github.com/grasp-sync/grasp-sync/services/graspd v0.0.0
 	github.com/jmoiron/sqlx v1.4.0 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
