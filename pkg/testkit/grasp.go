@@ -142,13 +142,14 @@ type GraspRelay struct {
 	mu       sync.Mutex
 	stats    GraspStats
 	accepted map[string]struct{} // ids counted in stats.Accepted
+	answers  map[string]string   // id → the last refusal's OK message
 }
 
 // StartGraspRelay starts a GraspRelay as configured by opts. It stops when
 // the test ends.
 func StartGraspRelay(t testing.TB, opts GraspOptions) *GraspRelay {
 	t.Helper()
-	g := &GraspRelay{opts: opts, stats: GraspStats{Refused: map[string]int{}}, accepted: map[string]struct{}{}}
+	g := &GraspRelay{opts: opts, stats: GraspStats{Refused: map[string]int{}}, accepted: map[string]struct{}{}, answers: map[string]string{}}
 	if !opts.NoRateLimit {
 		g.limiter = newRateLimiter(opts.Burst, opts.Refill, opts.RefillEvery, opts.Clock)
 	}
@@ -209,26 +210,38 @@ func (g *GraspRelay) Stats() GraspStats {
 	return s
 }
 
-// refused adds one to the counter of a refusal reason.
-func (g *GraspRelay) refused(reason string) {
+// Refusal returns the OK message of the last refusal of the event with
+// that id (rate limit included) and whether it was ever refused, so a test
+// can compare what the target answered with what the sidecar reports.
+func (g *GraspRelay) Refusal(id string) (msg string, refused bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	msg, refused = g.answers[id]
+	return msg, refused
+}
+
+// refused counts a refusal of evt by reason and remembers its message.
+func (g *GraspRelay) refused(evt *nostr.Event, reason, msg string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.stats.Refused[reason]++
+	g.answers[evt.ID] = msg
 }
 
 // fromClient reports whether ctx is that of an EVENT received over
 // websocket, as opposed to Relay.Add.
 func fromClient(ctx context.Context) bool { return khatru.GetConnection(ctx) != nil }
 
-func (g *GraspRelay) checkAuth(ctx context.Context, _ *nostr.Event) (bool, string) {
+func (g *GraspRelay) checkAuth(ctx context.Context, evt *nostr.Event) (bool, string) {
 	if !g.opts.RequireAuth || !fromClient(ctx) || khatru.GetAuthed(ctx) != "" {
 		return false, ""
 	}
-	g.refused(GraspRefusedAuth)
-	return true, "auth-required: publishing here requires NIP-42 authentication"
+	const msg = "auth-required: publishing here requires NIP-42 authentication"
+	g.refused(evt, GraspRefusedAuth, msg)
+	return true, msg
 }
 
-func (g *GraspRelay) checkRate(ctx context.Context, _ *nostr.Event) (bool, string) {
+func (g *GraspRelay) checkRate(ctx context.Context, evt *nostr.Event) (bool, string) {
 	if g.limiter == nil || !fromClient(ctx) {
 		return false, ""
 	}
@@ -244,6 +257,7 @@ func (g *GraspRelay) checkRate(ctx context.Context, _ *nostr.Event) (bool, strin
 	}
 	g.mu.Lock()
 	g.stats.RateLimited++
+	g.answers[evt.ID] = RateLimitedReason
 	g.mu.Unlock()
 	return true, RateLimitedReason
 }
@@ -253,7 +267,7 @@ func (g *GraspRelay) counted(hook func(context.Context, *nostr.Event) (bool, str
 	return func(ctx context.Context, evt *nostr.Event) (bool, string) {
 		reject, msg := hook(ctx, evt)
 		if reject && fromClient(ctx) {
-			g.refused(GraspRefusedOther)
+			g.refused(evt, GraspRefusedOther, nostr.NormalizeOKMessage(msg, "blocked"))
 		}
 		return reject, msg
 	}
@@ -278,7 +292,7 @@ func (g *GraspRelay) checkPolicy(ctx context.Context, evt *nostr.Event) (bool, s
 	if reason == "" {
 		return false, ""
 	}
-	g.refused(reason)
+	g.refused(evt, reason, msg)
 	return true, msg
 }
 

@@ -1,8 +1,10 @@
 package testkit_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,6 +82,12 @@ func TestGraspRelayPolicy(t *testing.T) {
 		if has, err := g.Has(ctx, evt.ID); err != nil || has {
 			t.Errorf("refused event %s stored=%v (%v)", evt.ID, has, err)
 		}
+		if msg, refused := g.Refusal(evt.ID); !refused || !strings.HasPrefix(msg, "blocked:") {
+			t.Errorf("Refusal(%s) = %q, %v", evt.ID, msg, refused)
+		}
+	}
+	if msg, refused := g.Refusal(ann.ID); refused {
+		t.Errorf("accepted announcement has a refusal %q", msg)
 	}
 }
 
@@ -171,6 +179,9 @@ func TestGraspRelayRateLimit(t *testing.T) {
 	}
 	if got[15] != testkit.RateLimitedReason {
 		t.Errorf("16th event: %q, want %q", got[15], testkit.RateLimitedReason)
+	}
+	if msg, _ := g.Refusal(evts[15].ID); msg != testkit.RateLimitedReason {
+		t.Errorf("Refusal of the 16th event: %q", msg)
 	}
 
 	// a second connection from the same address shares the budget
@@ -369,5 +380,35 @@ func TestGraspRelayNegentropy(t *testing.T) {
 		if got := supportsNIP(t, g.HTTPURL, 77); got != neg {
 			t.Errorf("negentropy %v: NIP-11 lists 77 = %v", neg, got)
 		}
+	}
+}
+
+// TestGraspRelayRejectEventHook: an extra hook's answer reaches the client
+// and is counted, and the policy still judges what the hook lets through.
+func TestGraspRelayRejectEventHook(t *testing.T) {
+	t.Parallel()
+	ctx := timeout(t)
+	var failed atomic.Bool
+	g := testkit.StartGraspRelay(t, testkit.GraspOptions{NoRateLimit: true,
+		RejectEvent: []func(context.Context, *nostr.Event) (bool, string){
+			func(context.Context, *nostr.Event) (bool, string) {
+				if failed.CompareAndSwap(false, true) {
+					return true, "error: store unavailable, try again"
+				}
+				return false, ""
+			},
+		}})
+	c, err := testkit.Dial(ctx, g.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	ann, issues := repoSet(g, testkit.NewKey(), 1)
+	got := sendAll(t, c, []*nostr.Event{ann, ann, issues[0], testkit.NewKey().Note("orphan")})
+	if got[0] != "error: store unavailable, try again" || got[1] != "" || got[2] != "" || !strings.HasPrefix(got[3], "blocked:") {
+		t.Errorf("answers %q", got)
+	}
+	if st := g.Stats(); st.Accepted != 2 || st.Refused[testkit.GraspRefusedOther] != 1 || st.Refused[testkit.GraspRefusedNoReference] != 1 {
+		t.Errorf("stats %+v", st)
 	}
 }
