@@ -1,8 +1,6 @@
 package validate
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
-	"sigs.k8s.io/yaml"
 )
 
 // targetRelayEnv is the variable that puts a deployment in bolt-on mode
@@ -53,6 +50,12 @@ func boltOnPending(t *testing.T, name string) bool {
 	return true
 }
 
+// isWSURL reports whether v is a ws:// or wss:// URL a relay can be dialled at.
+func isWSURL(v string) bool {
+	_, _, err := relayurl.HostPort(v)
+	return err == nil && (strings.HasPrefix(v, "ws://") || strings.HasPrefix(v, "wss://"))
+}
+
 // isBoltOn reports whether an overlay runs in bolt-on mode: some workload
 // is given GRASP_TARGET_RELAY.
 func isBoltOn(envs map[string]map[string]string) bool {
@@ -89,7 +92,7 @@ func checkBoltOn(t *testing.T, r rendered, envs map[string]map[string]string, se
 		if !set {
 			continue
 		}
-		if _, _, err := relayurl.HostPort(v); err != nil || !strings.HasPrefix(v, "ws") {
+		if !isWSURL(v) {
 			t.Errorf("%s: %s=%q is not a ws(s) URL", name, targetRelayEnv, v)
 		}
 		if target != "" && v != target {
@@ -160,41 +163,12 @@ func egressAllows(r rendered, podLabels map[string]string, port string) bool {
 // own relay in the sidecar, and a ws(s) target.
 func TestComposeBoltOn(t *testing.T) {
 	images := makefileImages(t)
-	data, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "compose", "bolt-on.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Services map[string]struct {
-			Image       string            `json:"image"`
-			Environment map[string]string `json:"environment"`
-		} `json:"services"`
-	}
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
+	doc := readCompose(t, "bolt-on.yaml")
 	sidecars := 0
 	for name, s := range doc.Services {
-		img := imageRe.FindStringSubmatch(s.Image)[1]
-		svc, ours := images[img]
-		if !ours {
-			if strings.Contains(img, "grasp") {
-				t.Errorf("%s: image %s is not one `make images` builds", name, s.Image)
-			}
+		svc := checkComposeService(t, name, s, images)
+		if svc == "" {
 			continue
-		}
-		fields, err := AllEnvNames(repoRoot, svc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k := range s.Environment {
-			if !fields[k] && !boltOnPending(t, k) {
-				t.Errorf("%s: %s is not a configuration field of %s", name, k, svc)
-			}
-		}
-		specs, _ := ServiceConfig(svc)
-		for _, spec := range specs {
-			loadEnv(t, s.Environment, spec)
 		}
 		target := s.Environment[targetRelayEnv]
 		if target == "" {
@@ -210,7 +184,7 @@ func TestComposeBoltOn(t *testing.T) {
 		if s.Environment["GRASP_PUBLIC_URL"] == "" {
 			t.Errorf("%s: no GRASP_PUBLIC_URL (what announcements list for the target)", name)
 		}
-		if _, _, err := relayurl.HostPort(target); err != nil || !strings.HasPrefix(target, "ws") {
+		if !isWSURL(target) {
 			t.Errorf("%s: %s=%q is not a ws(s) URL", name, targetRelayEnv, target)
 		}
 	}
