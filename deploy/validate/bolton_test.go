@@ -67,10 +67,14 @@ func isBoltOn(envs map[string]map[string]string) bool {
 	return false
 }
 
+// discoveryRelayEnv is the relay the discovery binary indexes (the own
+// relay, or in bolt-on mode the target).
+const discoveryRelayEnv = "GRASP_DISCOVERY_RELAY_URL"
+
 // checkBoltOn: a bolt-on overlay runs no own relay and nothing refers to
-// it; every workload that reads GRASP_TARGET_RELAY gets it, all the same
-// ws(s) URL; discovery and the ingester have it; and the NetworkPolicies let
-// those pods reach the target's port.
+// it; every workload given GRASP_TARGET_RELAY gets the same ws(s) URL, the
+// ingester has it and every other reader too; discovery indexes that relay;
+// and the NetworkPolicies let those pods reach the target's port.
 func checkBoltOn(t *testing.T, r rendered, envs map[string]map[string]string, seen map[string]bool) {
 	t.Helper()
 	if seen["relay"] {
@@ -103,15 +107,15 @@ func checkBoltOn(t *testing.T, r rendered, envs map[string]map[string]string, se
 			t.Errorf("%s: bolt-on without GRASP_PUBLIC_URL (what announcements list for the target)", name)
 		}
 	}
-	for _, name := range []string{"grasp-discovery", "grasp-ingester"} {
-		if _, set := envs[name][targetRelayEnv]; !set {
-			t.Errorf("%s has no %s", name, targetRelayEnv)
-		}
+	if _, set := envs["grasp-ingester"][targetRelayEnv]; !set {
+		t.Errorf("grasp-ingester has no %s", targetRelayEnv)
+	}
+	if d := envs["grasp-discovery"]; d[targetRelayEnv] != target && d[discoveryRelayEnv] != target {
+		t.Errorf("grasp-discovery indexes %s=%q, not the target %s", discoveryRelayEnv, d[discoveryRelayEnv], target)
 	}
 	if boltOnInCode() {
 		for _, w := range r.workloads() {
-			svc := strings.TrimPrefix(w.name, "grasp-")
-			fields, err := AllEnvNames(repoRoot, svc)
+			fields, err := AllEnvNames(repoRoot, strings.TrimPrefix(w.name, "grasp-"))
 			if err != nil {
 				continue // not one of ours (NATS)
 			}
@@ -125,7 +129,11 @@ func checkBoltOn(t *testing.T, r rendered, envs map[string]map[string]string, se
 	}
 	_, port, _ := relayurl.HostPort(target)
 	for _, w := range r.workloads() {
-		if _, set := envs[w.name][targetRelayEnv]; set && !egressAllows(r, w.labels, port) {
+		env := envs[w.name]
+		if env[targetRelayEnv] == "" && env[discoveryRelayEnv] != target {
+			continue
+		}
+		if !egressAllows(r, w.labels, port) {
 			t.Errorf("no NetworkPolicy lets %s reach the target relay's port %s (%s)", w.name, port, target)
 		}
 	}
