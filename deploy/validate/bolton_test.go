@@ -1,8 +1,6 @@
 package validate
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
-	"sigs.k8s.io/yaml"
 )
 
 // targetRelayEnv is the variable that puts a deployment in bolt-on mode
@@ -53,6 +50,12 @@ func boltOnPending(t *testing.T, name string) bool {
 	return true
 }
 
+// isWSURL reports whether v is a ws:// or wss:// URL a relay can be dialled at.
+func isWSURL(v string) bool {
+	_, _, err := relayurl.HostPort(v)
+	return err == nil && (strings.HasPrefix(v, "ws://") || strings.HasPrefix(v, "wss://"))
+}
+
 // isBoltOn reports whether an overlay runs in bolt-on mode: some workload
 // is given GRASP_TARGET_RELAY.
 func isBoltOn(envs map[string]map[string]string) bool {
@@ -64,10 +67,14 @@ func isBoltOn(envs map[string]map[string]string) bool {
 	return false
 }
 
+// discoveryRelayEnv is the relay the discovery binary indexes (the own
+// relay, or in bolt-on mode the target).
+const discoveryRelayEnv = "GRASP_DISCOVERY_RELAY_URL"
+
 // checkBoltOn: a bolt-on overlay runs no own relay and nothing refers to
-// it; every workload that reads GRASP_TARGET_RELAY gets it, all the same
-// ws(s) URL; discovery and the ingester have it; and the NetworkPolicies let
-// those pods reach the target's port.
+// it; every workload given GRASP_TARGET_RELAY gets the same ws(s) URL, the
+// ingester has it and every other reader too; discovery indexes that relay;
+// and the NetworkPolicies let those pods reach the target's port.
 func checkBoltOn(t *testing.T, r rendered, envs map[string]map[string]string, seen map[string]bool) {
 	t.Helper()
 	if seen["relay"] {
@@ -89,7 +96,7 @@ func checkBoltOn(t *testing.T, r rendered, envs map[string]map[string]string, se
 		if !set {
 			continue
 		}
-		if _, _, err := relayurl.HostPort(v); err != nil || !strings.HasPrefix(v, "ws") {
+		if !isWSURL(v) {
 			t.Errorf("%s: %s=%q is not a ws(s) URL", name, targetRelayEnv, v)
 		}
 		if target != "" && v != target {
@@ -100,15 +107,15 @@ func checkBoltOn(t *testing.T, r rendered, envs map[string]map[string]string, se
 			t.Errorf("%s: bolt-on without GRASP_PUBLIC_URL (what announcements list for the target)", name)
 		}
 	}
-	for _, name := range []string{"grasp-discovery", "grasp-ingester"} {
-		if _, set := envs[name][targetRelayEnv]; !set {
-			t.Errorf("%s has no %s", name, targetRelayEnv)
-		}
+	if _, set := envs["grasp-ingester"][targetRelayEnv]; !set {
+		t.Errorf("grasp-ingester has no %s", targetRelayEnv)
+	}
+	if d := envs["grasp-discovery"]; d[targetRelayEnv] != target && d[discoveryRelayEnv] != target {
+		t.Errorf("grasp-discovery indexes %s=%q, not the target %s", discoveryRelayEnv, d[discoveryRelayEnv], target)
 	}
 	if boltOnInCode() {
 		for _, w := range r.workloads() {
-			svc := strings.TrimPrefix(w.name, "grasp-")
-			fields, err := AllEnvNames(repoRoot, svc)
+			fields, err := AllEnvNames(repoRoot, strings.TrimPrefix(w.name, "grasp-"))
 			if err != nil {
 				continue // not one of ours (NATS)
 			}
@@ -122,7 +129,11 @@ func checkBoltOn(t *testing.T, r rendered, envs map[string]map[string]string, se
 	}
 	_, port, _ := relayurl.HostPort(target)
 	for _, w := range r.workloads() {
-		if _, set := envs[w.name][targetRelayEnv]; set && !egressAllows(r, w.labels, port) {
+		env := envs[w.name]
+		if env[targetRelayEnv] == "" && env[discoveryRelayEnv] != target {
+			continue
+		}
+		if !egressAllows(r, w.labels, port) {
 			t.Errorf("no NetworkPolicy lets %s reach the target relay's port %s (%s)", w.name, port, target)
 		}
 	}
@@ -160,41 +171,12 @@ func egressAllows(r rendered, podLabels map[string]string, port string) bool {
 // own relay in the sidecar, and a ws(s) target.
 func TestComposeBoltOn(t *testing.T) {
 	images := makefileImages(t)
-	data, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "compose", "bolt-on.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Services map[string]struct {
-			Image       string            `json:"image"`
-			Environment map[string]string `json:"environment"`
-		} `json:"services"`
-	}
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
+	doc := readCompose(t, "bolt-on.yaml")
 	sidecars := 0
 	for name, s := range doc.Services {
-		img := imageRe.FindStringSubmatch(s.Image)[1]
-		svc, ours := images[img]
-		if !ours {
-			if strings.Contains(img, "grasp") {
-				t.Errorf("%s: image %s is not one `make images` builds", name, s.Image)
-			}
+		svc := checkComposeService(t, name, s, images)
+		if svc == "" {
 			continue
-		}
-		fields, err := AllEnvNames(repoRoot, svc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k := range s.Environment {
-			if !fields[k] && !boltOnPending(t, k) {
-				t.Errorf("%s: %s is not a configuration field of %s", name, k, svc)
-			}
-		}
-		specs, _ := ServiceConfig(svc)
-		for _, spec := range specs {
-			loadEnv(t, s.Environment, spec)
 		}
 		target := s.Environment[targetRelayEnv]
 		if target == "" {
@@ -210,7 +192,7 @@ func TestComposeBoltOn(t *testing.T) {
 		if s.Environment["GRASP_PUBLIC_URL"] == "" {
 			t.Errorf("%s: no GRASP_PUBLIC_URL (what announcements list for the target)", name)
 		}
-		if _, _, err := relayurl.HostPort(target); err != nil || !strings.HasPrefix(target, "ws") {
+		if !isWSURL(target) {
 			t.Errorf("%s: %s=%q is not a ws(s) URL", name, targetRelayEnv, target)
 		}
 	}

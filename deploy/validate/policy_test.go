@@ -9,8 +9,6 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/services/ingester"
 	"github.com/grasp-sync/grasp-sync/services/relay"
-
-	"sigs.k8s.io/yaml"
 )
 
 // TestOnePolicyVariables: the relay and the ingester read the same policy
@@ -52,18 +50,7 @@ func TestOnePolicyVariables(t *testing.T) {
 		comparePolicy(t, overlay, envs["relay"], envs["ingester"])
 	}
 
-	data, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "compose", "compose.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Services map[string]struct {
-			Environment map[string]string `json:"environment"`
-		} `json:"services"`
-	}
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
+	doc := readCompose(t, "compose.yaml")
 	comparePolicy(t, "compose", doc.Services["relay"].Environment, doc.Services["ingester"].Environment)
 }
 

@@ -21,11 +21,7 @@ func TestGraspRelayPolicy(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t)
 	g := testkit.StartGraspRelay(t, testkit.GraspOptions{NoRateLimit: true})
-	c, err := testkit.Dial(ctx, g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
+	c := dial(t, g.URL)
 
 	owner, maint, stranger := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	clone := []string{testkit.GraspCloneURL(g.URL, owner.PubKey, "repo")}
@@ -97,11 +93,7 @@ func TestGraspRelayPublicURL(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t)
 	g := testkit.StartGraspRelay(t, testkit.GraspOptions{NoRateLimit: true, PublicURL: "wss://git.example.com"})
-	c, err := testkit.Dial(ctx, g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
+	c := dial(t, g.URL)
 	k := testkit.NewKey()
 	for _, tc := range []struct {
 		relays []string
@@ -120,6 +112,17 @@ func TestGraspRelayPublicURL(t *testing.T) {
 			t.Errorf("relays %v: OK %v %q, want %v", tc.relays, ok, reason, tc.ok)
 		}
 	}
+}
+
+// dial connects to url for the rest of the test.
+func dial(t *testing.T, url string) *testkit.Conn {
+	t.Helper()
+	c, err := testkit.Dial(timeout(t), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // repoSet returns an announcement of a repository on g and n issues for it.
@@ -161,11 +164,7 @@ func TestGraspRelayRateLimit(t *testing.T) {
 	ctx := timeout(t)
 	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
 	g := testkit.StartGraspRelay(t, testkit.GraspOptions{Clock: clk})
-	c, err := testkit.Dial(ctx, g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
+	c := dial(t, g.URL)
 
 	k := testkit.NewKey()
 	ann, issues := repoSet(g, k, 20)
@@ -185,11 +184,7 @@ func TestGraspRelayRateLimit(t *testing.T) {
 	}
 
 	// a second connection from the same address shares the budget
-	c2, err := testkit.Dial(ctx, g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c2.Close() }()
+	c2 := dial(t, g.URL)
 	if got := sendAll(t, c2, evts[15:16]); got[0] != testkit.RateLimitedReason {
 		t.Errorf("second connection, same address: %q, want rate-limited", got[0])
 	}
@@ -237,14 +232,9 @@ func TestGraspRelayRateLimitOptions(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := timeout(t)
 			tc.opts.Clock = clock.NewFake(time.Unix(1_800_000_000, 0))
 			g := testkit.StartGraspRelay(t, tc.opts)
-			c, err := testkit.Dial(ctx, g.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = c.Close() }()
+			c := dial(t, g.URL)
 			ann, issues := repoSet(g, testkit.NewKey(), 11)
 			sendAll(t, c, append([]*nostr.Event{ann}, issues...))
 			if st := g.Stats(); st.Accepted != tc.accepted || st.RateLimited != 12-tc.accepted {
@@ -271,11 +261,7 @@ func TestGraspRelayAuth(t *testing.T) {
 	ann, issues := repoSet(g, author, 5)
 	evts := append([]*nostr.Event{ann}, issues...)
 
-	c, err := testkit.Dial(ctx, g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
+	c := dial(t, g.URL)
 	if got := sendAll(t, c, evts[:1]); !strings.HasPrefix(got[0], "auth-required:") {
 		t.Fatalf("unauthenticated EVENT: %q, want auth-required", got[0])
 	}
@@ -287,11 +273,7 @@ func TestGraspRelayAuth(t *testing.T) {
 		t.Errorf("untrusted pubkey: %q, want %q", got, want)
 	}
 
-	trusted, err := testkit.Dial(ctx, g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = trusted.Close() }()
+	trusted := dial(t, g.URL)
 	if err := trusted.Auth(ctx, sidecar); err != nil {
 		t.Fatal(err)
 	}
@@ -341,11 +323,7 @@ func TestGraspRelayAuthReads(t *testing.T) {
 	if _, err := testkit.QueryAll(ctx, g.URL, nostr.Filter{Kinds: []int{testkit.KindAnnouncement}}); err == nil || !strings.Contains(err.Error(), "auth-required:") {
 		t.Errorf("unauthenticated REQ: %v, want CLOSED auth-required", err)
 	}
-	c, err := testkit.Dial(ctx, g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
+	c := dial(t, g.URL)
 	if err := c.Auth(ctx, k); err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +365,6 @@ func TestGraspRelayNegentropy(t *testing.T) {
 // and is counted, and the policy still judges what the hook lets through.
 func TestGraspRelayRejectEventHook(t *testing.T) {
 	t.Parallel()
-	ctx := timeout(t)
 	var failed atomic.Bool
 	g := testkit.StartGraspRelay(t, testkit.GraspOptions{NoRateLimit: true,
 		RejectEvent: []func(context.Context, *nostr.Event) (bool, string){
@@ -398,11 +375,7 @@ func TestGraspRelayRejectEventHook(t *testing.T) {
 				return false, ""
 			},
 		}})
-	c, err := testkit.Dial(ctx, g.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
+	c := dial(t, g.URL)
 	ann, issues := repoSet(g, testkit.NewKey(), 1)
 	got := sendAll(t, c, []*nostr.Event{ann, ann, issues[0], testkit.NewKey().Note("orphan")})
 	if got[0] != "error: store unavailable, try again" || got[1] != "" || got[2] != "" || !strings.HasPrefix(got[3], "blocked:") {
