@@ -124,9 +124,13 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 	case BatchLayer1:
 		fs = []nostr.Filter{filters.Base()}
 	case BatchCatchUp:
-		fs = append([]nostr.Filter{filters.Base()}, filters.Items(refs, idents, hexes)...)
-		if s.hasBatch(BatchLayer1) {
-			liveFrom = 1 // the layer-1 batch of this session opened it
+		fs = filters.Items(refs, idents, hexes)
+		if !s.hasBatch(BatchCatchUp) {
+			// The first part of a catch-up (startCatchUp) re-reads layer 1.
+			fs = append([]nostr.Filter{filters.Base()}, fs...)
+			if s.hasBatch(BatchLayer1) {
+				liveFrom = 1 // the layer-1 batch of this session opened it
+			}
 		}
 	default:
 		fs = filters.Items(refs, idents, hexes)
@@ -170,6 +174,23 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 	m.dirty[s.ID] = true
 	m.obs.BatchStarted(s.URL, kind)
 	m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_AddFilters{AddFilters: add}})
+}
+
+// startCatchUp starts the catch-up of layer 1 and items from since, in
+// batches of at most MaxBatchItems items like any other. One command naming
+// every confirmed item of a large relay would be unbounded: at design scale
+// (5,000 roots, live and historic filters) it is ~2 MB, over NATS's 1 MiB
+// payload limit, and the planner's term failed on its publish again and
+// again. The first part carries layer 1; the catch-up ends when the last
+// part of its generation completes (onBatchDone).
+func (m *Machine) startCatchUp(now time.Time, s *RelayState, items []BatchItem, since int64, withLive bool) {
+	parts := m.split(items)
+	if len(parts) == 0 {
+		parts = [][]BatchItem{nil} // layer 1 alone
+	}
+	for _, p := range parts {
+		m.startBatch(now, s, BatchCatchUp, p, since, withLive)
+	}
 }
 
 func countNeedRepo(items []BatchItem) int {

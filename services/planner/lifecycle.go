@@ -210,7 +210,7 @@ func (m *Machine) onConnected(now time.Time, s *RelayState, session string) {
 	if items := m.liveItems(s, nil); since != 0 && (s.AnnouncementsSynced || len(items) > 0) {
 		s.CatchUpSince = since
 		s.catchUpGen++
-		m.startBatch(now, s, BatchCatchUp, items, since, !s.liveStale)
+		m.startCatchUp(now, s, items, since, !s.liveStale)
 	} else {
 		s.CatchUpSince = 0 // layer 1 in full covers it
 	}
@@ -263,6 +263,11 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 	case !ok:
 		s.Failures++
 		s.HoldUntil = now.Add(m.rules.FailureRetry)
+		if b.Kind == BatchCatchUp && b.catchUpGen == s.catchUpGen {
+			// The other parts of this catch-up must not end it: it is
+			// started over after the hold.
+			s.catchUpGen++
+		}
 		if b.Kind == BatchItems && len(b.Items) > 0 {
 			// Its items leave the live set, so their live subscriptions
 			// must close at the fetcher too: the retry after the hold
@@ -289,7 +294,11 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 	case b.Kind == BatchLayer1:
 		s.AnnouncementsSynced = true
 	case b.Kind == BatchCatchUp:
-		if b.catchUpGen == s.catchUpGen {
+		// A catch-up is several batches (startCatchUp): it ends with the
+		// last of its generation.
+		if b.catchUpGen == s.catchUpGen && !slices.ContainsFunc(s.Batches, func(o *PendingBatch) bool {
+			return o.Kind == BatchCatchUp && o.catchUpGen == b.catchUpGen
+		}) {
 			s.CatchUpSince = 0
 		}
 	case b.Kind == BatchItems:

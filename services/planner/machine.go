@@ -299,7 +299,7 @@ func (m *Machine) finish(now time.Time, s *RelayState) {
 			// Confirmed and pending items: a pending item's live
 			// subscription may have been among those lost.
 			if items := m.liveItems(s, nil); s.AnnouncementsSynced || len(items) > 0 {
-				m.startBatch(now, s, BatchCatchUp, items, s.CatchUpSince, false)
+				m.startCatchUp(now, s, items, s.CatchUpSince, false)
 			} else {
 				s.CatchUpSince = 0 // layer 1 in full covers it
 			}
