@@ -120,11 +120,11 @@ func (s *sim) checkLiveCovers() {
 		}
 		n := 0
 		for _, sub := range r.live {
-			n += len(sub)
+			n += len(sub.items)
 		}
 		open := make(map[string]bool, n)
 		for _, sub := range r.live {
-			for _, it := range sub {
+			for _, it := range sub.items {
 				open[it] = true
 			}
 		}
@@ -167,7 +167,7 @@ func (s *sim) checkLiveEqualsPlanned() {
 			}
 		}
 		for _, sub := range r.live {
-			for _, it := range sub {
+			for _, it := range sub.items {
 				if !planned[it] {
 					s.fail("relay %s %s: live subscription open for %s, which the planner does not count as live", st.URL, st.Session, it)
 				}
