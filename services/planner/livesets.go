@@ -75,31 +75,66 @@ func (m *Machine) mergeTail(s *RelayState) bool {
 	}
 	order := slices.Clone(s.tail)
 	slices.SortStableFunc(order, func(a, b *liveSet) int { return cmp.Compare(a.values, b.values) })
+	// The merged set's size is counted as sets are added (what countItems
+	// would say of the merged items, without sorting them again per set):
+	// refs per repository needed, distinct identifiers, distinct roots
+	// through the bitmap, cleared before returning.
 	var (
-		merged []BatchItem
-		sum    int
-		k      int
-	)
-	for k = 0; k < len(order); k++ {
-		merged = mergeItems(merged, order[k].items)
-		sum += order[k].filters
-		if k == 0 {
-			continue
+		merged  []BatchItem
+		at      = map[RepoID]int{}
+		refs    int
+		idents  = map[string]struct{}{}
+		roots   int
+		sum, k  int
+		enough  bool
+		seen    = m.seen
+		addRoot = func(r RootID) {
+			if w, b := r/64, uint64(1)<<(r%64); seen[w]&b == 0 {
+				seen[w] |= b
+				roots++
+			}
 		}
-		saved := sum - m.countItems(merged)
-		if saved >= excess && len(s.tail)-k <= maxTailSets {
+	)
+	defer func() {
+		for _, it := range merged {
+			for _, r := range it.Roots {
+				seen[r/64] &^= uint64(1) << (r % 64)
+			}
+		}
+	}()
+	for k = 0; k < len(order); k++ {
+		for _, it := range order[k].items {
+			i, ok := at[it.Repo]
+			if !ok {
+				i = len(merged)
+				at[it.Repo] = i
+				merged = append(merged, BatchItem{Repo: it.Repo})
+			}
+			if it.NeedRepo && !merged[i].NeedRepo {
+				merged[i].NeedRepo = true
+				r := m.idx.Repo(it.Repo)
+				refs += 1 + len(r.Aliases)
+				if r.Identifier != "" {
+					idents[r.Identifier] = struct{}{}
+				}
+			}
+			for _, r := range it.Roots {
+				addRoot(r)
+			}
+			merged[i].Roots = union(merged[i].Roots, it.Roots)
+		}
+		sum += order[k].filters
+		if k > 0 && sum-filters.CountItems(refs, len(idents), roots) >= excess && len(s.tail)-k <= maxTailSets {
+			enough = true
 			break
 		}
 	}
-	if k == len(order) {
-		k--
-		if k < 1 || sum-m.countItems(merged) < excess {
-			return false
-		}
+	if !enough {
+		return false // even the whole tail merged is not enough
 	}
 	gone := order[:k+1]
-	refs, idents, roots := m.itemValues(merged)
-	live := filters.ToProtos(filters.Live(filters.Items(refs, idents, m.hexes(m.hexOrder(roots)))))
+	rs, idn, rts := m.itemValues(merged)
+	live := filters.ToProtos(filters.Live(filters.Items(rs, idn, m.hexes(m.hexOrder(rts)))))
 	id := m.liveID()
 	m.sendLive(s, id, live, false)
 	ids := make([]string, len(gone))
@@ -150,21 +185,6 @@ func (m *Machine) sendLive(s *RelayState, id string, live []*graspv1.Filter, rep
 			LiveFilters: live[i:min(i+per, len(live))], LiveId: id,
 		}}})
 	}
-}
-
-// mergeItems adds items to into, one item per repository (repositories in
-// order of first appearance, roots as sorted unions).
-func mergeItems(into, items []BatchItem) []BatchItem {
-	for _, it := range items {
-		i := slices.IndexFunc(into, func(o BatchItem) bool { return o.Repo == it.Repo })
-		if i < 0 {
-			into = append(into, BatchItem{Repo: it.Repo, NeedRepo: it.NeedRepo, Roots: it.Roots})
-			continue
-		}
-		into[i].NeedRepo = into[i].NeedRepo || it.NeedRepo
-		into[i].Roots = union(into[i].Roots, it.Roots)
-	}
-	return into
 }
 
 // exactMinimal is minimalSize(s, nil) without building the items: roots are
