@@ -115,6 +115,9 @@ func (s *sim) checkLiveCovers() {
 	idx := s.m.Index()
 	for _, st := range s.m.Relays() {
 		r := s.relays[st.URL]
+		if exact, built := s.m.exactMinimal(st), s.m.minimalSize(st, nil); exact != built {
+			s.fail("relay %s: exactMinimal %d, minimalSize %d", st.URL, exact, built)
+		}
 		if r == nil || !st.Connected() || r.session != st.Session || r.closedLive {
 			continue
 		}
