@@ -156,6 +156,9 @@ bench:
 	cd e2e && GRASP_BENCH=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run TestBenchEndToEnd -v .
 	# graspd's own peak RSS in the same initial sync, graspd in its own process (docs/performance.md, "Memory").
 	cd e2e && GRASP_BENCH=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run TestBenchGraspdMemory -v .
+	# The planner at stretch scale (25 M relay × root pairs): steady-state background work at one discovery
+	# batch per second, target ≤ 10 % of one core (docs/performance.md, "Planner"; issue 17 §4).
+	cd services/planner && GRASP_BENCH_STRETCH=1 $(GO) test $(TAGFLAGS) -run '^$$' -bench 'Incremental/stretch/100-repos/1root/deferred$$' -benchtime 100x -timeout 30m .
 
 .PHONY: interop
 

@@ -20,8 +20,11 @@ import (
 // when the relay closes the subscription (CLOSED) it reports that and
 // reopens it with backoff for as long as the group exists. ReplaceLive and
 // DropRelay cancel exactly the groups that existed, pending reopens
-// included.
+// included; CloseLive those opened under the ids it names.
 type liveGroup struct {
+	// id is the planner's name for the set the group belongs to
+	// (AddFilters.live_id, ReplaceLive.live_id); "" unnamed.
+	id      string
 	filters nostr.Filters
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -39,8 +42,8 @@ func (g *liveGroup) markLive() { g.liveOnce.Do(func() { close(g.live) }) }
 const liveReopenMax = 10 * time.Minute
 
 // openLive starts live groups for fs, LiveFiltersPerREQ filters per REQ,
-// each with limit 0 (only new events).
-func (w *relayWorker) openLive(fs []nostr.Filter) {
+// each with limit 0 (only new events), named id.
+func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
 	if w.sess == nil || len(fs) == 0 {
 		return
 	}
@@ -52,7 +55,7 @@ func (w *relayWorker) openLive(fs []nostr.Filter) {
 			chunk = append(chunk, f)
 		}
 		ctx, cancel := context.WithCancel(w.sess.ctx)
-		g := &liveGroup{filters: chunk, cancel: cancel, done: make(chan struct{}), live: make(chan struct{})}
+		g := &liveGroup{id: id, filters: chunk, cancel: cancel, done: make(chan struct{}), live: make(chan struct{})}
 		w.live[g] = struct{}{}
 		s := w.sess
 		w.tasks.Add(1)
@@ -70,14 +73,50 @@ func (w *relayWorker) openLive(fs []nostr.Filter) {
 // subscription is registered at the relay or has ended, so no event falls
 // between them; the ingesters drop the duplicates the overlap delivers. It
 // does not block the worker: the old groups are retired in the background.
-func (w *relayWorker) replaceLive(fs []nostr.Filter) {
+func (w *relayWorker) replaceLive(fs []nostr.Filter, id string) {
 	old := w.live
 	w.live = map[*liveGroup]struct{}{}
-	w.openLive(fs)
+	w.openLive(fs, id)
 	fresh := make([]*liveGroup, 0, len(w.live))
 	for g := range w.live {
 		fresh = append(fresh, g)
 	}
+	w.retire(old, fresh)
+}
+
+// closeLiveSets closes the live groups opened under ids. With after set,
+// they are closed once every group opened under after so far is
+// registered at the relay (make before break, like replaceLive): the
+// planner opens a merged set under a new id, then closes the sets it
+// merged. The groups leave w.live at once, so a later ReplaceLive or
+// CloseLive does not count them; unknown ids are ignored.
+func (w *relayWorker) closeLiveSets(ids []string, after string) {
+	if len(ids) == 0 {
+		return
+	}
+	names := make(map[string]struct{}, len(ids))
+	for _, id := range ids {
+		if id != "" {
+			names[id] = struct{}{}
+		}
+	}
+	old := map[*liveGroup]struct{}{}
+	var fresh []*liveGroup
+	for g := range w.live {
+		if _, ok := names[g.id]; ok {
+			old[g] = struct{}{}
+			delete(w.live, g)
+		} else if after != "" && g.id == after {
+			fresh = append(fresh, g)
+		}
+	}
+	w.retire(old, fresh)
+}
+
+// retire cancels the old groups once every fresh group's subscription is
+// registered at the relay or has ended, in the background so the worker
+// is not blocked.
+func (w *relayWorker) retire(old map[*liveGroup]struct{}, fresh []*liveGroup) {
 	if len(old) == 0 {
 		return
 	}

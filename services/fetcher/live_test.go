@@ -9,6 +9,7 @@ import (
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
+	"github.com/grasp-sync/grasp-sync/pkg/filters"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
@@ -47,6 +48,61 @@ func TestLiveReplace(t *testing.T) {
 	e.publishUntilSeen(r, func(i int) *nostr.Event { return k.Sign(&nostr.Event{Kind: 7, Content: fmt.Sprint(i)}) })
 	if e.has(old.ID) {
 		t.Fatal("an event of the replaced subscription still arrived")
+	}
+}
+
+// CloseLive closes only the live sets it names, once the set named in
+// after_live_id is open: events matching only a closed set stop coming,
+// the other named and unnamed sets stay open, and the merged set delivers.
+func TestCloseLiveClosesOnlyNamedSets(t *testing.T) {
+	e := newEnv(t)
+	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	f := e.start(baseConfig("a"), nil)
+	s := e.connectRelay(r.URL)
+	k := testkit.NewKey()
+	live := func(id string, kinds ...int) {
+		fs := make([]nostr.Filter, len(kinds))
+		for i, kind := range kinds {
+			fs[i] = nostr.Filter{Kinds: []int{kind}}
+		}
+		e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL, SessionId: s, Command: &graspv1.FetchCommand_AddFilters{
+			AddFilters: &graspv1.AddFilters{LiveId: id, LiveFilters: filters.ToProtos(fs)}}})
+	}
+	subs := func(n float64) func() bool {
+		return func() bool {
+			return metric(t, f.reg, "grasp_fetcher_live_subscriptions", map[string]string{"relay": r.URL}) == n
+		}
+	}
+	live("", 1)    // unnamed: stays
+	live("b1", 7)  // merged away
+	live("b2", 6)  // merged away
+	live("b3", 30) // named, not closed
+	e.waitFor("four live subscriptions", subs(4))
+	// The merge: b1 and b2's filters reopened as one set, then the two closed.
+	live("m1", 7, 6)
+	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL, SessionId: s, Command: &graspv1.FetchCommand_CloseLive{
+		CloseLive: &graspv1.CloseLive{LiveIds: []string{"b1", "b2", "unknown"}, AfterLiveId: "m1"}}})
+	e.waitFor("three live subscriptions", subs(3))
+	for _, kind := range []int{1, 7, 6, 30} {
+		e.publishUntilSeen(r, func(i int) *nostr.Event { return k.Sign(&nostr.Event{Kind: kind, Content: fmt.Sprint(i)}) })
+	}
+	// Closing the merged set: kind 7 and 6 stop, 1 and 30 go on.
+	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL, SessionId: s, Command: &graspv1.FetchCommand_CloseLive{
+		CloseLive: &graspv1.CloseLive{LiveIds: []string{"m1"}}}})
+	e.waitFor("two live subscriptions", subs(2))
+	gone := []*nostr.Event{k.Sign(&nostr.Event{Kind: 7, Content: "closed"}), k.Sign(&nostr.Event{Kind: 6, Content: "closed"})}
+	for _, evt := range gone {
+		if err := testkit.Publish(e.ctx, r.Relay.URL, evt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Written to our socket before anything published after it.
+	e.publishUntilSeen(r, func(i int) *nostr.Event { return k.Sign(&nostr.Event{Kind: 30, Content: fmt.Sprint("after ", i)}) })
+	e.publishUntilSeen(r, func(i int) *nostr.Event { return k.Note(fmt.Sprint("after ", i)) })
+	for _, evt := range gone {
+		if e.has(evt.ID) {
+			t.Fatalf("an event of a closed live set (kind %d) still arrived", evt.Kind)
+		}
 	}
 }
 

@@ -165,7 +165,11 @@ func (w *relayWorker) run(ctx context.Context) {
 			case *graspv1.FetchCommand_AddFilters:
 				w.addFilters(c.AddFilters)
 			case *graspv1.FetchCommand_ReplaceLive:
-				w.replaceLive(filters.FromProtos(c.ReplaceLive.GetLiveFilters()))
+				w.replaceLive(filters.FromProtos(c.ReplaceLive.GetLiveFilters()), c.ReplaceLive.GetLiveId())
+			case *graspv1.FetchCommand_CloseLive:
+				if w.sess != nil {
+					w.closeLiveSets(c.CloseLive.GetLiveIds(), c.CloseLive.GetAfterLiveId())
+				}
 			case *graspv1.FetchCommand_DropRelay:
 				w.log.Info("relay dropped", "reason", c.DropRelay.GetReason())
 				w.endSession("dropped: "+c.DropRelay.GetReason(), "", true)
@@ -324,7 +328,7 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	if w.sess == nil {
 		return
 	}
-	w.openLive(filters.FromProtos(c.GetLiveFilters()))
+	w.openLive(filters.FromProtos(c.GetLiveFilters()), c.GetLiveId())
 	if c.GetBatchId() == "" {
 		return
 	}

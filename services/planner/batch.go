@@ -144,7 +144,11 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 	}
 	if withLive && len(fs) > liveFrom {
 		add.LiveFilters = liveOf(add.HistoricFilters[liveFrom:])
+		add.LiveId = b.ID
 		s.LiveFilters += len(fs) - liveFrom
+		if kind == BatchItems {
+			s.tail = append(s.tail, newLiveSet(b.ID, items, len(fs)))
+		}
 	}
 	for _, it := range items {
 		if kind == BatchItems {

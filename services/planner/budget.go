@@ -7,8 +7,6 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
-	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
-
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 )
 
@@ -167,10 +165,7 @@ func (m *Machine) drainDeferred(now time.Time) {
 			continue
 		}
 		done++
-		// Built even if the exact size shows the relay a little below its
-		// limit (it was queued on a lower bound): it is at its limit's edge,
-		// and checking costs most of what building does.
-		m.replaceLive(s, nil)
+		m.consolidate(s)
 	}
 	m.consolidateAt = now.Add(m.rules.ConsolidateEvery)
 }
@@ -216,21 +211,11 @@ func (m *Machine) replaceLive(s *RelayState, extra []BatchItem) {
 	s.minLo, s.minHi, s.minKnown = len(fs), len(fs), true
 	s.liveStale, s.needsReplace, s.trimLive = false, false, false
 	s.deferredFor = "" // a queued consolidation is not needed any more
-	live := filters.ToProtos(filters.Live(fs))
-	per := m.rules.MaxFiltersPerCommand
-	if per <= 0 {
-		per = len(live)
-	}
+	s.tail = nil
 	// The first part replaces every live subscription; the rest are added
-	// as live-only AddFilters (no batch id), each one REQ of bounded size.
-	m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_ReplaceLive{ReplaceLive: &graspv1.ReplaceLive{
-		LiveFilters: live[:min(per, len(live))],
-	}}})
-	for i := per; i < len(live); i += per {
-		m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_AddFilters{AddFilters: &graspv1.AddFilters{
-			LiveFilters: live[i:min(i+per, len(live))],
-		}}})
-	}
+	// as live-only AddFilters (no batch id), each one REQ of bounded size,
+	// all under one name.
+	m.sendLive(s, m.liveID(), filters.ToProtos(filters.Live(fs)), true)
 	m.dirty[s.ID] = true
 }
 

@@ -42,12 +42,14 @@ func twoRelaysSynced(t *testing.T) *harness {
 	return h
 }
 
-const replaceXYZW = "live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,w,z,yL0 #E=x,w,z,yL0 #q=x,w,z,yL0]"
+const mergedXYZW = "live=[#a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,w,z,yL0 #E=x,w,z,yL0 #q=x,w,z,yL0] hist=[]"
 
 // A relay whose minimal set is above the budget and outgrows its headroom
 // is not consolidated inside the recompute: the new items get their live
 // subscriptions, and Tick consolidates the queued relays one per round, in
-// the order they were queued, each from confirmed ∪ pending at that moment.
+// the order they were queued. A consolidation merges the live sets the
+// items batches opened (smallest first, here all three) into one named set
+// and closes them by name after it; layer 1's set is left alone.
 func TestDeferredConsolidationRunsInOrder(t *testing.T) {
 	h := twoRelaysSynced(t)
 	h.repo("r1", []string{relayA, relayB}, "x", "y", "z")
@@ -76,9 +78,13 @@ func TestDeferredConsolidationRunsInOrder(t *testing.T) {
 	}
 	expect(t, "z confirmed on A", h.done(relayA, "s1", "1-5"))
 
-	expect(t, "first round: A, queued first", h.advance(0), "replace wss://a.example s1 "+replaceXYZW)
+	expect(t, "first round: A, queued first", h.advance(0),
+		"add wss://a.example s1  "+mergedXYZW,
+		"close wss://a.example s1 live=1-5,1-7,1-2 after=L1-1")
 	expect(t, "paced", h.advance(5*time.Millisecond))
-	expect(t, "second round: B", h.advance(5*time.Millisecond), "replace wss://b.example s2 "+replaceXYZW)
+	expect(t, "second round: B", h.advance(5*time.Millisecond),
+		"add wss://b.example s2  "+mergedXYZW,
+		"close wss://b.example s2 live=1-6,1-8,1-4 after=L1-2")
 	expect(t, "queue empty", h.advance(time.Minute))
 	for _, u := range []string{relayA, relayB} {
 		if s := h.relay(u); s.LiveFilters != 8 || s.LiveFilters > h.m.LiveBudget(s) {
@@ -151,8 +157,10 @@ func TestDeferredRemovalConsolidation(t *testing.T) {
 	h.repo("r2", []string{relayA}, "u")
 	h.recompute()
 	h.done(relayA, "s1", "1-5")
-	expect(t, "consolidate with r2", h.advance(time.Minute),
-		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1,r2L0 #A=r1,r2L0 #q=r1,r2L0 k30618#d=r1,r2L0 #e=u,x,yL0 #E=u,x,yL0 #q=u,x,yL0]")
+	expect(t, "consolidate with r2: a merge", h.advance(time.Minute),
+		"add wss://a.example s1  live=[#a=r1,r2L0 #A=r1,r2L0 #q=r1,r2L0 k30618#d=r1,r2L0 #e=u,x,yL0 #E=u,x,yL0 #q=u,x,yL0] hist=[]",
+		"close wss://a.example s1 live=1-5,1-2 after=L1-1")
+	// A removal cannot be merged away: the live set is replaced.
 	h.unrepo("r2")
 	expect(t, "removal: deferred", h.recompute())
 	expect(t, "paced: a round ran at this instant", h.advance(0))

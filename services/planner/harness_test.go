@@ -160,6 +160,11 @@ func (h *harness) render(c *graspv1.FetchCommand) string {
 		fmt.Fprintf(&b, "drop %s", c.GetRelayUrl())
 	case c.GetReplaceLive() != nil:
 		fmt.Fprintf(&b, "replace %s %s live=%s", c.GetRelayUrl(), c.GetSessionId(), h.renderFilters(c.GetReplaceLive().GetLiveFilters()))
+	case c.GetCloseLive() != nil:
+		fmt.Fprintf(&b, "close %s %s live=%s", c.GetRelayUrl(), c.GetSessionId(), strings.Join(c.GetCloseLive().GetLiveIds(), ","))
+		if after := c.GetCloseLive().GetAfterLiveId(); after != "" {
+			b.WriteString(" after=" + after)
+		}
 	case c.GetAddFilters() != nil:
 		a := c.GetAddFilters()
 		fmt.Fprintf(&b, "add %s %s %s", c.GetRelayUrl(), c.GetSessionId(), a.GetBatchId())

@@ -112,6 +112,7 @@ func (m *Machine) endSession(s *RelayState, at time.Time) {
 	s.LiveFilters = 0
 	s.liveStale, s.needsReplace, s.trimLive = false, false, false
 	s.deferredFor = ""
+	s.tail = nil
 	s.minKnown = false
 	s.QuietAt = time.Time{}
 	m.dirty[s.ID] = true
@@ -183,6 +184,7 @@ func (m *Machine) onConnected(now time.Time, s *RelayState, session string) {
 	s.liveStale = kind == KindResume
 	s.needsReplace, s.trimLive = false, false
 	s.deferredFor = "" // the new session's live set is built from scratch
+	s.tail = nil
 	m.dirty[s.ID] = true
 	m.obs.Reconnected(s.URL, kind)
 
@@ -268,12 +270,14 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 			// started over after the hold.
 			s.catchUpGen++
 		}
-		if b.Kind == BatchItems && len(b.Items) > 0 {
+		if b.Kind == BatchItems && len(b.Items) > 0 && !m.closeTailSet(s, b.ID) {
 			// Its items leave the live set, so their live subscriptions
 			// must close at the fetcher too: the retry after the hold
-			// opens them again, and without this replacement every
-			// failure would leave one more copy open. finish replaces the
-			// live set (or queues that, for a relay above its budget).
+			// opens them again, and without this every failure would
+			// leave one more copy open. Its own live set is closed by
+			// name when it is still apart (closeTailSet); else finish
+			// replaces the live set (or queues that, for a relay above
+			// its budget).
 			s.trimLive = true
 		}
 		for _, it := range b.Items {

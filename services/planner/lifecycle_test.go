@@ -274,9 +274,9 @@ func TestHistoricSyncFailures(t *testing.T) {
 	h.recompute()
 	h.connect(relayA, "s1")
 	h.done(relayA, "s1", "1-1")
-	// The failed items leave the live set: their subscriptions are closed
-	// by replacing it with what is left (layer 1).
-	expect(t, "failed", h.failed(relayA, "s1", "1-2"), "replace wss://a.example s1 live=[k30617,10317L0]")
+	// The failed items leave the live set: the batch's own live set is
+	// closed by name (layer 1's stays open).
+	expect(t, "failed", h.failed(relayA, "s1", "1-2"), "close wss://a.example s1 live=1-2")
 	h.repo("r1", []string{relayA}, "x", "y")
 	expect(t, "held after a failure", h.recompute())
 	h.advance(time.Minute)
@@ -467,28 +467,37 @@ func TestRelistedWhileInFlightGetsANewBatch(t *testing.T) {
 
 // A batch that keeps failing leaves no live subscription behind: the
 // fetcher's live set, followed from the commands (AddFilters adds its live
-// filters, ReplaceLive replaces them all), holds after each failure only
+// filters under its live id, ReplaceLive replaces them all, CloseLive closes
+// the named sets), holds after each failure only
 // what the planner still counts as live, and each item once after each
 // retry, instead of one more copy per failure.
 func TestFailedBatchesLeaveNoLiveSubscriptions(t *testing.T) {
 	h := newHarness(t, testRules(), 1)
-	open := map[string]int{} // the fetcher's open live subscriptions per item
-	last := ""               // the last items batch sent
+	open := map[string]int{}      // the fetcher's open live subscriptions per item
+	sets := map[string][]string{} // the same, per live id
+	last := ""                    // the last items batch sent
 	follow := func() {
 		for _, c := range h.m.Drain() {
 			switch {
 			case c.GetReplaceLive() != nil:
-				clear(open)
-				for _, it := range itemsOf(c.GetReplaceLive().GetLiveFilters()) {
-					open[it]++
+				clear(sets)
+				sets[c.GetReplaceLive().GetLiveId()] = itemsOf(c.GetReplaceLive().GetLiveFilters())
+			case c.GetCloseLive() != nil:
+				for _, id := range c.GetCloseLive().GetLiveIds() {
+					delete(sets, id)
 				}
 			case c.GetAddFilters() != nil:
-				for _, it := range itemsOf(c.GetAddFilters().GetLiveFilters()) {
-					open[it]++
-				}
+				id := c.GetAddFilters().GetLiveId()
+				sets[id] = append(sets[id], itemsOf(c.GetAddFilters().GetLiveFilters())...)
 				if !c.GetAddFilters().GetLayer1() {
 					last = c.GetAddFilters().GetBatchId()
 				}
+			}
+		}
+		clear(open)
+		for _, items := range sets {
+			for _, it := range items {
+				open[it]++
 			}
 		}
 	}

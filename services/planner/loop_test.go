@@ -147,26 +147,38 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 			st.GetStatus() == graspv1.RelayStatus_RELAY_STATUS_SYNCING
 	})
 
-	// A new root takes the relay past its headroom (7 + 1): the recompute
+	// A new root takes the relay past its headroom (8 + 1): the recompute
 	// sends the batch with its live filters, and the loop then builds the
-	// deferred consolidation — one ReplaceLive with the whole minimal set,
-	// the new root included, after the batch.
+	// deferred consolidation after it — not a ReplaceLive of the whole live
+	// set but a merge of the two items batches' live sets: their filters
+	// opened again as one named set (the new root included), then the two
+	// sets closed by name once it is open (CloseLive, make before break).
 	root2 := "b1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"
 	put("k1", &graspv1.RepoSyncNeeds{RepoRef: "30617:aa:r1", Relays: []string{"wss://a.example"}, RootEventIds: []string{root, root2}})
-	waitFor(t, ctx, "batch and deferred consolidation", func() bool { return len(commands()) >= 7 })
-	add, replace := commands()[5].GetAddFilters(), commands()[6].GetReplaceLive()
-	if add == nil || len(add.GetRootEventIds()) != 1 || add.GetRootEventIds()[0] != root2 || len(add.GetLiveFilters()) != 3 {
+	waitFor(t, ctx, "batch and deferred consolidation", func() bool { return len(commands()) >= 8 })
+	add, merged, closeLive := commands()[5].GetAddFilters(), commands()[6].GetAddFilters(), commands()[7].GetCloseLive()
+	if add == nil || len(add.GetRootEventIds()) != 1 || add.GetRootEventIds()[0] != root2 || len(add.GetLiveFilters()) != 3 || add.GetLiveId() != add.GetBatchId() {
 		t.Fatalf("batch for the new root: %v", commands()[5])
 	}
-	if replace == nil || commands()[6].GetSessionId() != "s1" || len(replace.GetLiveFilters()) != 7 {
-		t.Fatalf("deferred consolidation: %v", commands()[6])
+	if merged == nil || commands()[6].GetSessionId() != "s1" || merged.GetBatchId() != "" || merged.GetLiveId() == "" ||
+		len(merged.GetLiveFilters()) != 6 || len(merged.GetHistoricFilters()) != 0 {
+		t.Fatalf("deferred consolidation, merged set: %v", commands()[6])
+	}
+	if closeLive == nil || commands()[7].GetSessionId() != "s1" || closeLive.GetAfterLiveId() != merged.GetLiveId() ||
+		!slices.Equal(closeLive.GetLiveIds(), []string{add.GetLiveId(), items.GetLiveId()}) {
+		t.Fatalf("deferred consolidation, closing the merged sets: %v (items batches %q, %q)", commands()[7], items.GetLiveId(), add.GetLiveId())
+	}
+	for _, c := range commands() {
+		if c.GetReplaceLive() != nil {
+			t.Fatalf("a ReplaceLive was sent: %v", c)
+		}
 	}
 	waitFor(t, ctx, "the deferred-consolidation gauge back at 0", func() bool {
 		mf := family("grasp_planner_deferred_consolidations")
 		return mf != nil && mf.GetMetric()[0].GetGauge().GetValue() == 0
 	})
 	var covered int
-	for _, f := range replace.GetLiveFilters() {
+	for _, f := range merged.GetLiveFilters() {
 		for _, tag := range f.GetTags() {
 			if tag.GetName() == "e" && slices.Equal(tag.GetValues(), []string{root, root2}) {
 				covered++
@@ -174,7 +186,7 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 		}
 	}
 	if covered != 1 {
-		t.Fatalf("consolidated live set does not cover both roots: %v", replace)
+		t.Fatalf("merged live set does not cover both roots: %v", merged)
 	}
 }
 

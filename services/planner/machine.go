@@ -18,6 +18,8 @@ type Machine struct {
 	relays map[RelayID]*RelayState
 	epoch  uint64
 	seq    uint64
+	// liveSeq numbers live-only sets (liveID).
+	liveSeq uint64
 	// jitter returns a number in [0,1) for the daily resync spread.
 	jitter func() float64
 	obs    Observer
@@ -38,6 +40,9 @@ type Machine struct {
 	deferred      []RelayID
 	queued        map[RelayID]bool
 	consolidateAt time.Time
+
+	// seen is exactMinimal's scratch bitmap over interned root ids.
+	seen []uint64
 }
 
 // NewMachine returns a machine for one leadership epoch. jitter must return

@@ -131,6 +131,11 @@ type RelayState struct {
 	// it is built only if the relay is still on that session, so a
 	// consolidation never crosses a session change.
 	deferredFor string
+	// tail are the named live sets opened on Session since its last
+	// ReplaceLive (items batches' and merges'), oldest first: a deferred
+	// consolidation merges the smallest of them and closes them by name
+	// (CloseLive) instead of replacing the relay's whole live set.
+	tail []*liveSet
 	// minLo ≤ (size of the minimal live set) ≤ minHi when minKnown: kept
 	// as bounds so the exact size, which costs a pass over every pair, is
 	// computed about once per consolidation instead of once per batch.

@@ -19,8 +19,9 @@ type simRelay struct {
 	url     string
 	wanted  bool   // an EnsureConnected is in force (not dropped since)
 	session string // "" while disconnected
-	// live: item keys covered by each open live subscription.
-	live [][]string
+	// live: the open live subscriptions, each with its name and the item
+	// keys it covers.
+	live []simLive
 	// batches in flight on the current session: id → batch.
 	batches map[string]simBatch
 	events  []simEvent
@@ -35,7 +36,15 @@ type simRelay struct {
 type simReopen struct {
 	at      time.Time
 	session string
+	sub     simLive
+}
+
+// simLive is one live set the fetcher holds: its name (AddFilters.live_id,
+// ReplaceLive.live_id), the item keys it covers and its filter count.
+type simLive struct {
+	id      string
 	items   []string
+	filters int
 }
 
 type simBatch struct {
@@ -177,8 +186,28 @@ func (s *sim) apply() {
 			r.wanted = false
 			s.killSession(r, false)
 		case *graspv1.FetchCommand_ReplaceLive:
-			r.live = [][]string{itemsOf(cmd.ReplaceLive.GetLiveFilters())}
+			r.live = []simLive{{id: cmd.ReplaceLive.GetLiveId(), items: itemsOf(cmd.ReplaceLive.GetLiveFilters()), filters: len(cmd.ReplaceLive.GetLiveFilters())}}
+			r.reopen = nil // ReplaceLive cancels pending reopens too
 			s.checkLive(r, cmd.ReplaceLive.GetLiveFilters(), true)
+		case *graspv1.FetchCommand_CloseLive:
+			closing := cmd.CloseLive.GetLiveIds()
+			if after := cmd.CloseLive.GetAfterLiveId(); after != "" && !slices.ContainsFunc(r.live, func(l simLive) bool { return l.id == after }) {
+				s.fail("CloseLive after %q, which is not open", after)
+			}
+			r.live = slices.DeleteFunc(slices.Clone(r.live), func(l simLive) bool {
+				if slices.Contains(closing, l.id) {
+					liveCount[r.url] -= l.filters
+					return true
+				}
+				return false
+			})
+			r.reopen = slices.DeleteFunc(r.reopen, func(ro simReopen) bool {
+				if slices.Contains(closing, ro.sub.id) {
+					liveCount[r.url] -= ro.sub.filters
+					return true
+				}
+				return false
+			})
 		case *graspv1.FetchCommand_AddFilters:
 			a := cmd.AddFilters
 			if r.session == "" {
@@ -190,7 +219,7 @@ func (s *sim) apply() {
 						s.fail("live filter without limit 0: %v", f)
 					}
 				}
-				r.live = append(r.live, itemsOf(a.GetLiveFilters()))
+				r.live = append(r.live, simLive{id: a.GetLiveId(), items: itemsOf(a.GetLiveFilters()), filters: len(a.GetLiveFilters())})
 				s.checkLive(r, a.GetLiveFilters(), false)
 			}
 			for _, f := range a.GetHistoricFilters() {
@@ -285,7 +314,7 @@ func (s *sim) publish(r *simRelay, item string) {
 	}()
 	if r.session != "" {
 		for _, sub := range r.live {
-			if slices.Contains(sub, item) {
+			if slices.Contains(sub.items, item) {
 				e.delivered = true
 			}
 		}
@@ -362,7 +391,7 @@ func (s *sim) advance(d time.Duration) {
 			switch {
 			case ro.session != r.session:
 			case !s.now.Before(ro.at):
-				r.live = append(r.live, ro.items)
+				r.live = append(r.live, ro.sub)
 			default:
 				kept = append(kept, ro)
 			}
@@ -449,14 +478,14 @@ func (s *sim) step() {
 	case op < 92: // the relay closes a live subscription
 		if r := pick(); r != nil && r.session != "" && len(r.live) > 0 {
 			i := s.rng.IntN(len(r.live))
-			items := r.live[i]
+			sub := r.live[i]
 			r.live = slices.Delete(slices.Clone(r.live), i, i+1)
 			r.closedLive = true
 			closed := &graspv1.SubscriptionClosed{Live: true, Reason: "closed by relay"}
 			if s.rng.IntN(2) == 0 {
 				at := s.now.Add(30 * time.Second)
 				closed.RetryAt = at.UnixMilli()
-				r.reopen = append(r.reopen, simReopen{at: at, session: r.session, items: items})
+				r.reopen = append(r.reopen, simReopen{at: at, session: r.session, sub: sub})
 			}
 			s.reports = append(s.reports, &graspv1.FetchReport{RelayUrl: r.url, SessionId: r.session, At: s.now.UnixMilli(),
 				Report: &graspv1.FetchReport_SubscriptionClosed{SubscriptionClosed: closed}})

@@ -115,16 +115,19 @@ func (s *sim) checkLiveCovers() {
 	idx := s.m.Index()
 	for _, st := range s.m.Relays() {
 		r := s.relays[st.URL]
+		if exact, built := s.m.exactMinimal(st), s.m.minimalSize(st, nil); exact != built {
+			s.fail("relay %s: exactMinimal %d, minimalSize %d", st.URL, exact, built)
+		}
 		if r == nil || !st.Connected() || r.session != st.Session || r.closedLive {
 			continue
 		}
 		n := 0
 		for _, sub := range r.live {
-			n += len(sub)
+			n += len(sub.items)
 		}
 		open := make(map[string]bool, n)
 		for _, sub := range r.live {
-			for _, it := range sub {
+			for _, it := range sub.items {
 				open[it] = true
 			}
 		}
@@ -167,7 +170,7 @@ func (s *sim) checkLiveEqualsPlanned() {
 			}
 		}
 		for _, sub := range r.live {
-			for _, it := range sub {
+			for _, it := range sub.items {
 				if !planned[it] {
 					s.fail("relay %s %s: live subscription open for %s, which the planner does not count as live", st.URL, st.Session, it)
 				}

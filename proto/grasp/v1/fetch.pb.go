@@ -41,6 +41,7 @@ type FetchCommand struct {
 	//	*FetchCommand_AddFilters
 	//	*FetchCommand_ReplaceLive
 	//	*FetchCommand_DropRelay
+	//	*FetchCommand_CloseLive
 	Command       isFetchCommand_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -140,6 +141,15 @@ func (x *FetchCommand) GetDropRelay() *DropRelay {
 	return nil
 }
 
+func (x *FetchCommand) GetCloseLive() *CloseLive {
+	if x != nil {
+		if x, ok := x.Command.(*FetchCommand_CloseLive); ok {
+			return x.CloseLive
+		}
+	}
+	return nil
+}
+
 type isFetchCommand_Command interface {
 	isFetchCommand_Command()
 }
@@ -160,6 +170,10 @@ type FetchCommand_DropRelay struct {
 	DropRelay *DropRelay `protobuf:"bytes,13,opt,name=drop_relay,json=dropRelay,proto3,oneof"`
 }
 
+type FetchCommand_CloseLive struct {
+	CloseLive *CloseLive `protobuf:"bytes,14,opt,name=close_live,json=closeLive,proto3,oneof"`
+}
+
 func (*FetchCommand_EnsureConnected) isFetchCommand_Command() {}
 
 func (*FetchCommand_AddFilters) isFetchCommand_Command() {}
@@ -167,6 +181,8 @@ func (*FetchCommand_AddFilters) isFetchCommand_Command() {}
 func (*FetchCommand_ReplaceLive) isFetchCommand_Command() {}
 
 func (*FetchCommand_DropRelay) isFetchCommand_Command() {}
+
+func (*FetchCommand_CloseLive) isFetchCommand_Command() {}
 
 // EnsureConnected asks the fetcher to hold a connection to the relay, with
 // its own backoff, and to report Connected with a fresh session id.
@@ -231,8 +247,14 @@ type AddFilters struct {
 	// repository, refused while the author maintained nothing we serve), which
 	// may be accepted now. Part of the batch: it is done when they are.
 	RefetchFilters []*Filter `protobuf:"bytes,8,rep,name=refetch_filters,json=refetchFilters,proto3" json:"refetch_filters,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// live_id names the live subscriptions live_filters opens, so that a
+	// later CloseLive can close them alone; unique on the relay's session
+	// (the planner uses the batch id, or its own sequence for live-only
+	// commands). Several commands may open parts of one named set. Empty:
+	// unnamed, closed only by ReplaceLive and DropRelay.
+	LiveId        string `protobuf:"bytes,9,opt,name=live_id,json=liveId,proto3" json:"live_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddFilters) Reset() {
@@ -321,11 +343,21 @@ func (x *AddFilters) GetRefetchFilters() []*Filter {
 	return nil
 }
 
-// ReplaceLive closes every live subscription on the relay and opens these
-// instead (consolidation).
+func (x *AddFilters) GetLiveId() string {
+	if x != nil {
+		return x.LiveId
+	}
+	return ""
+}
+
+// ReplaceLive closes every live subscription on the relay, named or not, and
+// opens these instead (a full consolidation: daily resync, resume after a
+// planner restart, a lost subscription, removals).
 type ReplaceLive struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LiveFilters   []*Filter              `protobuf:"bytes,1,rep,name=live_filters,json=liveFilters,proto3" json:"live_filters,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	LiveFilters []*Filter              `protobuf:"bytes,1,rep,name=live_filters,json=liveFilters,proto3" json:"live_filters,omitempty"`
+	// live_id names the set it opens, like AddFilters.live_id.
+	LiveId        string `protobuf:"bytes,2,opt,name=live_id,json=liveId,proto3" json:"live_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -367,6 +399,74 @@ func (x *ReplaceLive) GetLiveFilters() []*Filter {
 	return nil
 }
 
+func (x *ReplaceLive) GetLiveId() string {
+	if x != nil {
+		return x.LiveId
+	}
+	return ""
+}
+
+// CloseLive closes the live subscriptions opened under live_ids on the
+// relay's session (AddFilters.live_id, ReplaceLive.live_id): a
+// consolidation that merges a relay's recent small live sets, or a failed
+// batch's, is then a diff the size of what changed rather than a
+// ReplaceLive of the relay's whole live set (docs/decisions.md, "Planner:
+// closing live sets by name"). When after_live_id is set the fetcher closes
+// them only once every subscription opened under after_live_id so far is
+// registered at the relay (make before break), so no event falls between
+// the old subscriptions and the new. Unknown ids are ignored.
+type CloseLive struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LiveIds       []string               `protobuf:"bytes,1,rep,name=live_ids,json=liveIds,proto3" json:"live_ids,omitempty"`
+	AfterLiveId   string                 `protobuf:"bytes,2,opt,name=after_live_id,json=afterLiveId,proto3" json:"after_live_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseLive) Reset() {
+	*x = CloseLive{}
+	mi := &file_grasp_v1_fetch_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseLive) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseLive) ProtoMessage() {}
+
+func (x *CloseLive) ProtoReflect() protoreflect.Message {
+	mi := &file_grasp_v1_fetch_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseLive.ProtoReflect.Descriptor instead.
+func (*CloseLive) Descriptor() ([]byte, []int) {
+	return file_grasp_v1_fetch_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CloseLive) GetLiveIds() []string {
+	if x != nil {
+		return x.LiveIds
+	}
+	return nil
+}
+
+func (x *CloseLive) GetAfterLiveId() string {
+	if x != nil {
+		return x.AfterLiveId
+	}
+	return ""
+}
+
 // DropRelay closes the connection and forgets the relay.
 type DropRelay struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -377,7 +477,7 @@ type DropRelay struct {
 
 func (x *DropRelay) Reset() {
 	*x = DropRelay{}
-	mi := &file_grasp_v1_fetch_proto_msgTypes[4]
+	mi := &file_grasp_v1_fetch_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +489,7 @@ func (x *DropRelay) String() string {
 func (*DropRelay) ProtoMessage() {}
 
 func (x *DropRelay) ProtoReflect() protoreflect.Message {
-	mi := &file_grasp_v1_fetch_proto_msgTypes[4]
+	mi := &file_grasp_v1_fetch_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +502,7 @@ func (x *DropRelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRelay.ProtoReflect.Descriptor instead.
 func (*DropRelay) Descriptor() ([]byte, []int) {
-	return file_grasp_v1_fetch_proto_rawDescGZIP(), []int{4}
+	return file_grasp_v1_fetch_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DropRelay) GetReason() string {
@@ -416,7 +516,7 @@ var File_grasp_v1_fetch_proto protoreflect.FileDescriptor
 
 const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\n" +
-	"\x14grasp/v1/fetch.proto\x12\bgrasp.v1\x1a\x15grasp/v1/filter.proto\"\xde\x02\n" +
+	"\x14grasp/v1/fetch.proto\x12\bgrasp.v1\x1a\x15grasp/v1/filter.proto\"\x94\x03\n" +
 	"\fFetchCommand\x12\x1b\n" +
 	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x12\x1d\n" +
 	"\n" +
@@ -428,9 +528,11 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"addFilters\x12:\n" +
 	"\freplace_live\x18\f \x01(\v2\x15.grasp.v1.ReplaceLiveH\x00R\vreplaceLive\x124\n" +
 	"\n" +
-	"drop_relay\x18\r \x01(\v2\x13.grasp.v1.DropRelayH\x00R\tdropRelayB\t\n" +
+	"drop_relay\x18\r \x01(\v2\x13.grasp.v1.DropRelayH\x00R\tdropRelay\x124\n" +
+	"\n" +
+	"close_live\x18\x0e \x01(\v2\x13.grasp.v1.CloseLiveH\x00R\tcloseLiveB\t\n" +
 	"\acommand\"\x11\n" +
-	"\x0fEnsureConnected\"\xd4\x02\n" +
+	"\x0fEnsureConnected\"\xed\x02\n" +
 	"\n" +
 	"AddFilters\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x12\x1b\n" +
@@ -440,10 +542,15 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\x10historic_filters\x18\x05 \x03(\v2\x10.grasp.v1.FilterR\x0fhistoricFilters\x12\x19\n" +
 	"\x05since\x18\x06 \x01(\x03H\x00R\x05since\x88\x01\x01\x12\x16\n" +
 	"\x06layer1\x18\a \x01(\bR\x06layer1\x129\n" +
-	"\x0frefetch_filters\x18\b \x03(\v2\x10.grasp.v1.FilterR\x0erefetchFiltersB\b\n" +
-	"\x06_since\"B\n" +
+	"\x0frefetch_filters\x18\b \x03(\v2\x10.grasp.v1.FilterR\x0erefetchFilters\x12\x17\n" +
+	"\alive_id\x18\t \x01(\tR\x06liveIdB\b\n" +
+	"\x06_since\"[\n" +
 	"\vReplaceLive\x123\n" +
-	"\flive_filters\x18\x01 \x03(\v2\x10.grasp.v1.FilterR\vliveFilters\"#\n" +
+	"\flive_filters\x18\x01 \x03(\v2\x10.grasp.v1.FilterR\vliveFilters\x12\x17\n" +
+	"\alive_id\x18\x02 \x01(\tR\x06liveId\"J\n" +
+	"\tCloseLive\x12\x19\n" +
+	"\blive_ids\x18\x01 \x03(\tR\aliveIds\x12\"\n" +
+	"\rafter_live_id\x18\x02 \x01(\tR\vafterLiveId\"#\n" +
 	"\tDropRelay\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reasonB9Z7github.com/grasp-sync/grasp-sync/proto/grasp/v1;graspv1b\x06proto3"
 
@@ -459,29 +566,31 @@ func file_grasp_v1_fetch_proto_rawDescGZIP() []byte {
 	return file_grasp_v1_fetch_proto_rawDescData
 }
 
-var file_grasp_v1_fetch_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_grasp_v1_fetch_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_grasp_v1_fetch_proto_goTypes = []any{
 	(*FetchCommand)(nil),    // 0: grasp.v1.FetchCommand
 	(*EnsureConnected)(nil), // 1: grasp.v1.EnsureConnected
 	(*AddFilters)(nil),      // 2: grasp.v1.AddFilters
 	(*ReplaceLive)(nil),     // 3: grasp.v1.ReplaceLive
-	(*DropRelay)(nil),       // 4: grasp.v1.DropRelay
-	(*Filter)(nil),          // 5: grasp.v1.Filter
+	(*CloseLive)(nil),       // 4: grasp.v1.CloseLive
+	(*DropRelay)(nil),       // 5: grasp.v1.DropRelay
+	(*Filter)(nil),          // 6: grasp.v1.Filter
 }
 var file_grasp_v1_fetch_proto_depIdxs = []int32{
 	1, // 0: grasp.v1.FetchCommand.ensure_connected:type_name -> grasp.v1.EnsureConnected
 	2, // 1: grasp.v1.FetchCommand.add_filters:type_name -> grasp.v1.AddFilters
 	3, // 2: grasp.v1.FetchCommand.replace_live:type_name -> grasp.v1.ReplaceLive
-	4, // 3: grasp.v1.FetchCommand.drop_relay:type_name -> grasp.v1.DropRelay
-	5, // 4: grasp.v1.AddFilters.live_filters:type_name -> grasp.v1.Filter
-	5, // 5: grasp.v1.AddFilters.historic_filters:type_name -> grasp.v1.Filter
-	5, // 6: grasp.v1.AddFilters.refetch_filters:type_name -> grasp.v1.Filter
-	5, // 7: grasp.v1.ReplaceLive.live_filters:type_name -> grasp.v1.Filter
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	5, // 3: grasp.v1.FetchCommand.drop_relay:type_name -> grasp.v1.DropRelay
+	4, // 4: grasp.v1.FetchCommand.close_live:type_name -> grasp.v1.CloseLive
+	6, // 5: grasp.v1.AddFilters.live_filters:type_name -> grasp.v1.Filter
+	6, // 6: grasp.v1.AddFilters.historic_filters:type_name -> grasp.v1.Filter
+	6, // 7: grasp.v1.AddFilters.refetch_filters:type_name -> grasp.v1.Filter
+	6, // 8: grasp.v1.ReplaceLive.live_filters:type_name -> grasp.v1.Filter
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_grasp_v1_fetch_proto_init() }
@@ -495,6 +604,7 @@ func file_grasp_v1_fetch_proto_init() {
 		(*FetchCommand_AddFilters)(nil),
 		(*FetchCommand_ReplaceLive)(nil),
 		(*FetchCommand_DropRelay)(nil),
+		(*FetchCommand_CloseLive)(nil),
 	}
 	file_grasp_v1_fetch_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
@@ -503,7 +613,7 @@ func file_grasp_v1_fetch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grasp_v1_fetch_proto_rawDesc), len(file_grasp_v1_fetch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
