@@ -188,7 +188,6 @@ func TestQuickReconnect(t *testing.T) {
 // production) are consolidated, and nothing published during the swaps is
 // missed.
 //
-// It fails about one run in three today, so it runs only with
 // The fetcher once handled ReplaceLive by closing every live group before
 // opening the new ones; events the relay received in between matched no
 // subscription and were lost (an issue and its comment on three consecutive
