@@ -135,17 +135,32 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 		}
 	}()
 
-	ln, err := net.Listen("tcp", c.Relay.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("GRASP_RELAY_ADDR=%s: cannot listen: %w", c.Relay.Addr, unwrapSyscall(err))
-	}
-	a.relayLn = ln
-	if c.Relay.PublicURL == "" || c.Relay.PublicURL == "ws://"+c.Relay.Addr {
-		// With port 0 the real address is known only now.
-		a.cfg.Relay.PublicURL = "ws://" + ln.Addr().String()
-	}
-	if a.cfg.Discovery.RelayURL == "" {
-		a.cfg.Discovery.RelayURL = "ws://" + ln.Addr().String()
+	var err error
+	if a.BoltOn() {
+		// Bolt-on mode (docs/decisions.md): no relay of ours; discovery
+		// reads the target, the ingester publishes to it. Announcements
+		// list the target's public address, which defaults to its URL.
+		target := c.Ingester.Settings.Relay
+		if c.Relay.PublicURL == "" || c.Relay.PublicURL == "ws://"+c.Relay.Addr {
+			a.cfg.Relay.PublicURL = target
+		}
+		if a.cfg.Discovery.RelayURL == "" {
+			a.cfg.Discovery.RelayURL = target
+		}
+		a.cfg.Graspd.Services = slices.DeleteFunc(slices.Clone(c.Graspd.Services), func(s string) bool { return s == "relay" })
+	} else {
+		ln, err := net.Listen("tcp", c.Relay.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("GRASP_RELAY_ADDR=%s: cannot listen: %w", c.Relay.Addr, unwrapSyscall(err))
+		}
+		a.relayLn = ln
+		if c.Relay.PublicURL == "" || c.Relay.PublicURL == "ws://"+c.Relay.Addr {
+			// With port 0 the real address is known only now.
+			a.cfg.Relay.PublicURL = "ws://" + ln.Addr().String()
+		}
+		if a.cfg.Discovery.RelayURL == "" {
+			a.cfg.Discovery.RelayURL = "ws://" + ln.Addr().String()
+		}
 	}
 
 	a.health = obs.NewServer(a.registry)
@@ -241,8 +256,17 @@ func (a *App) connect(ctx context.Context, name string) (*bus.Bus, error) {
 	return b, nil
 }
 
-// RelayURL is the own relay's websocket URL.
-func (a *App) RelayURL() string { return "ws://" + a.relayLn.Addr().String() }
+// BoltOn reports whether graspd syncs into a target relay it did not write
+// (GRASP_TARGET_RELAY) instead of running its own.
+func (a *App) BoltOn() bool { return a.cfg.Ingester.Settings.Enabled() }
+
+// RelayURL is the own relay's websocket URL; in bolt-on mode, the target's.
+func (a *App) RelayURL() string {
+	if a.relayLn == nil {
+		return a.cfg.Ingester.Settings.Relay
+	}
+	return "ws://" + a.relayLn.Addr().String()
+}
 
 // PublicURL is the URL announcements must list.
 func (a *App) PublicURL() string { return a.cfg.Relay.PublicURL }
@@ -310,8 +334,18 @@ func (a *App) Run(parent context.Context) error {
 		case "ingester":
 			i := ingester.New(a.cfg.Ingester, b, a.store, a.cfg.Relay.PublicURL, log, a.registry)
 			ing.Store(i)
+			if pub := i.Target(); pub != nil {
+				// No relay of ours serves the status page: the metrics
+				// address does, with the target's section.
+				a.health.SetRoot(relay.StatusHandler{Name: a.cfg.Relay.Name, Description: a.cfg.Relay.Description,
+					PublicURL: a.cfg.Relay.PublicURL, Bus: b, Log: log, Target: pub.Status})
+			}
 			g.Go(func() error { return i.Run(ctx) })
 		}
+	}
+	if a.BoltOn() {
+		a.log.Info("bolt-on mode: no relay of our own, syncing into the target relay", "target", a.RelayURL(),
+			"status_page", "http://"+a.MetricsAddr()+"/")
 	}
 	a.log.Info("graspd running", "relay", a.RelayURL(), "public_url", a.PublicURL(),
 		"nats", a.NATSURL(), "metrics", "http://"+a.MetricsAddr()+"/metrics", "services", strings.Join(a.cfg.Graspd.Services, ","))
