@@ -198,14 +198,15 @@ func (p *Publisher) publishOnce(ctx context.Context, evt *nostr.Event) (Outcome,
 func (p *Publisher) classify(evt *nostr.Event, a answer) (Outcome, error) {
 	prefix, _, _ := strings.Cut(a.reason, ":")
 	switch {
+	case prefix == "duplicate":
+		// Either OK value: khatru answers true, NIP-01 shows false.
+		p.m.answer("duplicate")
+		p.succeeded()
+		return Duplicate, nil
 	case a.ok:
 		p.m.answer("ok")
 		p.succeeded()
 		return Written, nil
-	case prefix == "duplicate":
-		p.m.answer("duplicate")
-		p.succeeded()
-		return Duplicate, nil
 	case prefix == "rate-limited":
 		p.m.answer("rate_limited")
 		d := p.backoff("rate-limited: " + a.reason)
@@ -409,7 +410,6 @@ func (p *Publisher) authenticate(conn *relayconn.Conn, challenge string, authed 
 		p.mu.Unlock()
 	}()
 	evt := nip42.CreateUnsignedAuthEvent(challenge, p.pk, p.cfg.Relay)
-	evt.CreatedAt = nostr.Timestamp(p.clk.Now().Unix())
 	if err := evt.Sign(p.sk); err != nil {
 		p.log.Error("sign AUTH event", "err", err)
 		return
