@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -251,5 +252,20 @@ func TestStoreMirrorsWhatTheTargetTook(t *testing.T) {
 		if res[n].Err != nil || !res[n].Stored || len(inMirror) != 1 || !has(t, r, e.ID) {
 			t.Fatalf("event %d: result %+v, mirrored %d", n, res[n], len(inMirror))
 		}
+	}
+}
+
+// An event of a batch is sent after the events of the batch it references:
+// a comment never overtakes its root, nor an issue its announcement.
+func TestDependenciesWithinBatch(t *testing.T) {
+	k := testkit.NewKey()
+	ann := k.Announcement("r", nil, nil, nil)
+	ref := testkit.RepoRef(k.PubKey, "r")
+	issue := k.Issue(ref, "root")
+	comment := k.Comment(issue, issue, "on it")
+	other := k.Issue(testkit.RepoRef(k.PubKey, "elsewhere"), "unrelated")
+	deps := dependencies([]*nostr.Event{ann, issue, other, comment})
+	if len(deps[0]) != 0 || !slices.Equal(deps[1], []int{0}) || len(deps[2]) != 0 || !slices.Contains(deps[3], 1) {
+		t.Fatalf("dependencies %v", deps)
 	}
 }

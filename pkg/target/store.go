@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -45,17 +46,34 @@ func (s *Store) Save(ctx context.Context, evt *nostr.Event) (bool, error) {
 	return stored, nil
 }
 
-// SaveBatch publishes the events concurrently (the ingester's batches hold
-// no event that depends on another of the same batch: those are deferred to
-// a later write, see services/ingester/batch.go), bounded by the
-// publisher's concurrency and rate, then mirrors those the target took with
-// one write, in order.
+// SaveBatch publishes the events concurrently, bounded by the publisher's
+// concurrency and rate, then mirrors those the target took with one write,
+// in order. An event that references an earlier event of the batch (its id
+// in an e, E or q tag, its coordinate in an a, A or q tag) is sent only
+// once that one has its answer: a relay handles the EVENTs of a connection
+// concurrently, and one whose policy admits no forward reference would
+// refuse a comment that overtook its root. (Our own policy already defers
+// most such events to a later write; not those it accepts on another tag.)
 func (s *Store) SaveBatch(ctx context.Context, evts []*nostr.Event) []store.SaveResult {
 	out := make([]store.SaveResult, len(evts))
 	took := make([]bool, len(evts))
+	answered := make([]chan struct{}, len(evts))
+	for n := range evts {
+		answered[n] = make(chan struct{})
+	}
+	deps := dependencies(evts)
 	var wg sync.WaitGroup
 	for n, e := range evts {
 		wg.Go(func() {
+			defer close(answered[n])
+			for _, d := range deps[n] {
+				select {
+				case <-answered[d]:
+				case <-ctx.Done():
+					out[n].Err = ctx.Err()
+					return
+				}
+			}
 			if _, err := s.Pub.Publish(ctx, e); err != nil {
 				out[n].Err = err
 				return
@@ -82,6 +100,31 @@ func (s *Store) SaveBatch(ctx context.Context, evts []*nostr.Event) []store.Save
 		out[at[k]] = r
 	}
 	return out
+}
+
+// dependencies lists, for each event, the earlier events of evts it
+// references by id or coordinate.
+func dependencies(evts []*nostr.Event) [][]int {
+	byRef := make(map[string]int, 2*len(evts))
+	deps := make([][]int, len(evts))
+	for n, e := range evts {
+		for _, t := range e.Tags {
+			if len(t) < 2 {
+				continue
+			}
+			switch t[0] {
+			case "e", "E", "a", "A", "q":
+				if d, ok := byRef[t[1]]; ok && !slices.Contains(deps[n], d) {
+					deps[n] = append(deps[n], d)
+				}
+			}
+		}
+		byRef[e.ID] = n
+		if nostr.IsAddressableKind(e.Kind) || nostr.IsReplaceableKind(e.Kind) {
+			byRef[fmt.Sprintf("%d:%s:%s", e.Kind, e.PubKey, e.Tags.GetD())] = n
+		}
+	}
+	return deps
 }
 
 // Reachable reports why a write now would not be tried (nil: it would):
