@@ -312,6 +312,9 @@ func (a *App) Run(parent context.Context) error {
 			g.Go(func() error { return r.Run(ctx, ln) })
 		case "discovery":
 			d := discovery.New(a.cfg.Discovery, b, a.cfg.Relay.PublicURL, func(e *nostr.Event) bool { return pol.ListsService(e) }, a.clock, log, a.registry)
+			if a.BoltOn() {
+				d.WithSeen(a.mirrorSeen)
+			}
 			a.health.AddReadiness("discovery", d.Ready)
 			g.Go(func() error { return d.Run(ctx) })
 		case "planner":
@@ -354,6 +357,21 @@ func (a *App) Run(parent context.Context) error {
 		return nil // asked to stop: errors on the way out are the stop itself
 	}
 	return err
+}
+
+// mirrorSeen records in the mirror what discovery's self-subscription reads
+// on the target (bolt-on mode): announcements, roots and deletions others
+// wrote there directly, so the policy sees the repositories the target
+// hosts and the fetcher does not download those events again. The target is
+// trusted for what it holds (it verified them; we configured it). Best
+// effort: an event missed here is fetched from a remote and answered
+// "duplicate" by the target instead.
+func (a *App) mirrorSeen(ctx context.Context, evts []*nostr.Event) {
+	for _, e := range evts {
+		if _, err := store.SaveAccepted(ctx, a.store, e, nil); err != nil && ctx.Err() == nil {
+			a.log.Warn("mirroring an event seen on the target failed", "id", e.ID, "kind", e.Kind, "err", err)
+		}
+	}
 }
 
 // Close releases what Start acquired.
