@@ -30,7 +30,7 @@ import (
 // Settings is bolt-on mode's configuration (GRASP_TARGET_* variables), read
 // by graspd and by the separate ingester binary.
 type Settings struct {
-	// Relay, when set, is the GRASP relay (ws:// or wss://) accepted events are published to instead of our own relay: graspd then runs no relay of its own, discovery reads this one, and the event store is only a mirror of what is on it (bolt-on mode, docs/decisions.md). GRASP_PUBLIC_URL must then be the address announcements list for it.
+	// Relay, when set, is the GRASP relay (ws:// or wss://) accepted events are published to instead of our own relay: graspd then runs no relay of its own, discovery reads this one, and the event store is only a mirror of what is on it (bolt-on mode, docs/decisions.md). GRASP_PUBLIC_URL is then the address announcements list for the target (graspd: the target's URL when unset).
 	Relay string `envconfig:"TARGET_RELAY"`
 	// PublishRate is the steady rate, in events per second, at which events are published to the target (a token bucket with PublishBurst). Match the target's own limit: stock ngit-relay allows 3 events every 3 minutes per address, 0.0167.
 	PublishRate float64 `envconfig:"TARGET_PUBLISH_RATE" default:"20"`
@@ -41,7 +41,7 @@ type Settings struct {
 	// AuthKey is the nostr secret key (hex or nsec) answering the target's NIP-42 AUTH challenges; relays that exempt authenticated pubkeys from their rate limits then let the sidecar write at full speed. A secret: pass it from a secret store.
 	AuthKey string `envconfig:"TARGET_AUTH_KEY"`
 	// Timeout bounds the wait for the target's OK to one EVENT; past it the connection is dropped and the event retried.
-	Timeout time.Duration `envconfig:"TARGET_TIMEOUT" default:"20s"`
+	Timeout time.Duration `envconfig:"TARGET_TIMEOUT" default:"15s"`
 	// BackoffMax caps the pause after "rate-limited:" answers or a lost connection (the pause starts at 1 s and doubles; a success halves it).
 	BackoffMax time.Duration `envconfig:"TARGET_BACKOFF_MAX" default:"3m"`
 }

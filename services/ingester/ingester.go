@@ -89,8 +89,18 @@ type Config struct {
 	target.Settings
 }
 
-// Validate checks the bolt-on settings.
-func (c *Config) Validate() error { return c.Settings.Validate() }
+// Validate checks the bolt-on settings: among them that the wait for the
+// target's OK ends well before the message would be redelivered.
+func (c *Config) Validate() error {
+	if err := c.Settings.Validate(); err != nil {
+		return err
+	}
+	d := c.withDefaults()
+	if d.Settings.Enabled() && d.Settings.Timeout > d.AckWait/2 {
+		return config.Invalid("TARGET_TIMEOUT", d.Settings.Timeout, fmt.Sprintf("must be at most half of GRASP_INGESTER_ACK_WAIT (%s)", d.AckWait))
+	}
+	return nil
+}
 
 // withDefaults fills zero fields (the parking and policy ones too) from their
 // default tags, so a Config built in code (tests, graspd) behaves like one
