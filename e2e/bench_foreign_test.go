@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -46,6 +47,7 @@ func TestBenchEndToEndForeign(t *testing.T) {
 	}
 	ds := GenerateDataset(benchPublicURL, urls, repos, perRepo, 2, 1)
 	ours, foreign := 0, 0
+	rng := rand.New(rand.NewPCG(2, 3))
 	for i := range remotes {
 		var anns []*nostr.Event
 		for r, rel := range ds.RepoRelays {
@@ -59,8 +61,10 @@ func TestBenchEndToEndForeign(t *testing.T) {
 		for n := len(anns); n > 0; n-- {
 			k := testkit.NewKey()
 			d := fmt.Sprintf("foreign-%d-%d", i, n)
+			// Spread over 90 days like ours (GenerateDataset says why).
+			at := testkit.At(nostr.Timestamp(time.Now().Add(-90*24*time.Hour).Unix() + rng.Int64N(89*24*3600)))
 			anns = append(anns, k.Announcement(d, []string{"https://git.elsewhere.example/" + k.PubKey + "/" + d + ".git"},
-				[]string{"wss://relay.elsewhere.example"}, nil))
+				[]string{"wss://relay.elsewhere.example"}, nil, at))
 			foreign++
 		}
 		ds.PerRelay[i] = append(ds.PerRelay[i], anns...)

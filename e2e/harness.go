@@ -27,21 +27,22 @@ type Env map[string]string
 // shortened so scenarios take seconds. Each scenario overrides what it tests.
 func BaseEnv(dataDir string) Env {
 	return Env{
-		"GRASP_DATA_DIR":                dataDir,
-		"GRASP_NATS_LISTEN":             "",
-		"GRASP_RELAY_ADDR":              "127.0.0.1:0",
-		"GRASP_METRICS_ADDR":            "127.0.0.1:0",
-		"GRASP_RELAY_ALLOWLIST":         "127.0.0.1",
-		"GRASP_DISCOVERY_BATCH_WINDOW":  "300ms",
-		"GRASP_SHARDS":                  "4",
-		"GRASP_PLANNER_QUIET_PERIOD":    "1s",
-		"GRASP_PLANNER_RECOMPUTE_DELAY": "100ms",
-		"GRASP_PLANNER_FAILURE_RETRY":   "2s",
-		"GRASP_FETCHER_BACKOFF_BASE":    "300ms",
-		"GRASP_FETCHER_BACKOFF_MAX":     "2s",
-		"GRASP_FETCHER_LEASE_TTL":       "3s",
-		"GRASP_DISCOVERY_BACKOFF_BASE":  "200ms",
-		"GRASP_DISCOVERY_BACKOFF_MAX":   "1s",
+		"GRASP_DATA_DIR":                  dataDir,
+		"GRASP_NATS_LISTEN":               "",
+		"GRASP_RELAY_ADDR":                "127.0.0.1:0",
+		"GRASP_METRICS_ADDR":              "127.0.0.1:0",
+		"GRASP_RELAY_ALLOWLIST":           "127.0.0.1",
+		"GRASP_DISCOVERY_BATCH_WINDOW":    "300ms",
+		"GRASP_SHARDS":                    "4",
+		"GRASP_PLANNER_QUIET_PERIOD":      "1s",
+		"GRASP_PLANNER_RECOMPUTE_DELAY":   "100ms",
+		"GRASP_PLANNER_FAILURE_RETRY":     "2s",
+		"GRASP_PLANNER_FAILURE_RETRY_MAX": "5s",
+		"GRASP_FETCHER_BACKOFF_BASE":      "300ms",
+		"GRASP_FETCHER_BACKOFF_MAX":       "2s",
+		"GRASP_FETCHER_LEASE_TTL":         "3s",
+		"GRASP_DISCOVERY_BACKOFF_BASE":    "200ms",
+		"GRASP_DISCOVERY_BACKOFF_MAX":     "1s",
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/service"
 	"github.com/grasp-sync/grasp-sync/services/discovery"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
+	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/ingester"
 	"github.com/grasp-sync/grasp-sync/services/planner"
 	"github.com/grasp-sync/grasp-sync/services/relay"
@@ -26,7 +27,8 @@ var Services = []string{"relay", "discovery", "planner", "fetcher", "ingester"}
 
 // ServiceConfig returns fresh values of the configuration structs a service
 // binary loads with config.Load: the common one of pkg/service and the
-// service package's own Config. The binary's package main may add a few
+// service package's own Config (for "graspd", the all-in-one binary, its own
+// Config and every service's). The binary's package main may add a few
 // fields (see CmdEnvNames).
 func ServiceConfig(name string) ([]any, error) {
 	var own any
@@ -41,6 +43,10 @@ func ServiceConfig(name string) ([]any, error) {
 		own = &fetcher.Config{}
 	case "ingester":
 		own = &ingester.Config{}
+	case "graspd":
+		// graspd runs every service in one process and reads all their
+		// configurations from one environment, plus its own.
+		return []any{&graspd.Config{}, &relay.Config{}, &discovery.Config{}, &planner.Config{}, &fetcher.Config{}, &ingester.Config{}}, nil
 	default:
 		return nil, fmt.Errorf("unknown service %q", name)
 	}

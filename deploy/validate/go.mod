@@ -17,8 +17,9 @@ require (
 	github.com/grasp-sync/grasp-sync/pkg v0.0.0
 	github.com/grasp-sync/grasp-sync/services/discovery v0.0.0
 	github.com/grasp-sync/grasp-sync/services/fetcher v0.0.0
+	github.com/grasp-sync/grasp-sync/services/graspd v0.0.0
 	github.com/grasp-sync/grasp-sync/services/ingester v0.0.0
-	github.com/grasp-sync/grasp-sync/services/planner v0.0.0-00010101000000-000000000000
+	github.com/grasp-sync/grasp-sync/services/planner v0.0.0
 	github.com/grasp-sync/grasp-sync/services/relay v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.3
 	github.com/nats-io/nats.go v1.55.0

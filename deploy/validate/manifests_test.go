@@ -66,7 +66,7 @@ func secretValues(s *corev1.Secret) map[string]string {
 
 // operatorSecrets are the Secrets an overlay expects the operator to create
 // (docs/deploy.md must explain each).
-var operatorSecrets = []string{"grasp-nats-users", "grasp-store", "grasp-nats-tls", "grasp-relay-tls"}
+var operatorSecrets = []string{"grasp-nats-users", "grasp-store", "grasp-nats-tls", "grasp-relay-tls", "grasp-target-auth"}
 
 // allowedPlainEnv are non-GRASP variables our images honour (Go runtime and
 // crypto/x509).
@@ -141,15 +141,20 @@ func TestManifests(t *testing.T) {
 		t.Run(overlay, func(t *testing.T) {
 			r := load(t, objs)
 			seen := map[string]bool{}
+			envs := map[string]map[string]string{} // workload → its grasp container's variables
 			for _, w := range r.workloads() {
 				t.Run(w.name, func(t *testing.T) {
-					checkPod(t, r, w, images, string(docs), seen)
+					envs[w.name] = checkPod(t, r, w, images, string(docs), seen)
 				})
 			}
+			boltOn := isBoltOn(envs)
 			for _, svc := range Services {
-				if !seen[svc] {
+				if !seen[svc] && !(boltOn && svc == "relay") {
 					t.Errorf("overlay %s deploys no %s", overlay, svc)
 				}
+			}
+			if boltOn {
+				checkBoltOn(t, r, envs, seen)
 			}
 			checkPDBs(t, r)
 			checkScaling(t, r, overlay)
@@ -157,8 +162,11 @@ func TestManifests(t *testing.T) {
 	}
 }
 
-func checkPod(t *testing.T, r rendered, w workload, images map[string]string, docs string, seen map[string]bool) {
+// checkPod checks one workload and returns the variables of its (last)
+// grasp-sync container.
+func checkPod(t *testing.T, r rendered, w workload, images map[string]string, docs string, seen map[string]bool) map[string]string {
 	p := w.pod
+	var podEnv map[string]string
 	if p.SecurityContext == nil || !ptrOr(p.SecurityContext.RunAsNonRoot, false) {
 		t.Error("pod securityContext.runAsNonRoot is not true")
 	}
@@ -202,6 +210,7 @@ func checkPod(t *testing.T, r rendered, w workload, images map[string]string, do
 		}
 		seen[svc] = true
 		env := checkEnv(t, r, c, svc, docs)
+		podEnv = env
 		checkProbes(t, c, env)
 		// Longer than the service's own drain: the ingester finishes or NAKs
 		// what it holds before AckWait ends; everyone gets at least 30 s.
@@ -224,6 +233,7 @@ func checkPod(t *testing.T, r rendered, w workload, images map[string]string, do
 	if w.name == "grasp-nats" && len(p.TopologySpreadConstraints) == 0 {
 		t.Error("NATS pods have no topology spread")
 	}
+	return podEnv
 }
 
 // checkEnv: every variable is real configuration of the service, its value
@@ -245,7 +255,7 @@ func checkEnv(t *testing.T, r rendered, c corev1.Container, svc, docs string) ma
 	for _, e := range c.Env {
 		switch {
 		case strings.HasPrefix(e.Name, config.Prefix+"_"):
-			if !fields[e.Name] {
+			if !fields[e.Name] && !boltOnPending(t, e.Name) {
 				t.Errorf("%s is not a configuration field of %s (known: %v)", e.Name, svc, sorted(fields))
 			}
 		case slices.Contains(allowedPlainEnv, e.Name), referenced[e.Name]:

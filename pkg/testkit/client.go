@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip42"
 )
 
 // Publish sends events to the relay at url over one real websocket
@@ -28,20 +29,64 @@ func Publish(ctx context.Context, url string, evts ...*nostr.Event) error {
 	return nil
 }
 
-// awaitOK reads until the OK for id and turns OK=false into an error.
-func awaitOK(ctx context.Context, c *Conn, id string) error {
+// Send publishes evt on c and returns the relay's OK answer, whatever it
+// is: err is only for a failed write or read (messages other than the OK for
+// evt, such as an AUTH challenge, are read and passed over; Read remembers a
+// challenge for Auth).
+func (c *Conn) Send(ctx context.Context, evt *nostr.Event) (ok bool, reason string, err error) {
+	if err := c.Write(ctx, nostr.EventEnvelope{Event: *evt}); err != nil {
+		return false, "", fmt.Errorf("send %s (kind %d): %w", evt.ID, evt.Kind, err)
+	}
+	return c.readOK(ctx, evt.ID)
+}
+
+// readOK reads until the OK for id.
+func (c *Conn) readOK(ctx context.Context, id string) (ok bool, reason string, err error) {
 	for {
 		env, _, err := c.Read(ctx)
 		if err != nil {
-			return fmt.Errorf("waiting for OK: %w", err)
+			return false, "", fmt.Errorf("waiting for OK of %s: %w", id, err)
 		}
-		if ok, isOK := env.(*nostr.OKEnvelope); isOK && ok.EventID == id {
-			if !ok.OK {
-				return fmt.Errorf("rejected: %s", ok.Reason)
-			}
-			return nil
+		if o, isOK := env.(*nostr.OKEnvelope); isOK && o.EventID == id {
+			return o.OK, o.Reason, nil
 		}
 	}
+}
+
+// Auth authenticates the connection (NIP-42) as key: it answers the last
+// challenge the relay sent, reading until one arrives if none has, and
+// fails unless the relay accepts the answer.
+func (c *Conn) Auth(ctx context.Context, key Key) error {
+	for c.challenge == "" {
+		if _, _, err := c.Read(ctx); err != nil {
+			return fmt.Errorf("waiting for AUTH challenge: %w", err)
+		}
+	}
+	evt := nip42.CreateUnsignedAuthEvent(c.challenge, key.PubKey, c.URL)
+	key.Sign(&evt)
+	if err := c.Write(ctx, nostr.AuthEnvelope{Event: evt}); err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	ok, reason, err := c.readOK(ctx, evt.ID)
+	if err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("auth to %s refused: %s", c.URL, reason)
+	}
+	return nil
+}
+
+// awaitOK reads until the OK for id and turns OK=false into an error.
+func awaitOK(ctx context.Context, c *Conn, id string) error {
+	ok, reason, err := c.readOK(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("rejected: %s", reason)
+	}
+	return nil
 }
 
 // QueryAll sends one REQ with filter f to the relay at url and returns every

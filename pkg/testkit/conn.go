@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -21,11 +22,20 @@ type Conn struct {
 	// URL is the relay URL the connection was dialled to.
 	URL string
 	ws  *nostr.Connection
+	// challenge is the last NIP-42 challenge Read saw, for Auth.
+	challenge string
 }
 
 // Dial opens a websocket connection to the relay at url.
 func Dial(ctx context.Context, url string) (*Conn, error) {
-	ws, err := nostr.NewConnection(ctx, url, nil, nil)
+	return DialHeader(ctx, url, nil)
+}
+
+// DialHeader is Dial with extra HTTP headers on the websocket upgrade, e.g.
+// X-Forwarded-For with a public address so a relay that limits per client
+// address (GraspRelay) sees each test client as a different address.
+func DialHeader(ctx context.Context, url string, header http.Header) (*Conn, error) {
+	ws, err := nostr.NewConnection(ctx, url, header, nil)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", url, err)
 	}
@@ -67,7 +77,11 @@ func (c *Conn) Read(ctx context.Context) (env nostr.Envelope, raw string, err er
 	if strings.HasPrefix(raw, `["NEG-`) {
 		return nip77.ParseNegMessage(raw), raw, nil
 	}
-	return nostr.ParseMessage(raw), raw, nil
+	env = nostr.ParseMessage(raw)
+	if a, ok := env.(*nostr.AuthEnvelope); ok && a.Challenge != nil {
+		c.challenge = *a.Challenge
+	}
+	return env, raw, nil
 }
 
 // Close closes the connection with a normal websocket close.

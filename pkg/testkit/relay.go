@@ -57,6 +57,10 @@ type Relay struct {
 	// the relay's policies.
 	Store eventstore.Store
 
+	// saved run after each event the relay stores (not on duplicates),
+	// with the storing call's context; set before the relay serves.
+	saved []func(context.Context, *nostr.Event)
+
 	srv       *http.Server
 	gate      gate
 	conns     sync.Map // hijacked websocket connections: net.Conn -> struct{}
@@ -66,6 +70,15 @@ type Relay struct {
 // StartRelay starts a relay as configured by opts. It is stopped, and its
 // store closed, when the test ends.
 func StartRelay(t testing.TB, opts RelayOptions) *Relay {
+	t.Helper()
+	return startRelay(t, opts, nil)
+}
+
+// startRelay is StartRelay with a hook: configure (if not nil) runs once the
+// relay's URLs are known and before it serves its first connection, so
+// variants (StartGraspRelay) can add khatru hooks without racing with
+// requests.
+func startRelay(t testing.TB, opts RelayOptions, configure func(*Relay)) *Relay {
 	t.Helper()
 	maxLimit := opts.MaxLimit
 	if maxLimit <= 0 {
@@ -94,8 +107,10 @@ func StartRelay(t testing.TB, opts RelayOptions) *Relay {
 	rl.Info.Name = "testkit relay"
 	// khatru notifies listeners without its lock; these hooks broadcast
 	// under it instead (see pkg/khatrulock).
-	rl.StoreEvent = append(rl.StoreEvent, khatrulock.SaveThenBroadcast(rl, r.guard(db.SaveEvent)))
-	rl.ReplaceEvent = append(rl.ReplaceEvent, khatrulock.SaveThenBroadcast(rl, r.guard(db.ReplaceEvent)))
+	// They also end khatru's own path (so its OnEventSaved never runs):
+	// r.afterSave stands in for it.
+	rl.StoreEvent = append(rl.StoreEvent, khatrulock.SaveThenBroadcast(rl, r.guard(db.SaveEvent), r.afterSave))
+	rl.ReplaceEvent = append(rl.ReplaceEvent, khatrulock.SaveThenBroadcast(rl, r.guard(db.ReplaceEvent), r.afterSave))
 	rl.DeleteEvent = append(rl.DeleteEvent, r.guard(func(ctx context.Context, evt *nostr.Event) error {
 		return badgerlock.Delete(ctx, db, evt) // badger's delete path races across stores
 	}))
@@ -136,6 +151,9 @@ func StartRelay(t testing.TB, opts RelayOptions) *Relay {
 	r.URL = "ws://" + addr
 	r.HTTPURL = "http://" + addr
 	rl.ServiceURL = r.HTTPURL
+	if configure != nil {
+		configure(r)
+	}
 	go func() { _ = r.srv.Serve(ln) }()
 	t.Cleanup(r.Close)
 	return r
@@ -188,6 +206,13 @@ func (r *Relay) Has(ctx context.Context, id string) (bool, error) {
 		}
 	}
 	return found, nil
+}
+
+// afterSave runs the saved hooks.
+func (r *Relay) afterSave(ctx context.Context, evt *nostr.Event) {
+	for _, fn := range r.saved {
+		fn(ctx, evt)
+	}
 }
 
 var errRelayClosed = errors.New("testkit: relay closed")

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -60,5 +61,52 @@ func TestIncompleteBatchIsNotConfirmedAndRetried(t *testing.T) {
 	}
 	if st := h.m.Snapshot(h.relay(relayA), h.now); st.GetIncompleteBatches() != 0 || st.GetLastIncomplete() != "" {
 		t.Errorf("incomplete record kept after a full sync: %d %q", st.GetIncompleteBatches(), st.GetLastIncomplete())
+	}
+}
+
+// A layer-1 batch that keeps coming back INCOMPLETE (announcements crowding
+// one second beyond a relay's cap, on a relay without NIP-77: nothing can
+// read them) is retried after FailureRetry, then after twice that, and so
+// on up to FailureRetryMax, not every FailureRetry forever: each retry
+// rereads every announcement on the relay. A full sync starts the count
+// again.
+func TestRepeatedFailuresBackOff(t *testing.T) {
+	rules := testRules()
+	rules.FailureRetry, rules.FailureRetryMax = time.Minute, 5*time.Minute
+	h := newHarness(t, rules, 1)
+	h.repo("r1", []string{relayA}, "x")
+	h.recompute()
+	cmds := h.connect(relayA, "s1")
+	layer1 := func(cmds []string) string {
+		for _, c := range cmds {
+			if f := strings.Fields(c); len(f) > 4 && f[0] == "add" && f[4] == "L1" {
+				return f[3]
+			}
+		}
+		return ""
+	}
+	batch := layer1(cmds)
+	if batch == "" {
+		t.Fatalf("no layer-1 batch on connect: %q", cmds)
+	}
+	incomplete := &graspv1.BatchDone{Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_INCOMPLETE,
+		Method: graspv1.SyncMethod_SYNC_METHOD_REQ, Error: "history incomplete", IncompleteSlices: 1}
+	var waits []time.Duration
+	for range 5 {
+		incomplete.BatchId = batch
+		h.report(relayA, "s1", incomplete)
+		failedAt := h.now
+		batch = ""
+		for step := 0; batch == "" && step < 20; step++ {
+			batch = layer1(h.advance(30 * time.Second))
+		}
+		if batch == "" {
+			t.Fatalf("layer 1 not retried within 10 minutes of failure %d", len(waits)+1)
+		}
+		waits = append(waits, h.now.Sub(failedAt))
+	}
+	want := []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute, 5 * time.Minute}
+	if !slices.Equal(waits, want) {
+		t.Fatalf("waits before each retry %v, want %v", waits, want)
 	}
 }

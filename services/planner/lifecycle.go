@@ -262,7 +262,7 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 	switch {
 	case !ok:
 		s.Failures++
-		s.HoldUntil = now.Add(m.rules.FailureRetry)
+		s.HoldUntil = now.Add(m.rules.failureHold(s.Failures))
 		if b.Kind == BatchItems && len(b.Items) > 0 {
 			// Its items leave the live set, so their live subscriptions
 			// must close at the fetcher too: the retry after the hold

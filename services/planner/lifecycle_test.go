@@ -512,7 +512,7 @@ func TestFailedBatchesLeaveNoLiveSubscriptions(t *testing.T) {
 		if open[x] != 0 || open[y] != 1 || open["L1"] != 1 {
 			t.Fatalf("round %d, after the failure: open %v, want layer 1 and y once, x closed", round, open)
 		}
-		h.now = h.now.Add(h.m.rules.FailureRetry)
+		h.now = h.now.Add(h.m.rules.failureHold(h.relay(relayA).Failures))
 		h.m.Tick(h.now)
 		follow()
 		if open[x] != 1 || open[y] != 1 || open["L1"] != 1 {

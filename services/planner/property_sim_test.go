@@ -500,7 +500,14 @@ func (s *sim) quiesce() {
 		}
 		s.deliverReports()
 		s.advance(6 * time.Minute)
-		if !busy && len(s.reports) == 0 && round > 2 {
+		held := false // a relay backing off after failures retries later
+		for _, st := range s.m.Relays() {
+			held = held || s.now.Before(st.HoldUntil)
+		}
+		for _, r := range s.relays {
+			busy = busy || len(r.batches) > 0 // sent by the Tick of advance
+		}
+		if !busy && !held && len(s.reports) == 0 && round > 2 {
 			return
 		}
 	}

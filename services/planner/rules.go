@@ -44,8 +44,16 @@ type Rules struct {
 	// is sent as ReplaceLive plus live-only AddFilters.
 	MaxFiltersPerCommand int `envconfig:"PLANNER_MAX_FILTERS_PER_COMMAND" default:"50"`
 	// FailureRetry is how long a relay waits after a failed batch before
-	// its items are tried again.
+	// its items are tried again. Each further failure before the relay is
+	// fully synced doubles the wait, up to FailureRetryMax: a batch that
+	// fails for good (a crowded second a relay without NIP-77 cannot
+	// serve completely) must not reread a whole layer every few minutes
+	// (docs/decisions.md, "Failed batches back off").
 	FailureRetry time.Duration `envconfig:"PLANNER_FAILURE_RETRY" default:"5m"`
+	// FailureRetryMax bounds the doubled wait after repeated failures; it
+	// is also the longest a newly listed repository waits on a relay
+	// that keeps failing.
+	FailureRetryMax time.Duration `envconfig:"PLANNER_FAILURE_RETRY_MAX" default:"1h"`
 	// Heartbeat re-sends EnsureConnected to every relay this often, so a
 	// relay whose fetcher died (and whose shard moved) is reconnected and a
 	// session that ended unreported is noticed. 0 disables it.
@@ -95,3 +103,17 @@ func (nopObserver) BatchAbandoned(string, BatchKind)                     {}
 func (nopObserver) BatchIncomplete(string, BatchKind)                    {}
 func (nopObserver) Consolidated(string)                                  {}
 func (nopObserver) Reconnected(string, ReconnectKind)                    {}
+
+// failureHold is the wait after the nth failed batch since the relay was
+// last fully synced: FailureRetry, doubled for each failure before, at
+// most FailureRetryMax (when that is set and not below FailureRetry).
+func (r Rules) failureHold(n int) time.Duration {
+	d := r.FailureRetry
+	for i := 1; i < n && d < r.FailureRetryMax; i++ {
+		d *= 2
+	}
+	if r.FailureRetryMax >= r.FailureRetry && d > r.FailureRetryMax {
+		d = r.FailureRetryMax
+	}
+	return d
+}

@@ -5,7 +5,6 @@ package graspdtest
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"sync"
 	"testing"
@@ -21,7 +20,9 @@ const StopTimeout = 20 * time.Second
 
 // Start loads graspd's configuration from the environment (set it with
 // t.Setenv first), starts graspd and runs it until the test ends. log may
-// be nil (errors only, discarded). stop ends it earlier; it is idempotent
+// be nil: graspd then logs at info level into a bounded buffer that is
+// printed only if the test fails, so a flaky failure carries its own
+// evidence. stop ends it earlier; it is idempotent
 // and also runs at cleanup, failing the test if Run returned an error or
 // did not return within StopTimeout.
 func Start(t testing.TB, log *slog.Logger) (app *graspd.App, stop func()) {
@@ -31,7 +32,13 @@ func Start(t testing.TB, log *slog.Logger) (app *graspd.App, stop func()) {
 		t.Fatalf("graspd config: %v", err)
 	}
 	if log == nil {
-		log = obs.NewLogger(io.Discard, "error")
+		buf := &tailBuffer{max: 1 << 20}
+		log = obs.NewLogger(buf, "info")
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("graspd log (last %d bytes):\n%s", buf.max, buf.String())
+			}
+		})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	app, err = graspd.Start(ctx, cfg, log)
@@ -58,4 +65,28 @@ func Start(t testing.TB, log *slog.Logger) (app *graspd.App, stop func()) {
 	}
 	t.Cleanup(stop)
 	return app, stop
+}
+
+// tailBuffer keeps the last max bytes written to it (whole writes; one
+// slog record is one write).
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - b.max; over > 0 {
+		b.buf = append(b.buf[:0], b.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
 }
