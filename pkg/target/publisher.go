@@ -18,7 +18,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
-	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+	"github.com/grasp-sync/grasp-sync/pkg/targetstatus"
 )
 
 // ErrUnavailable marks a publish that did not get a definitive answer for
@@ -487,7 +487,7 @@ func (p *Publisher) Close() {
 }
 
 // Status is how publishing stands, for the status page and graspctl.
-func (p *Publisher) Status() syncstatus.Target {
+func (p *Publisher) Status() targetstatus.Status {
 	p.mu.Lock()
 	now := p.clk.Now()
 	connected := p.conn != nil && p.conn.Context().Err() == nil
@@ -498,7 +498,7 @@ func (p *Publisher) Status() syncstatus.Target {
 	last := p.lastRefuse
 	rate := p.rate.perSecond(now)
 	p.mu.Unlock()
-	t := syncstatus.Target{
+	t := targetstatus.Status{
 		URL: p.cfg.Relay, Connected: connected,
 		Rate: p.cfg.PublishRate, Burst: p.cfg.PublishBurst, Concurrency: p.cfg.PublishConcurrency,
 		Written: p.m.count("ok"), Duplicates: p.m.count("duplicate"), Refused: p.m.count("refused"), RateLimited: p.m.count("rate_limited"),

@@ -110,7 +110,7 @@ func (d *Discovery) Ready() error {
 // index, until ctx is done.
 func (d *Discovery) Run(ctx context.Context) error {
 	if d.cfg.RelayURL == "" {
-		return errors.New("discovery: no relay URL (GRASP_DISCOVERY_RELAY_URL)")
+		return errors.New("discovery: no relay URL (GRASP_DISCOVERY_RELAY_URL, or GRASP_TARGET_RELAY in bolt-on mode)")
 	}
 	kv, err := d.bus.JS.KeyValue(ctx, d.bus.Names.RepoIndexBucket())
 	if err != nil {

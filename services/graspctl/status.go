@@ -13,11 +13,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+	"github.com/grasp-sync/grasp-sync/pkg/targetstatus"
 )
 
 // StatusOptions are graspctl status's flags.
@@ -210,7 +211,7 @@ func Repos(ctx context.Context, b *bus.Bus, relay string, asJSON bool, out io.Wr
 // TargetStatus reads the grasp_target_* series from graspd's (or the
 // ingester's) /metrics: ok is false when the process is not in bolt-on
 // mode.
-func TargetStatus(ctx context.Context, metricsURL string) (t syncstatus.Target, ok bool, err error) {
+func TargetStatus(ctx context.Context, metricsURL string) (t targetstatus.Status, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL, nil)
@@ -225,7 +226,7 @@ func TargetStatus(ctx context.Context, metricsURL string) (t syncstatus.Target, 
 	if resp.StatusCode != http.StatusOK {
 		return t, false, fmt.Errorf("scrape %s: %s", metricsURL, resp.Status)
 	}
-	return syncstatus.ParseTargetMetrics(resp.Body)
+	return targetstatus.ParseMetrics(resp.Body)
 }
 
 // EventExplanation is graspctl explain's answer for one event id: where it
@@ -258,13 +259,25 @@ const targetRefusal = "target: "
 // relay (with its reason) or by our policy.
 func ExplainEvent(ctx context.Context, b *bus.Bus, id string, opts ExplainOptions, out io.Writer) error {
 	ex := EventExplanation{ID: id, Relay: opts.RelayURL}
-	kv, err := rejected.Open(ctx, b)
+	// The bucket is read here, not through pkg/rejected: graspctl only
+	// reads (deploy/validate grants read rights to graspctl's own code).
+	kv, err := b.JS.KeyValue(ctx, b.Names.RejectedBucket())
 	if err != nil {
-		return err
+		return fmt.Errorf("open %s: %w", b.Names.RejectedBucket(), err)
 	}
-	reason, found, err := rejected.Reason(ctx, kv, id)
-	if err != nil {
-		return err
+	reason, found := "", false
+	switch e, err := kv.Get(ctx, id); {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+	case err != nil:
+		return fmt.Errorf("read %s %s: %w", b.Names.RejectedBucket(), id, err)
+	default:
+		var rec struct {
+			Reason string `json:"reason"`
+		}
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return fmt.Errorf("decode %s %s: %w", b.Names.RejectedBucket(), id, err)
+		}
+		reason, found = rec.Reason, true
 	}
 	if found {
 		ex.RefusedBy, ex.Reason = "policy", reason

@@ -11,6 +11,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+	"github.com/grasp-sync/grasp-sync/pkg/targetstatus"
 )
 
 // statusRefreshSeconds is how often the status page reloads itself: live
@@ -34,7 +35,7 @@ type StatusPage struct {
 	Progress                     syncstatus.Progress
 	// Target is set in bolt-on mode: how publishing to the target relay
 	// stands (backlog, expected time, refusals).
-	Target *syncstatus.Target
+	Target *targetstatus.Status
 	// Error is set when the sync state could not be read (NATS down, buckets
 	// missing): the page still renders and says so.
 	Error string
@@ -105,7 +106,7 @@ type StatusHandler struct {
 	Bus *bus.Bus
 	Log *slog.Logger
 	// Target, when set, adds the target relay's section (bolt-on mode).
-	Target func() syncstatus.Target
+	Target func() targetstatus.Status
 }
 
 // ServeHTTP renders the page.

@@ -1,4 +1,9 @@
-package syncstatus
+// Package targetstatus is how writing to the target relay stands in bolt-on
+// mode (pkg/target), in a package of its own without dependencies, so that
+// graspctl can read it from the metrics without linking the publisher and
+// the event store, and the ingester does not import pkg/syncstatus (whose
+// bucket reads deploy/validate would grant it).
+package targetstatus
 
 import (
 	"bufio"
@@ -10,11 +15,11 @@ import (
 	"time"
 )
 
-// Target is how writing to the target relay stands in bolt-on mode
-// (pkg/target): what graspctl status and the status page show beside the
-// remote relays. The publisher fills it in process; graspctl reads the same
-// numbers from the grasp_target_* metrics (ParseTargetMetrics).
-type Target struct {
+// Status is how writing to the target relay stands: what graspctl status
+// and the status page show beside the remote relays. The publisher fills it
+// in process; graspctl reads the same numbers from the grasp_target_*
+// metrics (ParseMetrics).
+type Status struct {
 	// URL is the target relay (GRASP_TARGET_RELAY).
 	URL       string `json:"url"`
 	Connected bool   `json:"connected"`
@@ -45,7 +50,7 @@ type Target struct {
 }
 
 // String is the one-line summary graspctl status prints.
-func (t Target) String() string {
+func (t Status) String() string {
 	conn := "connected"
 	if !t.Connected {
 		conn = "not connected"
@@ -64,9 +69,9 @@ func (t Target) String() string {
 	return s
 }
 
-// ParseTargetMetrics reads the grasp_target_* series of a Prometheus text
-// page into a Target; ok is false when the page has none (not bolt-on).
-func ParseTargetMetrics(r io.Reader) (t Target, ok bool, err error) {
+// ParseMetrics reads the grasp_target_* series of a Prometheus text page
+// into a Status; ok is false when the page has none (not bolt-on).
+func ParseMetrics(r io.Reader) (t Status, ok bool, err error) {
 	sc := bufio.NewScanner(io.LimitReader(r, 16<<20))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
