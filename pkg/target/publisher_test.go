@@ -269,3 +269,33 @@ func TestDependenciesWithinBatch(t *testing.T) {
 		t.Fatalf("dependencies %v", deps)
 	}
 }
+
+// An event whose batch-mate it references could not be published now is
+// held with it, not sent ahead (where a strict target would refuse it).
+func TestDependentHeldWithItsRoot(t *testing.T) {
+	ctx := testCtx(t)
+	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	k := testkit.NewKey()
+	ref := testkit.RepoRef(k.PubKey, "r")
+	issue := k.Issue(ref, "root")
+	comment := k.Comment(issue, issue, "on it")
+	r.Khatru.RejectEvent = append(r.Khatru.RejectEvent, func(_ context.Context, e *nostr.Event) (bool, string) {
+		if e.ID == issue.ID {
+			return true, "rate-limited: slow down"
+		}
+		return false, ""
+	})
+	mirror, err := store.Open(filepath.Join(t.TempDir(), "mirror"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mirror.Close() })
+	p, _ := newPublisher(t, Settings{Relay: r.URL, PublishConcurrency: 4})
+	res := (&Store{Mirror: mirror, Pub: p}).SaveBatch(ctx, []*nostr.Event{issue, comment})
+	if !errors.Is(res[0].Err, ErrUnavailable) || !errors.Is(res[1].Err, ErrUnavailable) {
+		t.Fatalf("results %+v: want both held (ErrUnavailable)", res)
+	}
+	if has(t, r, comment.ID) {
+		t.Fatal("the comment was sent ahead of its root")
+	}
+}

@@ -73,6 +73,12 @@ func (s *Store) SaveBatch(ctx context.Context, evts []*nostr.Event) []store.Save
 					out[n].Err = ctx.Err()
 					return
 				}
+				if !took[d] && errors.Is(out[d].Err, ErrUnavailable) {
+					// Sent now it would overtake what it references:
+					// held with it.
+					out[n].Err = fmt.Errorf("%w: waits for %s, which the target has not taken yet", ErrUnavailable, evts[d].ID)
+					return
+				}
 			}
 			if _, err := s.Pub.Publish(ctx, e); err != nil {
 				out[n].Err = err
