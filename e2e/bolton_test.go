@@ -12,6 +12,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
@@ -272,4 +273,109 @@ func TestBoltOnRestartMidSync(t *testing.T) {
 	stop()
 	StartGraspd(t, env, nil, "")
 	onTarget(t, target, 60*time.Second, evts...)
+}
+
+// graspWorld is one repository's history spread over two remotes: issues
+// with comments and replies, and a patch with a comment.
+func graspWorld(owner, contributor testkit.Key, repo string, issues int) []*nostr.Event {
+	var evts []*nostr.Event
+	for i := range issues {
+		issue := contributor.Issue(repo, "issue "+string(rune('a'+i)))
+		comment := owner.Comment(issue, issue, "seen")
+		evts = append(evts, issue, comment, contributor.Comment(issue, comment, "thanks"))
+	}
+	patch := contributor.Patch(repo)
+	return append(evts, patch, owner.Comment(patch, patch, "merged"))
+}
+
+// Into a stand-in for stock ngit-relay (its own GRASP policy without
+// forward references, 15 events per address then 3 every 3 minutes, NIP-77
+// on and off): history from two remotes and live events all arrive, in an
+// order the target accepts (no refusal but rate limits), no message is
+// dead-lettered, and while the target holds us back the backlog and the
+// time to go are in the metrics.
+func TestBoltOnGraspRelay(t *testing.T) {
+	for _, nip77 := range []bool{true, false} {
+		name := "nip77-off"
+		if nip77 {
+			name = "nip77-on"
+		}
+		t.Run(name, func(t *testing.T) { boltOnGraspRelay(t, nip77) })
+	}
+}
+
+func boltOnGraspRelay(t *testing.T, nip77 bool) {
+	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+	target := testkit.StartGraspRelay(t, testkit.GraspOptions{Relay: testkit.RelayOptions{Negentropy: nip77}, Clock: clk})
+	r1 := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	r2 := testkit.StartRelay(t, testkit.RelayOptions{})
+	app := startBoltOn(t, target.URL, Env{
+		// Our own pace is not the limit here: the target's answers are.
+		"GRASP_TARGET_PUBLISH_RATE":   "50",
+		"GRASP_TARGET_PUBLISH_BURST":  "50",
+		"GRASP_INGESTER_LAG_INTERVAL": "200ms",
+		"GRASP_INGESTER_MAX_DELIVER":  "3",
+		"GRASP_TARGET_BACKOFF_MAX":    "1s",
+	})
+	owner, contributor := testkit.NewKey(), testkit.NewKey()
+	ann := ourAnnouncement(owner, app, "ngit", []string{r1.URL, r2.URL}, nil)
+	repo := testkit.RepoRef(owner.PubKey, "ngit")
+	history := graspWorld(owner, contributor, repo, 8)
+	r1.Add(t, ann)
+	r1.Add(t, history[:16]...)
+	r2.Add(t, ann)
+	r2.Add(t, history[12:]...)
+	before1, before2 := eventCount(t, r1), eventCount(t, r2)
+	announce(t, app, ann)
+
+	// The target's clock: 3 more events every 3 minutes, a period every
+	// 250 ms here.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var backlogSeen, etaSeen atomic.Bool
+	go func() {
+		for ctx.Err() == nil {
+			time.Sleep(250 * time.Millisecond)
+			clk.Advance(3 * time.Minute)
+			if m, err := Metrics(ctx, app); err == nil {
+				if MetricSum(m, "grasp_target_backlog_events") > 0 {
+					backlogSeen.Store(true)
+				}
+				if MetricSum(m, "grasp_target_eta_seconds") > 0 {
+					etaSeen.Store(true)
+				}
+			}
+		}
+	}()
+	onTarget(t, target.Relay, 90*time.Second, history...)
+	live := contributor.Issue(repo, "live")
+	liveComment := owner.Comment(live, live, "on it")
+	mustPublish(t, r2, live, liveComment)
+	onTarget(t, target.Relay, 30*time.Second, live, liveComment)
+	cancel()
+
+	st := target.Stats()
+	if len(st.Refused) != 0 {
+		t.Fatalf("the target refused %v: the sidecar broke its order", st.Refused)
+	}
+	if st.RateLimited == 0 {
+		t.Fatal("the target never rate-limited us: the scenario does not test its limit")
+	}
+	m, err := Metrics(context.Background(), app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := MetricSum(m, "grasp_ingester_dead_lettered_total"); d != 0 {
+		t.Fatalf("%v messages dead-lettered while the target held us back", d)
+	}
+	if MetricSum(m, "grasp_target_answers_total", `answer="rate_limited"`) == 0 {
+		t.Fatal("the rate-limited answers are not in the metrics")
+	}
+	if !backlogSeen.Load() || !etaSeen.Load() {
+		t.Fatalf("backlog seen %v, time to go seen %v: want both while the target held us back", backlogSeen.Load(), etaSeen.Load())
+	}
+	if a, b := eventCount(t, r1), eventCount(t, r2); a != before1 || b != before2+2 {
+		t.Fatalf("remotes hold %d and %d events, want %d and %d", a, b, before1, before2+2)
+	}
+	t.Logf("target: %d accepted, %d duplicates, %d rate-limited answers", st.Accepted, st.Duplicates, st.RateLimited)
 }
