@@ -163,6 +163,21 @@ func (p *Publisher) publishOnce(ctx context.Context, evt *nostr.Event) (Outcome,
 	if err != nil {
 		return 0, err
 	}
+	// An AUTH being answered (the target challenged at connect): send the
+	// EVENT after it, so the target sees it authenticated rather than
+	// refusing it "auth-required:" (which costs a token of its limit).
+	p.mu.Lock()
+	authing, authed := p.authing, p.authed
+	p.mu.Unlock()
+	if authing {
+		select {
+		case <-authed:
+		case <-conn.Context().Done():
+		case <-p.clk.After(p.cfg.Timeout):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
 	ch := make(chan answer, 1)
 	p.mu.Lock()
 	p.waiters[evt.ID] = append(p.waiters[evt.ID], ch)
