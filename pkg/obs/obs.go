@@ -64,6 +64,7 @@ type Server struct {
 
 	mu     sync.Mutex
 	checks map[string]func() error
+	root   http.Handler
 	ln     net.Listener
 	srv    *http.Server
 }
@@ -79,6 +80,14 @@ func (s *Server) AddReadiness(name string, check func() error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.checks[name] = check
+}
+
+// SetRoot serves h for every path other than /metrics, /healthz and
+// /readyz (graspd's status page when it runs no relay of its own).
+func (s *Server) SetRoot(h http.Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.root = h
 }
 
 // Ready runs every readiness check and returns the failures.
@@ -107,6 +116,16 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		root := s.root
+		s.mu.Unlock()
+		if root == nil {
+			http.NotFound(w, r)
+			return
+		}
+		root.ServeHTTP(w, r)
 	})
 	return mux
 }

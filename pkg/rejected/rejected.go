@@ -49,6 +49,23 @@ func Add(ctx context.Context, kv jetstream.KeyValue, evt *nostr.Event, reason st
 	return nil
 }
 
+// Reason returns why the event id was refused, found false when it is not
+// recorded (graspctl explain).
+func Reason(ctx context.Context, kv jetstream.KeyValue, id string) (reason string, found bool, err error) {
+	e, err := kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("read rejected %s: %w", id, err)
+	}
+	var en entry
+	if err := json.Unmarshal(e.Value(), &en); err != nil {
+		return "", false, fmt.Errorf("decode rejected %s: %w", id, err)
+	}
+	return en.Reason, true, nil
+}
+
 // Open returns the bucket (created by bus.Setup).
 func Open(ctx context.Context, b *bus.Bus) (jetstream.KeyValue, error) {
 	kv, err := b.JS.KeyValue(ctx, b.Names.RejectedBucket())

@@ -2,6 +2,7 @@ package syncstatus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -88,6 +89,10 @@ func (ex *Explanation) AddAnnouncement(verdicts []URLVerdict) {
 	}
 }
 
+// ErrNotHeld is FetchEvent's error when the relay answered that it does
+// not hold the event (as opposed to not answering).
+var ErrNotHeld = errors.New("not held")
+
 // FetchEvent reads one event by id from a relay (normally this service's
 // own relay, where every hosted announcement is stored).
 func FetchEvent(ctx context.Context, relayURL, id string) (*nostr.Event, error) {
@@ -110,7 +115,7 @@ func FetchEvent(ctx context.Context, relayURL, id string) (*nostr.Event, error) 
 				return evt, nil
 			}
 		case <-sub.EOSE():
-			return nil, fmt.Errorf("%s does not have event %s", relayURL, id)
+			return nil, fmt.Errorf("%s does not have event %s: %w", relayURL, id, ErrNotHeld)
 		case reason := <-sub.Closed():
 			return nil, fmt.Errorf("%s closed the query: %s", relayURL, reason)
 		case <-ctx.Done():

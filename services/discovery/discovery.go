@@ -50,6 +50,9 @@ type Discovery struct {
 	// storedQueue bounds the stored feed (DefaultStoredQueue; tests lower
 	// it).
 	storedQueue int
+	// seen receives what the self-subscription reads (WithSeen); nil when
+	// nobody asked.
+	seen func(context.Context, []*nostr.Event)
 
 	// state is what Ready reports: one of the state* constants.
 	state atomic.Int32
@@ -107,7 +110,7 @@ func (d *Discovery) Ready() error {
 // index, until ctx is done.
 func (d *Discovery) Run(ctx context.Context) error {
 	if d.cfg.RelayURL == "" {
-		return errors.New("discovery: no relay URL (GRASP_DISCOVERY_RELAY_URL)")
+		return errors.New("discovery: no relay URL (GRASP_DISCOVERY_RELAY_URL, or GRASP_TARGET_RELAY in bolt-on mode)")
 	}
 	kv, err := d.bus.JS.KeyValue(ctx, d.bus.Names.RepoIndexBucket())
 	if err != nil {
@@ -366,6 +369,7 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 	for {
 		select {
 		case evts := <-pages:
+			d.see(ctx, evts)
 			for _, e := range evts {
 				d.apply(t, e)
 			}
@@ -390,6 +394,7 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 			d.flush(ctx, t)
 			d.state.Store(stateConnected) // live and caught up: ready
 		case evt := <-sub.Events():
+			d.see(ctx, []*nostr.Event{evt})
 			if d.apply(t, evt) {
 				d.changed(t)
 			}
@@ -423,6 +428,23 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 		case <-ctx.Done():
 			return lostNow(), historyDone, ctx.Err()
 		}
+	}
+}
+
+// WithSeen makes discovery hand every event its self-subscription reads
+// (history pages and live events) to fn before folding them in: in bolt-on
+// mode graspd mirrors them, so the write policy and the fetcher's NIP-77
+// local set know what others wrote to the target (docs/decisions.md). fn
+// runs on discovery's loop: it must be quick and must not fail it. Call
+// before Run.
+func (d *Discovery) WithSeen(fn func(ctx context.Context, evts []*nostr.Event)) *Discovery {
+	d.seen = fn
+	return d
+}
+
+func (d *Discovery) see(ctx context.Context, evts []*nostr.Event) {
+	if d.seen != nil && len(evts) > 0 {
+		d.seen(ctx, evts)
 	}
 }
 

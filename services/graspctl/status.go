@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,10 +13,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+	"github.com/grasp-sync/grasp-sync/pkg/targetstatus"
 )
 
 // StatusOptions are graspctl status's flags.
@@ -150,6 +153,12 @@ func Status(ctx context.Context, b *bus.Bus, opts StatusOptions, out io.Writer) 
 			}
 			if serr != nil {
 				fmt.Fprintf(out, "(events stored unknown: %v)\n", serr)
+			} else if opts.MetricsURL != "" {
+				// Bolt-on mode: how writing to the target stands, with
+				// the backlog and the time it should take.
+				if t, ok, err := TargetStatus(ctx, opts.MetricsURL); err == nil && ok {
+					fmt.Fprintln(out, t.String())
+				}
 			}
 			prevStored, prev = stored, snap.Taken
 		}
@@ -197,6 +206,118 @@ func Repos(ctx context.Context, b *bus.Bus, relay string, asJSON bool, out io.Wr
 		fmt.Fprintf(tw, "%s\t%d\t%s\n", r.Ref, r.Roots, strings.Join(r.Relays, ","))
 	}
 	return tw.Flush()
+}
+
+// TargetStatus reads the grasp_target_* series from graspd's (or the
+// ingester's) /metrics: ok is false when the process is not in bolt-on
+// mode.
+func TargetStatus(ctx context.Context, metricsURL string) (t targetstatus.Status, ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL, nil)
+	if err != nil {
+		return t, false, fmt.Errorf("metrics URL %q: %w", metricsURL, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return t, false, fmt.Errorf("scrape %s: %w", metricsURL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return t, false, fmt.Errorf("scrape %s: %s", metricsURL, resp.Status)
+	}
+	return targetstatus.ParseMetrics(resp.Body)
+}
+
+// EventExplanation is graspctl explain's answer for one event id: where it
+// went and what was answered.
+type EventExplanation struct {
+	ID string `json:"id"`
+	// Relay is the relay asked whether it holds the event (--relay-url:
+	// the own relay, or the target in bolt-on mode); Held its answer.
+	Relay string `json:"relay,omitempty"`
+	Held  bool   `json:"held"`
+	// Kind and CreatedAt describe the held event.
+	Kind      int   `json:"kind,omitempty"`
+	CreatedAt int64 `json:"created_at,omitempty"`
+	// RefusedBy is "target" (the target relay refused it, bolt-on mode) or
+	// "policy" (our write policy), with Reason; empty when no refusal is
+	// recorded.
+	RefusedBy string `json:"refused_by,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	// RelayError is why the relay could not be asked.
+	RelayError string `json:"relay_error,omitempty"`
+}
+
+// targetRefusal is the prefix the ingester records target refusals under
+// (services/ingester.TargetRefusalPrefix; not imported, graspctl does not
+// depend on the services).
+const targetRefusal = "target: "
+
+// ExplainEvent prints where one event (64 hex id) went: whether the relay
+// at opts.RelayURL holds it and any refusal recorded for it, by the target
+// relay (with its reason) or by our policy.
+func ExplainEvent(ctx context.Context, b *bus.Bus, id string, opts ExplainOptions, out io.Writer) error {
+	ex := EventExplanation{ID: id, Relay: opts.RelayURL}
+	// The bucket is read here, not through pkg/rejected: graspctl only
+	// reads (deploy/validate grants read rights to graspctl's own code).
+	kv, err := b.JS.KeyValue(ctx, b.Names.RejectedBucket())
+	if err != nil {
+		return fmt.Errorf("open %s: %w", b.Names.RejectedBucket(), err)
+	}
+	reason, found := "", false
+	switch e, err := kv.Get(ctx, id); {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+	case err != nil:
+		return fmt.Errorf("read %s %s: %w", b.Names.RejectedBucket(), id, err)
+	default:
+		var rec struct {
+			Reason string `json:"reason"`
+		}
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return fmt.Errorf("decode %s %s: %w", b.Names.RejectedBucket(), id, err)
+		}
+		reason, found = rec.Reason, true
+	}
+	if found {
+		ex.RefusedBy, ex.Reason = "policy", reason
+		if r, ok := strings.CutPrefix(reason, targetRefusal); ok {
+			ex.RefusedBy, ex.Reason = "target", r
+		}
+	}
+	if opts.RelayURL != "" {
+		evt, err := syncstatus.FetchEvent(ctx, opts.RelayURL, id)
+		switch {
+		case err == nil:
+			ex.Held, ex.Kind, ex.CreatedAt = true, evt.Kind, int64(evt.CreatedAt)
+		case !errors.Is(err, syncstatus.ErrNotHeld):
+			ex.RelayError = err.Error()
+		}
+	}
+	if opts.JSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ex)
+	}
+	fmt.Fprintf(out, "event %s\n", id)
+	switch {
+	case ex.Relay == "":
+	case ex.RelayError != "":
+		fmt.Fprintf(out, "  %s not asked: %s\n", ex.Relay, ex.RelayError)
+	case ex.Held:
+		fmt.Fprintf(out, "  held by %s (kind %d, created_at %d)\n", ex.Relay, ex.Kind, ex.CreatedAt)
+	default:
+		fmt.Fprintf(out, "  not held by %s\n", ex.Relay)
+	}
+	switch ex.RefusedBy {
+	case "target":
+		fmt.Fprintf(out, "  refused by the target relay: %s (not retried; fetchers count it as held)\n", ex.Reason)
+	case "policy":
+		fmt.Fprintf(out, "  refused by our write policy: %s\n", ex.Reason)
+	default:
+		fmt.Fprintln(out, "  no refusal recorded")
+	}
+	return nil
 }
 
 // ExplainOptions are graspctl explain's flags.

@@ -135,17 +135,32 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 		}
 	}()
 
-	ln, err := net.Listen("tcp", c.Relay.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("GRASP_RELAY_ADDR=%s: cannot listen: %w", c.Relay.Addr, unwrapSyscall(err))
-	}
-	a.relayLn = ln
-	if c.Relay.PublicURL == "" || c.Relay.PublicURL == "ws://"+c.Relay.Addr {
-		// With port 0 the real address is known only now.
-		a.cfg.Relay.PublicURL = "ws://" + ln.Addr().String()
-	}
-	if a.cfg.Discovery.RelayURL == "" {
-		a.cfg.Discovery.RelayURL = "ws://" + ln.Addr().String()
+	var err error
+	if a.BoltOn() {
+		// Bolt-on mode (docs/decisions.md): no relay of ours; discovery
+		// reads the target, the ingester publishes to it. Announcements
+		// list the target's public address, which defaults to its URL.
+		target := c.Ingester.Settings.Relay
+		if c.Relay.PublicURL == "" || c.Relay.PublicURL == "ws://"+c.Relay.Addr {
+			a.cfg.Relay.PublicURL = target
+		}
+		if a.cfg.Discovery.RelayURL == "" {
+			a.cfg.Discovery.RelayURL = target
+		}
+		a.cfg.Graspd.Services = slices.DeleteFunc(slices.Clone(c.Graspd.Services), func(s string) bool { return s == "relay" })
+	} else {
+		ln, err := net.Listen("tcp", c.Relay.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("GRASP_RELAY_ADDR=%s: cannot listen: %w", c.Relay.Addr, unwrapSyscall(err))
+		}
+		a.relayLn = ln
+		if c.Relay.PublicURL == "" || c.Relay.PublicURL == "ws://"+c.Relay.Addr {
+			// With port 0 the real address is known only now.
+			a.cfg.Relay.PublicURL = "ws://" + ln.Addr().String()
+		}
+		if a.cfg.Discovery.RelayURL == "" {
+			a.cfg.Discovery.RelayURL = "ws://" + ln.Addr().String()
+		}
 	}
 
 	a.health = obs.NewServer(a.registry)
@@ -241,8 +256,17 @@ func (a *App) connect(ctx context.Context, name string) (*bus.Bus, error) {
 	return b, nil
 }
 
-// RelayURL is the own relay's websocket URL.
-func (a *App) RelayURL() string { return "ws://" + a.relayLn.Addr().String() }
+// BoltOn reports whether graspd syncs into a target relay it did not write
+// (GRASP_TARGET_RELAY) instead of running its own.
+func (a *App) BoltOn() bool { return a.cfg.Ingester.Settings.Enabled() }
+
+// RelayURL is the own relay's websocket URL; in bolt-on mode, the target's.
+func (a *App) RelayURL() string {
+	if a.relayLn == nil {
+		return a.cfg.Ingester.Settings.Relay
+	}
+	return "ws://" + a.relayLn.Addr().String()
+}
 
 // PublicURL is the URL announcements must list.
 func (a *App) PublicURL() string { return a.cfg.Relay.PublicURL }
@@ -288,6 +312,9 @@ func (a *App) Run(parent context.Context) error {
 			g.Go(func() error { return r.Run(ctx, ln) })
 		case "discovery":
 			d := discovery.New(a.cfg.Discovery, b, a.cfg.Relay.PublicURL, func(e *nostr.Event) bool { return pol.ListsService(e) }, a.clock, log, a.registry)
+			if a.BoltOn() {
+				d.WithSeen(a.mirrorSeen)
+			}
 			a.health.AddReadiness("discovery", d.Ready)
 			g.Go(func() error { return d.Run(ctx) })
 		case "planner":
@@ -310,8 +337,18 @@ func (a *App) Run(parent context.Context) error {
 		case "ingester":
 			i := ingester.New(a.cfg.Ingester, b, a.store, a.cfg.Relay.PublicURL, log, a.registry)
 			ing.Store(i)
+			if pub := i.Target(); pub != nil {
+				// No relay of ours serves the status page: the metrics
+				// address does, with the target's section.
+				a.health.SetRoot(relay.StatusHandler{Name: a.cfg.Relay.Name, Description: a.cfg.Relay.Description,
+					PublicURL: a.cfg.Relay.PublicURL, Bus: b, Log: log, Target: pub.Status})
+			}
 			g.Go(func() error { return i.Run(ctx) })
 		}
+	}
+	if a.BoltOn() {
+		a.log.Info("bolt-on mode: no relay of our own, syncing into the target relay", "target", a.RelayURL(),
+			"status_page", "http://"+a.MetricsAddr()+"/")
 	}
 	a.log.Info("graspd running", "relay", a.RelayURL(), "public_url", a.PublicURL(),
 		"nats", a.NATSURL(), "metrics", "http://"+a.MetricsAddr()+"/metrics", "services", strings.Join(a.cfg.Graspd.Services, ","))
@@ -320,6 +357,21 @@ func (a *App) Run(parent context.Context) error {
 		return nil // asked to stop: errors on the way out are the stop itself
 	}
 	return err
+}
+
+// mirrorSeen records in the mirror what discovery's self-subscription reads
+// on the target (bolt-on mode): announcements, roots and deletions others
+// wrote there directly, so the policy sees the repositories the target
+// hosts and the fetcher does not download those events again. The target is
+// trusted for what it holds (it verified them; we configured it). Best
+// effort: an event missed here is fetched from a remote and answered
+// "duplicate" by the target instead.
+func (a *App) mirrorSeen(ctx context.Context, evts []*nostr.Event) {
+	for _, e := range evts {
+		if _, err := store.SaveAccepted(ctx, a.store, e, nil); err != nil && ctx.Err() == nil {
+			a.log.Warn("mirroring an event seen on the target failed", "id", e.ID, "kind", e.Kind, "err", err)
+		}
+	}
 }
 
 // Close releases what Start acquired.

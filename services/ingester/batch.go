@@ -138,6 +138,8 @@ func (b *batch) flush(ctx context.Context) error {
 	for n, r := range b.i.store.SaveBatch(ctx, evts) {
 		it := items[n]
 		switch {
+		case b.i.targetRefused(ctx, it.evt, it.relay, r.Err):
+			b.i.done(it, outcomeTargetRefused)
 		case errors.Is(r.Err, store.ErrUnstorable):
 			b.i.log.Debug("accepted event cannot be stored", "id", it.evt.ID, "kind", it.evt.Kind, "relay", it.relay, "err", r.Err)
 			b.i.done(it, outcomeUnstorable)

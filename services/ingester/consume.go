@@ -2,6 +2,7 @@ package ingester
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
+	"github.com/grasp-sync/grasp-sync/pkg/target"
 )
 
 // Headers the ingester reads or writes.
@@ -86,13 +88,59 @@ func fetchedAt(msg jetstream.Msg) time.Time {
 	return time.Time{}
 }
 
-// storeReachable probes the store with a lookup that finds nothing.
+// storeReachable probes the store with a lookup that finds nothing and, in
+// bolt-on mode, asks the target store whether a write would be tried now
+// (connected, not paused, a token of the publish rate at hand).
 func (i *Ingester) storeReachable(ctx context.Context) bool {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := i.store.Query(pctx, nostr.Filter{IDs: []string{probeID}, Limit: 1})
-	return err == nil
+	if _, err := i.store.Query(pctx, nostr.Filter{IDs: []string{probeID}, Limit: 1}); err != nil {
+		return false
+	}
+	if r, ok := i.store.(interface{ Reachable(context.Context) error }); ok {
+		return r.Reachable(pctx) == nil
+	}
+	return true
 }
+
+// targetUnavailable reports whether one of the items failed because the
+// target relay could not be asked now (pkg/target.ErrUnavailable): such
+// items are held like in a store outage, never counted against MaxDeliver
+// (a target that rate-limits us for hours must not dead-letter anything).
+func targetUnavailable(items []*item) bool {
+	for _, it := range items {
+		if errors.Is(it.err, target.ErrUnavailable) {
+			return true
+		}
+	}
+	return false
+}
+
+// targetRefused settles an event the target relay refused for good: the
+// refusal is logged and remembered with the target's reason in the rejected
+// bucket (fetchers then count it as held and do not fetch it again, and
+// graspctl explain shows the reason). It reports false for any other error.
+func (i *Ingester) targetRefused(ctx context.Context, evt *nostr.Event, relay string, err error) bool {
+	var re *target.RefusedError
+	if !errors.As(err, &re) {
+		return false
+	}
+	i.log.Info("target relay refused an event", "id", evt.ID, "kind", evt.Kind, "relay", relay, "target", re.Target, "reason", re.Reason)
+	if i.rejected != nil {
+		if err := rejected.Add(ctx, i.rejected, evt, TargetRefusalPrefix+re.Reason); err != nil && ctx.Err() == nil {
+			i.log.Warn("recording the target's refusal failed", "id", evt.ID, "err", err)
+		}
+	}
+	return true
+}
+
+// TargetRefusalPrefix starts the reason recorded in the rejected bucket for
+// an event the target relay refused (the target's own reason follows).
+const TargetRefusalPrefix = "target: "
+
+// outcomeTargetRefused is the refused_total reason of events the target
+// relay refused.
+const outcomeTargetRefused = "target-refused"
 
 // probeID is an id no event has (no one knows a preimage of it).
 const probeID = "0000000000000000000000000000000000000000000000000000000000000000"
@@ -184,6 +232,9 @@ func (i *Ingester) watchLag(ctx context.Context, cons jetstream.Consumer) {
 		if info, err := cons.Info(ctx); err == nil {
 			i.m.pending.Set(float64(info.NumPending))
 			i.m.ackPending.Set(float64(info.NumAckPending))
+			if i.target != nil {
+				i.target.SetBacklog(int64(info.NumPending) + int64(info.NumAckPending))
+			}
 		} else if ctx.Err() == nil {
 			i.log.Debug("consumer info failed", "consumer", i.cfg.Consumer, "err", err)
 		}

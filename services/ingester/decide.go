@@ -36,13 +36,13 @@ func (i *Ingester) settle(ctx context.Context, items []*item) {
 			}
 			return
 		}
-		if i.storeReachable(ctx) {
+		if !targetUnavailable(failed) && i.storeReachable(ctx) {
 			if len(failed) > 1 {
 				var still []*item
 				for _, it := range failed {
 					still = append(still, i.decide(ctx, []*item{it})...)
 				}
-				if failed = still; len(failed) == 0 || !i.storeReachable(ctx) {
+				if failed = still; len(failed) == 0 || targetUnavailable(failed) || !i.storeReachable(ctx) {
 					continue
 				}
 			}
@@ -53,7 +53,13 @@ func (i *Ingester) settle(ctx context.Context, items []*item) {
 		}
 		if i.outage.begin() {
 			i.m.outage.Set(1)
-			i.log.Warn("store unreachable: holding messages and backing off", "consumer", i.cfg.Consumer, "err", failed[0].err)
+			if i.target != nil {
+				// Bolt-on mode: the target is our store; waiting for its
+				// publish rate or a rate-limit pause is routine.
+				i.log.Info("target relay busy or unreachable: holding messages and backing off", "consumer", i.cfg.Consumer, "err", failed[0].err)
+			} else {
+				i.log.Warn("store unreachable: holding messages and backing off", "consumer", i.cfg.Consumer, "err", failed[0].err)
+			}
 		}
 		// Held, not nak'ed: a redelivery would count against MaxDeliver
 		// and only meet the same outage.

@@ -35,6 +35,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/pkg/target"
 	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
 )
 
@@ -82,6 +83,23 @@ type Config struct {
 	// Limits are the write policy's limits (GRASP_POLICY_*), the same the
 	// relay applies to client events.
 	policy.Limits
+	// Settings, when GRASP_TARGET_RELAY is set, make the ingester publish
+	// accepted events to that relay and keep its store as a mirror of what
+	// the target holds (bolt-on mode, pkg/target).
+	target.Settings
+}
+
+// Validate checks the bolt-on settings: among them that the wait for the
+// target's OK ends well before the message would be redelivered.
+func (c *Config) Validate() error {
+	if err := c.Settings.Validate(); err != nil {
+		return err
+	}
+	d := c.withDefaults()
+	if d.Settings.Enabled() && d.Settings.Timeout > d.AckWait/2 {
+		return config.Invalid("TARGET_TIMEOUT", d.Settings.Timeout, fmt.Sprintf("must be at most half of GRASP_INGESTER_ACK_WAIT (%s)", d.AckWait))
+	}
+	return nil
 }
 
 // withDefaults fills zero fields (the parking and policy ones too) from their
@@ -126,16 +144,26 @@ type Ingester struct {
 	outage outageState
 	// lot holds parked events; set by Run.
 	lot *parking.Lot
+	// target publishes accepted events in bolt-on mode (nil otherwise).
+	target *target.Publisher
 	// rejected is the bucket of events refused for good (pkg/rejected);
 	// set by Run, nil when the deployment has none.
 	rejected jetstream.KeyValue
 }
 
 // New builds an ingester. serviceURL is this GRASP server's public relay URL,
-// which announcements must list. reg may be nil.
+// which announcements must list. reg may be nil. In bolt-on mode
+// (cfg.Settings.Relay set) st becomes the mirror behind a target.Store that
+// publishes every accepted event to the target relay first.
 func New(cfg Config, b *bus.Bus, st Store, serviceURL string, log *slog.Logger, reg prometheus.Registerer) *Ingester {
 	cfg = cfg.withDefaults()
+	var pub *target.Publisher
+	if cfg.Settings.Enabled() {
+		pub = target.NewPublisher(cfg.Settings, clock.Real{}, log.With("service", "ingester"), reg)
+		st = &target.Store{Mirror: st, Pub: pub}
+	}
 	i := &Ingester{
+		target: pub,
 		cfg:    cfg,
 		bus:    b,
 		store:  st,
@@ -154,6 +182,10 @@ func (i *Ingester) WithClock(c clock.Clock) *Ingester {
 	i.clk = c
 	return i
 }
+
+// Target is the publisher to the target relay in bolt-on mode, nil
+// otherwise: graspd's status page reads its Status.
+func (i *Ingester) Target() *target.Publisher { return i.target }
 
 // Stats returns the counters so far (the same numbers as the metrics).
 func (i *Ingester) Stats() Stats { return i.m.snapshot() }
@@ -179,6 +211,10 @@ func (i *Ingester) Run(ctx context.Context) error {
 	g.Go(func() error { return i.wake(gctx) })
 	g.Go(func() error { return lot.Run(gctx) })
 	g.Go(func() error { return i.sweepParked(gctx) })
+	if i.target != nil {
+		defer i.target.Close()
+		i.log.Info("bolt-on mode: accepted events are published to the target relay", "target", i.target.URL())
+	}
 	return g.Wait()
 }
 

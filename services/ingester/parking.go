@@ -226,6 +226,10 @@ func (i *Ingester) reevaluate(ctx context.Context, p parking.Parked, verified bo
 		}
 		saved, err := i.storeAccepted(ctx, p.Event, data)
 		switch {
+		case i.targetRefused(ctx, p.Event, p.Relay, err):
+			i.lot.Unpark(ctx, p, outcomeTargetRefused)
+			i.m.incUnparked(outcomeTargetRefused)
+			return false, nil
 		case errors.Is(err, store.ErrUnstorable):
 			i.lot.Unpark(ctx, p, outcomeUnstorable)
 			i.m.incUnparked(outcomeUnstorable)

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+	"github.com/grasp-sync/grasp-sync/pkg/targetstatus"
 )
 
 // statusRefreshSeconds is how often the status page reloads itself: live
@@ -30,6 +33,9 @@ type StatusPage struct {
 	Refresh                      int
 	Snapshot                     *syncstatus.Snapshot
 	Progress                     syncstatus.Progress
+	// Target is set in bolt-on mode: how publishing to the target relay
+	// stands (backlog, expected time, refusals).
+	Target *targetstatus.Status
 	// Error is set when the sync state could not be read (NATS down, buckets
 	// missing): the page still renders and says so.
 	Error string
@@ -59,6 +65,13 @@ td.n{text-align:right}
 <h1>{{.Name}}</h1>
 <p>{{.Description}}</p>
 <p>Relay URL: <code>{{.PublicURL}}</code>. GRASP-01 and GRASP-02 (proactive sync). This page refreshes every {{.Refresh}} s.</p>
+{{with .Target}}<h2>Target relay</h2>
+<p id="target">Bolt-on mode: accepted events are published to <code>{{.URL}}</code> ({{if .Connected}}connected{{else}}<span class="err">not connected</span>{{end}}).
+{{.Written}} written, {{.Duplicates}} already there, {{.Refused}} refused, {{.RateLimited}} rate-limited answers.
+Writing {{printf "%.2f" .WriteRate}} events/s (limit {{printf "%.4g" .Rate}}/s, burst {{.Burst}}, {{.Concurrency}} in flight).
+Backlog <span id="backlog">{{.Backlog}}</span> events{{if .Backlog}}, about <span id="eta">{{.ETA}}</span> to go{{end}}.
+{{if .Paused}}Paused {{.Paused}} after the target asked us to slow down or went away.{{end}}
+{{if .LastRefusal}}Last refusal: <span class="err">{{.LastRefusal}}</span>.{{end}}</p>{{end}}
 {{if .Error}}<p class="err" id="error">Sync state unavailable: {{.Error}}</p>{{end}}
 {{with .Snapshot}}
 <p id="summary">{{$.Progress.Relays}} remote relays: {{$.Progress.Connected}} connected, {{$.Progress.Syncing}} syncing; {{$.Progress.PendingBatches}} batches pending. {{len .Repos}} repositories hosted. As of {{when .Taken}}.</p>
@@ -81,7 +94,33 @@ td.n{text-align:right}
 // serveStatus renders the HTML status page from the same state graspctl
 // status reads.
 func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) {
-	page := StatusPage{Name: r.cfg.Name, Description: r.cfg.Description, PublicURL: r.cfg.PublicURL, Refresh: statusRefreshSeconds}
+	StatusHandler{Name: r.cfg.Name, Description: r.cfg.Description, PublicURL: r.cfg.PublicURL, Bus: r.bus, Log: r.log}.ServeHTTP(w, req)
+}
+
+// StatusHandler serves the status page on its own, where there is no relay
+// of ours to serve it: graspd in bolt-on mode mounts it on the metrics
+// address.
+type StatusHandler struct {
+	Name, Description, PublicURL string
+	// Bus reads the sync state; nil renders the page with an error.
+	Bus *bus.Bus
+	Log *slog.Logger
+	// Target, when set, adds the target relay's section (bolt-on mode).
+	Target func() targetstatus.Status
+}
+
+// ServeHTTP renders the page.
+func (h StatusHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r := struct {
+		bus *bus.Bus
+		log *slog.Logger
+	}{h.Bus, h.Log}
+	page := StatusPage{Name: h.Name, Description: h.Description, PublicURL: h.PublicURL, Refresh: statusRefreshSeconds}
+	if h.Target != nil {
+		t := h.Target()
+		t.ETA, t.Paused = t.ETA.Round(time.Second), t.Paused.Round(time.Second)
+		page.Target = &t
+	}
 	if page.Name == "" {
 		page.Name = "grasp-sync relay"
 	}

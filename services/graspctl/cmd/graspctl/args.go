@@ -71,18 +71,18 @@ var commands = []command{
 		},
 	},
 	{
-		name: "explain", synopsis: "[--json] [--relay-url URL] [--service-url URL] REPO_REF",
-		summary: "The relays of one repository (a coordinate 30617:<pubkey>:<identifier>; `graspctl repos` lists them) and why.",
+		name: "explain", synopsis: "[--json] [--relay-url URL] [--service-url URL] REPO_REF|EVENT_ID",
+		summary: "The relays of one repository (a coordinate 30617:<pubkey>:<identifier>; `graspctl repos` lists them) and why; or, for an event id, where the event went and what was answered (bolt-on mode: the target's refusal).",
 		flags: func(fs *flag.FlagSet, inv *invocation, getenv func(string) string) {
 			fs.BoolVar(&inv.Explain.JSON, "json", false, "print JSON")
-			fs.StringVar(&inv.Explain.RelayURL, "relay-url", envOr(getenv, "GRASP_RELAY_URL", "ws://127.0.0.1:7777"),
-				"this service's relay `URL`, to read the announcement from (GRASP_RELAY_URL; empty skips)")
+			fs.StringVar(&inv.Explain.RelayURL, "relay-url", envOr(getenv, "GRASP_TARGET_RELAY", envOr(getenv, "GRASP_RELAY_URL", "ws://127.0.0.1:7777")),
+				"this service's relay `URL`, to read the announcement or event from (GRASP_TARGET_RELAY in bolt-on mode, else GRASP_RELAY_URL; empty skips)")
 			fs.StringVar(&inv.Explain.ServiceURL, "service-url", getenv("GRASP_PUBLIC_URL"),
 				"this service's public `URL` as announcements list it (GRASP_PUBLIC_URL; default --relay-url)")
 		},
 		args: func(inv *invocation, args []string) error {
 			if len(args) != 1 {
-				return errors.New("want one REPO_REF (a coordinate 30617:<pubkey>:<identifier>; `graspctl repos` lists them)")
+				return errors.New("want one REPO_REF (a coordinate 30617:<pubkey>:<identifier>; `graspctl repos` lists them) or EVENT_ID (64 hex)")
 			}
 			inv.RepoRef = args[0]
 			return nil

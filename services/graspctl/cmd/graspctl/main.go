@@ -3,7 +3,7 @@
 //	graspctl COMMAND [flags]   (connection flags anywhere on the line)
 //	  status  [--json] [--watch] [--interval 2s] [--metrics URL]   relay table
 //	  repos   [--relay URL] [--json]               the RepoSyncIndex
-//	  explain [--json] [--relay-url URL] [--service-url URL] REPO_REF
+//	  explain [--json] [--relay-url URL] [--service-url URL] REPO_REF|EVENT_ID
 //	                                               relays of one repository and why
 //	  tap     [--pretty] [--from-start] [--relay URL] [--repo REF] [--kind N] [SUBJECT…]
 //
@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/services/graspctl"
@@ -100,6 +101,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "repos":
 		return graspctl.Repos(ctx, b, inv.Repos.Relay, inv.Repos.JSON, stdout)
 	case "explain":
+		if nip34.IsLowerHex(inv.RepoRef, 64) {
+			return graspctl.ExplainEvent(ctx, b, inv.RepoRef, inv.Explain, stdout)
+		}
 		return graspctl.Explain(ctx, b, inv.RepoRef, inv.Explain, stdout)
 	default: // tap
 		inv.Tap.Errors = stderr

@@ -58,7 +58,12 @@ func run() error {
 	// verification: libsecp256k1 by default, pure Go as fallback").
 	log.Info("configuration", "version", obs.Version, "commit", obs.Commit, "verifier", verify.Backend(), "memory_limit", config.ByteSize(memLimit), "memory_limit_from", memSource, "config", config.Effective(&cfg))
 	defer app.Close()
-	fmt.Fprintf(os.Stderr, "graspd: relay %s (NIP-11 at %s), public URL %s, NATS %s, metrics http://%s/metrics\n",
-		app.RelayURL(), "http"+app.RelayURL()[2:], app.PublicURL(), app.NATSURL(), app.MetricsAddr())
+	if app.BoltOn() {
+		fmt.Fprintf(os.Stderr, "graspd: bolt-on mode, syncing into the target relay %s, public URL %s, NATS %s, metrics http://%s/metrics, status page http://%s/\n",
+			app.RelayURL(), app.PublicURL(), app.NATSURL(), app.MetricsAddr(), app.MetricsAddr())
+	} else {
+		fmt.Fprintf(os.Stderr, "graspd: relay %s (NIP-11 at %s), public URL %s, NATS %s, metrics http://%s/metrics\n",
+			app.RelayURL(), "http"+app.RelayURL()[2:], app.PublicURL(), app.NATSURL(), app.MetricsAddr())
+	}
 	return app.Run(ctx)
 }
