@@ -26,7 +26,7 @@ import (
 // GRASP_BENCH=1 enables it; GRASP_BENCH_REPOS, GRASP_BENCH_EVENTS_PER_REPO
 // scale it like TestBenchEndToEnd; GRASP_BENCH_MEMORY_LIMIT and
 // GRASP_BENCH_STORE_MEMORY are passed to graspd as GRASP_MEMORY_LIMIT and
-// GRASP_STORE_MEMORY. It prints the row; docs/performance.md,
+// GRASP_STORE_MEMORY, GRASP_BENCH_STORE (a scheme) as GRASP_STORE_URL. It prints the row; docs/performance.md,
 // "Memory", records the measured runs.
 func TestBenchGraspdMemory(t *testing.T) {
 	if os.Getenv("GRASP_BENCH") == "" {
@@ -61,6 +61,11 @@ func TestBenchGraspdMemory(t *testing.T) {
 	if v := os.Getenv("GRASP_BENCH_STORE_MEMORY"); v != "" {
 		env["GRASP_STORE_MEMORY"] = v
 	}
+	// GRASP_BENCH_STORE names the embedded store's scheme (kv+pebble,
+	// kv+badger) to compare engines; unset, graspd's default.
+	if v := os.Getenv("GRASP_BENCH_STORE"); v != "" {
+		env["GRASP_STORE_URL"] = v + "://" + filepath.Join(t.TempDir(), "events")
+	}
 	p := &Proc{
 		Name: "graspd", Log: filepath.Join(t.TempDir(), "graspd.log"), HealthURL: "http://" + metricsAddr + "/readyz",
 		MetricsAddr: metricsAddr, bin: filepath.Join(bin, "graspd"), env: processEnv(env, nil),
@@ -86,9 +91,9 @@ func TestBenchGraspdMemory(t *testing.T) {
 	peak := procStatusOf(p.Pid(), "VmHWM")
 	fmt.Printf("| graspd peak RSS, initial sync of %d events (own process) | %d MB | ≤ 256 MB | %s |\n",
 		len(ds.Distinct), peak>>20, metOrGap(peak, 256<<20))
-	t.Logf("graspd (pid %d): %d events in %s, peak RSS %d MiB, RSS now %d MiB (anon %d, file %d), GRASP_MEMORY_LIMIT=%q GRASP_STORE_MEMORY=%q",
+	t.Logf("graspd (pid %d): %d events in %s, peak RSS %d MiB, RSS now %d MiB (anon %d, file %d), GRASP_MEMORY_LIMIT=%q GRASP_STORE_MEMORY=%q GRASP_STORE_URL=%q",
 		p.Pid(), len(ds.Distinct), wall.Round(time.Second), peak>>20, procStatusOf(p.Pid(), "VmRSS")>>20,
-		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, env["GRASP_MEMORY_LIMIT"], env["GRASP_STORE_MEMORY"])
+		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, env["GRASP_MEMORY_LIMIT"], env["GRASP_STORE_MEMORY"], env["GRASP_STORE_URL"])
 	// Where the memory is, for the next round of cuts.
 	m := map[string]float64{}
 	if err := scrapeInto(ctx, metricsAddr, m); err == nil {

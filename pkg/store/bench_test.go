@@ -223,7 +223,7 @@ func queryKinds(c *corpus, stored []string) []queryKind {
 // and memory. It runs only with GRASP_STORE_BENCH_1M=1; run one backend per
 // process so peak RSS is that backend's:
 //
-//	for b in badger lmdb sqlite3; do GRASP_STORE_BENCH_1M=1 go test -run '^$' \
+//	for b in kv+pebble kv+badger badger lmdb sqlite3; do GRASP_STORE_BENCH_1M=1 go test -run '^$' \
 //	  -bench "BenchmarkStore1M/$b\$" -benchtime 1x -timeout 3h ./store/; done
 func BenchmarkStore1M(b *testing.B) {
 	if os.Getenv("GRASP_STORE_BENCH_1M") != "1" {
@@ -237,11 +237,11 @@ func BenchmarkStore1M(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			dir := b.TempDir()
 			s := bc.open(b)
-			// GRASP_STORE_BENCH_DIR keeps the kv store for BenchmarkStoreSteady.
-			if keep := os.Getenv("GRASP_STORE_BENCH_DIR"); keep != "" && bc.name == "kv" {
+			// GRASP_STORE_BENCH_DIR keeps the kv store (either engine) for BenchmarkStoreSteady.
+			if keep := os.Getenv("GRASP_STORE_BENCH_DIR"); keep != "" && strings.HasPrefix(bc.name, "kv") {
 				s.Close()
 				var err error
-				if s, err = store.Open("kv://" + keep); err != nil {
+				if s, err = store.Open(bc.name + "://" + keep); err != nil {
 					b.Fatal(err)
 				}
 				defer s.Close()
@@ -343,7 +343,7 @@ func procStatus(field string) string {
 // benchmark's own and is printed before the store opens.
 //
 //	GRASP_STORE_BENCH_1M=1 GRASP_STORE_BENCH_DIR=/var/tmp/kv1m go test -run '^$' \
-//	  -bench 'BenchmarkStore1M/kv$' -benchtime 1x -timeout 1h ./store/
+//	  -bench 'BenchmarkStore1M/kv\+pebble$' -benchtime 1x -timeout 1h ./store/
 //	GRASP_STORE_BENCH_DIR=/var/tmp/kv1m go test -run '^$' -bench BenchmarkStoreSteady -benchtime 1x ./store/
 func BenchmarkStoreSteady(b *testing.B) {
 	dir := os.Getenv("GRASP_STORE_BENCH_DIR")
@@ -369,6 +369,7 @@ func BenchmarkStoreSteady(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
+	fmt.Printf("storesteady kv: opened %s\n", s.Backend())
 	ctx := context.Background()
 	for _, q := range queryKinds(c, sample) {
 		ops, start := 0, time.Now()

@@ -32,7 +32,7 @@ type backendCase struct {
 }
 
 func embeddedCase(scheme string, binaryCaps, longTags bool) backendCase {
-	return backendCase{name: scheme, binaryCaps: binaryCaps, longTagsQueryable: longTags, exact: scheme == "kv",
+	return backendCase{name: scheme, binaryCaps: binaryCaps, longTagsQueryable: longTags, exact: strings.HasPrefix(scheme, "kv"),
 		open: func(t testing.TB, opts ...store.Option) *store.Store {
 			t.Helper()
 			path := t.TempDir()
@@ -65,11 +65,13 @@ func postgresCase() backendCase {
 		}}
 }
 
-// allBackends is every backend: kv and badger always, lmdb and sqlite3 in cgo
-// builds, PostgreSQL when GRASP_TEST_POSTGRES_URL is set.
+// allBackends is every backend: kv (on pebble and on badger) and badger
+// always, lmdb and sqlite3 in cgo builds, PostgreSQL when
+// GRASP_TEST_POSTGRES_URL is set.
 func allBackends() []backendCase {
 	return []backendCase{
-		embeddedCase("kv", false, true),
+		embeddedCase("kv+pebble", false, true),
+		embeddedCase("kv+badger", false, true),
 		embeddedCase("badger", true, false),
 		embeddedCase("lmdb", true, false),
 		embeddedCase("sqlite3", false, true),

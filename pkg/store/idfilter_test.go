@@ -53,9 +53,15 @@ func TestIDFilter(t *testing.T) {
 // the filter is replaced by bigger ones, and no stored id is ever missed —
 // not by a lookup, not by the duplicate check of a second write.
 func TestKVIDFilterGrows(t *testing.T) {
+	for _, engine := range kvEngines {
+		t.Run(engine, func(t *testing.T) { testKVIDFilterGrows(t, engine) })
+	}
+}
+
+func testKVIDFilterGrows(t *testing.T, engine string) {
 	defer func(c int64) { kvIDCapacity = c }(kvIDCapacity)
 	kvIDCapacity = 16
-	k, err := openKV(t.TempDir(), options{})
+	k, err := openKV(t.TempDir(), engine, options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,16 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
-
-	dgbadger "github.com/dgraph-io/badger/v4"
 )
 
-// kv is the store's own layout on badger ("kv://DIR", and what a plain
-// directory opens). It exists because eventstore's badger backend costs the
+// kv is the store's own layout on an ordered key-value engine, pebble or
+// badger (kvEngine; "kv://DIR", and what a plain directory opens). It exists because eventstore's badger backend costs the
 // ingester more than its signature checks (docs/performance.md, "Ingester"):
 // a 64 KiB encoding buffer and a transaction with a duplicate-check
 // iterator per event, no multi-event write. Here a batch of events is one
@@ -34,7 +31,7 @@ import (
 //	N kind                            every kind ever stored
 //
 // ts and kind are 8 bytes big-endian with the sign bit flipped, so negative
-// values sort first; serial is 8 bytes from a badger sequence. An index only
+// values sort first; serial is 8 bytes, increasing (kvEngine.nextSerial). An index only
 // narrows: every candidate is loaded and checked with Filter.Matches, so a
 // hash collision costs a read, never a wrong answer.
 //
@@ -44,16 +41,13 @@ import (
 // memory): an author is B pubkey × each kind, "everything newest first" is K
 // × each kind. (Format v1 had both indexes, as A and C; opening a v1
 // directory drops them.) Every write holds the
-// stripe lock of its id (or replaceable key), so badger's conflict
+// stripe lock of its id (or replaceable key), so the engine's conflict
 // detection is not needed; the prefixes are letters so that opening the
 // directory with eventstore's badger backend by mistake cannot clobber them.
 type kv struct {
-	db *dgbadger.DB
-	// txnBytes is how much one write transaction carries: kvTxnBytes, or
-	// half of what badger's memtable size allows in one batch when that is
-	// smaller (kvBadgerOptions), so a chunk is not first refused as too big.
+	eng kvEngine
+	// txnBytes is how much one write carries (kvEngine.txnBytes).
 	txnBytes int
-	seq      *dgbadger.Sequence
 	locks    stripes
 	// mu is held shared by every operation and exclusively by close, so
 	// nothing touches the database after it closed.
@@ -135,35 +129,37 @@ var (
 	kvFormatKey = []byte("v:format")
 	kvFormat    = []byte("grasp-sync events v2")
 	kvFormatV1  = []byte("grasp-sync events v1")
-	kvSerialKey = []byte("v:serial")
 )
 
 // kvTxnBytes is about how much one write transaction carries before it is
 // committed and the next begins, well under badger's batch limit.
 const kvTxnBytes = 4 << 20
 
-func openKV(dir string, o options) (*kv, error) {
+// openKV opens the kv layout in dir on engine ("" for whichever the
+// directory holds, kvDefaultEngine for a new one; kvOpenEngine).
+func openKV(dir, engine string, o options) (*kv, error) {
 	if dir == "" {
 		return nil, errors.New("store kv://: empty path")
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("store kv://%s: %w", dir, err)
-	}
-	db, err := dgbadger.Open(kvBadgerOptions(dir, o.kvMemory))
+	eng, err := kvOpenEngine(dir, engine, o)
 	if err != nil {
 		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
 	}
 	fail := func(err error) (*kv, error) {
-		db.Close()
-		return nil, fmt.Errorf("open kv store %s: %w", dir, err)
+		eng.close()
+		return nil, fmt.Errorf("open kv store %s (%s): %w", dir, eng.name(), err)
 	}
-	format, err := kvCheckFormat(db)
+	format, err := kvCheckFormat(eng)
 	if err != nil {
 		return fail(err)
 	}
-	k := &kv{db: db, txnBytes: int(min(int64(kvTxnBytes), db.MaxBatchSize()/2))}
+	k := &kv{eng: eng, txnBytes: eng.txnBytes()}
 	if bytes.Equal(format, kvFormatV1) {
-		if err := kvUpgradeV1(db); err != nil {
+		b, ok := eng.(*kvBadgerDB)
+		if !ok {
+			return fail(fmt.Errorf("format %q on %s: v1 only ever existed on badger", format, eng.name()))
+		}
+		if err := kvUpgradeV1(b.db); err != nil {
 			return fail(fmt.Errorf("upgrade from v1: %w", err))
 		}
 	}
@@ -175,56 +171,13 @@ func openKV(dir string, o options) (*kv, error) {
 		return fail(err)
 	}
 	k.ids.Store(ids)
-	if k.seq, err = db.GetSequence(kvSerialKey, 1024); err != nil {
-		return fail(fmt.Errorf("serials: %w", err))
-	}
 	return k, nil
-}
-
-// kvUpgradeV1 turns a format v1 directory into v2: it records every kind
-// the kind index holds as an N key, then drops v1's time and author indexes.
-// Each step can be repeated, so an upgrade cut short is finished by the next
-// open.
-func kvUpgradeV1(db *dgbadger.DB) error {
-	var kinds [][]byte
-	err := db.View(func(txn *dgbadger.Txn) error {
-		it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{kvKind}})
-		defer it.Close()
-		// One seek per kind: past the kind's last entry to the next kind.
-		for it.Seek([]byte{kvKind}); it.Valid(); {
-			kind := slices.Clone(it.Item().Key()[1:9])
-			kinds = append(kinds, kind)
-			next := binary.BigEndian.Uint64(kind) + 1
-			if next == 0 {
-				break
-			}
-			it.Seek(binary.BigEndian.AppendUint64([]byte{kvKind}, next))
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("read kinds: %w", err)
-	}
-	wb := db.NewWriteBatch()
-	defer wb.Cancel()
-	for _, kind := range kinds {
-		if err := wb.Set(append([]byte{kvKnownKind}, kind...), nil); err != nil {
-			return fmt.Errorf("record kinds: %w", err)
-		}
-	}
-	if err := wb.Flush(); err != nil {
-		return fmt.Errorf("record kinds: %w", err)
-	}
-	if err := db.DropPrefix([]byte{kvV1Time}, []byte{kvV1Author}); err != nil {
-		return fmt.Errorf("drop v1 indexes: %w", err)
-	}
-	return db.Update(func(txn *dgbadger.Txn) error { return txn.Set(kvFormatKey, kvFormat) })
 }
 
 // loadKinds reads the N keys into k.kinds.
 func (k *kv) loadKinds() error {
 	var kinds []int
-	err := kvEachKey(k.db, kvKnownKind, 9, func(key []byte) {
+	err := kvEachKey(k.eng, kvKnownKind, 9, func(key []byte) {
 		kinds = append(kinds, int(int64(binary.BigEndian.Uint64(key[1:])^(1<<63))))
 	})
 	if err != nil {
@@ -236,51 +189,47 @@ func (k *kv) loadKinds() error {
 }
 
 // kvEachKey calls fn with every key of one prefix letter that is size bytes
-// long, in one read transaction, without loading values. key is valid only
-// during the call.
-func kvEachKey(db *dgbadger.DB, prefix byte, size int, fn func(key []byte)) error {
-	return db.View(func(txn *dgbadger.Txn) error {
-		it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{prefix}})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			if key := it.Item().Key(); len(key) == size {
-				fn(key)
-			}
+// long, without loading values. key is valid only during the call.
+func kvEachKey(eng kvEngine, prefix byte, size int, fn func(key []byte)) error {
+	return eng.scanKeys([]byte{prefix}, func(key []byte) bool {
+		if len(key) == size {
+			fn(key)
 		}
-		return nil
+		return true
 	})
 }
 
 // kvCheckFormat marks an empty database as ours and returns the format of
 // one that is ours (this one or v1); it refuses one that holds something
 // else (eventstore's badger layout), which it would misread.
-func kvCheckFormat(db *dgbadger.DB) ([]byte, error) {
+func kvCheckFormat(eng kvEngine) ([]byte, error) {
 	var format []byte
-	err := db.Update(func(txn *dgbadger.Txn) error {
-		item, err := txn.Get(kvFormatKey)
-		if err == nil {
-			if format, err = item.ValueCopy(nil); err != nil {
-				return err
-			}
-			if !bytes.Equal(format, kvFormat) && !bytes.Equal(format, kvFormatV1) {
-				return fmt.Errorf("unknown format %q (want %q)", format, kvFormat)
-			}
-			return nil
-		}
-		if !errors.Is(err, dgbadger.ErrKeyNotFound) {
-			return err
-		}
-		it := txn.NewIterator(dgbadger.IteratorOptions{})
-		it.Rewind()
-		empty := !it.Valid()
-		it.Close()
-		if !empty {
-			return errors.New("the directory holds another layout (eventstore's badger backend? open it as badger://DIR)")
-		}
-		format = kvFormat
-		return txn.Set(kvFormatKey, kvFormat)
+	found, err := eng.get(kvFormatKey, func(v []byte) error {
+		format = bytes.Clone(v)
+		return nil
 	})
-	return format, err
+	if err != nil {
+		return nil, err
+	}
+	if found {
+		if !bytes.Equal(format, kvFormat) && !bytes.Equal(format, kvFormatV1) {
+			return nil, fmt.Errorf("unknown format %q (want %q)", format, kvFormat)
+		}
+		return format, nil
+	}
+	empty := true
+	if err := eng.scanKeys(nil, func([]byte) bool { empty = false; return false }); err != nil {
+		return nil, err
+	}
+	if !empty {
+		return nil, errors.New("the directory holds another layout (eventstore's badger backend? open it as badger://DIR)")
+	}
+	w := eng.newWrite()
+	defer w.discard()
+	if err := w.set(kvFormatKey, kvFormat); err != nil {
+		return nil, err
+	}
+	return kvFormat, w.commit()
 }
 
 // enter guards an operation against a concurrent close.
@@ -302,8 +251,7 @@ func (k *kv) close() error {
 		return nil
 	}
 	k.closed = true
-	_ = k.seq.Release()
-	err := k.db.Close()
+	err := k.eng.close()
 	k.mu.Unlock()
 	k.growers.Wait() // a rebuild that had not begun finds the store closed
 	return err

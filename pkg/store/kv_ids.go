@@ -27,7 +27,7 @@ func (k *kv) buildIDs(capacity int64) (*idFilter, error) {
 // reading are not added: a caller replacing a live filter has set nextIDs
 // before (see growIDs).
 func (k *kv) readIDs(f *idFilter) error {
-	if err := kvEachKey(k.db, kvID, 33, func(key []byte) { f.add(key[1:]) }); err != nil {
+	if err := kvEachKey(k.eng, kvID, 33, func(key []byte) { f.add(key[1:]) }); err != nil {
 		return fmt.Errorf("read ids: %w", err)
 	}
 	return nil

@@ -1,6 +1,10 @@
 package store
 
-import dgbadger "github.com/dgraph-io/badger/v4"
+import (
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	dgbadger "github.com/dgraph-io/badger/v4"
+)
 
 // DefaultKVMemory is the kv store's memory budget when none is given: small
 // enough that graspd fits a small VPS with room for the pipeline around it
@@ -44,4 +48,44 @@ func kvBadgerOptions(dir string, budget int64) dgbadger.Options {
 		WithIndexCacheSize(budget / 8).
 		WithNumCompactors(2).
 		WithValueLogFileSize(64 << 20)
+}
+
+// kvPebbleFormat is the on-disk format new pebble directories are written
+// in, named rather than pebble.FormatNewest so that upgrading the library
+// never rewrites an operator's directory into a format the previous binary
+// cannot read.
+const kvPebbleFormat = pebble.FormatValueSeparation
+
+// kvPebbleOptions are pebble's options for the kv store, sized from the same
+// memory budget as badger's (kvBadgerOptions). Pebble reads its tables with
+// ordinary reads into its own block cache, not through memory mappings, so
+// the budget bounds what it keeps resident:
+//
+//   - memtables: at most 2 of budget/8 each (4–64 MiB): one taking writes
+//     while the other is flushed; writes wait rather than queue a third;
+//   - block cache: budget/2, holding data blocks and the tables' index and
+//     filter blocks alike (badger keeps those two apart);
+//   - at most 2 concurrent compactions (one normally, a second when level
+//     0 falls behind); pebble's compactions stream through small buffers;
+//   - Bloom filters (10 bits per key) on every level, so a point read of an
+//     absent key skips tables, as badger's per-table filters do.
+//
+// Cache is a fresh cache the caller unreferences once the database holds it.
+func kvPebbleOptions(budget int64) *pebble.Options {
+	if budget <= 0 {
+		budget = DefaultKVMemory
+	}
+	memtable := min(max(budget/8, 4<<20), 64<<20)
+	o := &pebble.Options{
+		Cache:                       pebble.NewCache(budget / 2),
+		MemTableSize:                uint64(memtable),
+		MemTableStopWritesThreshold: 2,
+		CompactionConcurrencyRange:  func() (int, int) { return 1, 2 },
+		FormatMajorVersion:          kvPebbleFormat,
+		Logger:                      kvPebbleLogger{},
+	}
+	for i := range o.Levels {
+		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	return o
 }

@@ -39,7 +39,13 @@ func TestKVBadgerOptionsFollowTheBudget(t *testing.T) {
 // accepts (the memtable floor keeps badger's batch above its value
 // threshold and above one such event).
 func TestKVSmallBudgetOpensAndStoresLargeEvents(t *testing.T) {
-	s, err := Open("kv://"+t.TempDir(), WithKVMemory(1<<20))
+	for _, engine := range kvEngines {
+		t.Run(engine, func(t *testing.T) { testKVSmallBudget(t, engine) })
+	}
+}
+
+func testKVSmallBudget(t *testing.T, engine string) {
+	s, err := Open("kv+"+engine+"://"+t.TempDir(), WithKVMemory(1<<20))
 	if err != nil {
 		t.Fatalf("open with a 1 MiB budget: %v", err)
 	}
@@ -52,5 +58,36 @@ func TestKVSmallBudgetOpensAndStoresLargeEvents(t *testing.T) {
 	res := s.SaveBatch(context.Background(), []*nostr.Event{evt})
 	if res[0].Err != nil || !res[0].Stored {
 		t.Fatalf("save a 500 kB event: %+v", res[0])
+	}
+}
+
+// The pebble engine's memtables and block cache follow the same budget
+// (docs/decisions.md, "kv on pebble"): at most two memtables, so a budget
+// bounds what writes can hold in memory.
+func TestKVPebbleOptionsFollowTheBudget(t *testing.T) {
+	tests := []struct {
+		budget          int64
+		memtable, cache int64
+	}{
+		{budget: 0, memtable: 12 << 20, cache: 48 << 20}, // DefaultKVMemory
+		{budget: 96 << 20, memtable: 12 << 20, cache: 48 << 20},
+		{budget: 16 << 20, memtable: 4 << 20, cache: 8 << 20},
+		{budget: 1 << 30, memtable: 64 << 20, cache: 512 << 20},
+	}
+	for _, tt := range tests {
+		o := kvPebbleOptions(tt.budget)
+		if int64(o.MemTableSize) != tt.memtable || o.Cache.MaxSize() != tt.cache {
+			t.Errorf("budget %d: memtable %d, cache %d; want %d, %d", tt.budget, o.MemTableSize, o.Cache.MaxSize(), tt.memtable, tt.cache)
+		}
+		if o.MemTableStopWritesThreshold != 2 {
+			t.Errorf("budget %d: %d memtables, want 2", tt.budget, o.MemTableStopWritesThreshold)
+		}
+		if _, hi := o.CompactionConcurrencyRange(); hi > 2 {
+			t.Errorf("budget %d: up to %d compactions, want at most 2", tt.budget, hi)
+		}
+		if worst := 2*int64(o.MemTableSize) + o.Cache.MaxSize(); tt.budget >= 64<<20 && worst > max(tt.budget, DefaultKVMemory) {
+			t.Errorf("budget %d: memtables and cache add up to %d", tt.budget, worst)
+		}
+		o.Cache.Unref()
 	}
 }

@@ -5,49 +5,38 @@ import (
 	"container/heap"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"slices"
 
-	dgbadger "github.com/dgraph-io/badger/v4"
 	"github.com/nbd-wtf/go-nostr"
 )
 
 // kvLookup finds the stored event with this id: nil if there is none.
-func kvLookup(txn *dgbadger.Txn, id []byte) (uint64, *nostr.Event, error) {
-	item, err := txn.Get(kvIDKey(id))
-	if errors.Is(err, dgbadger.ErrKeyNotFound) {
-		return 0, nil, nil
-	}
-	if err != nil {
-		return 0, nil, err
-	}
+func kvLookup(r kvReader, id []byte) (uint64, *nostr.Event, error) {
 	var serial uint64
-	if err := item.Value(func(v []byte) error {
+	found, err := r.get(kvIDKey(id), func(v []byte) error {
 		if len(v) != 8 {
 			return fmt.Errorf("id %x: serial of %d bytes", id, len(v))
 		}
 		serial = binary.BigEndian.Uint64(v)
 		return nil
-	}); err != nil {
+	})
+	if err != nil || !found {
 		return 0, nil, err
 	}
-	evt, err := kvLoad(txn, serial)
+	evt, err := kvLoad(r, serial)
 	return serial, evt, err
 }
 
 // kvLoad reads the event stored under serial: nil if there is none.
-func kvLoad(txn *dgbadger.Txn, serial uint64) (*nostr.Event, error) {
-	item, err := txn.Get(kvRawKey(serial))
-	if errors.Is(err, dgbadger.ErrKeyNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
+func kvLoad(r kvReader, serial uint64) (*nostr.Event, error) {
 	evt := new(nostr.Event)
-	if err := item.Value(evt.UnmarshalJSON); err != nil {
-		return nil, fmt.Errorf("decode event %d: %w", serial, err)
+	found, err := r.get(kvRawKey(serial), evt.UnmarshalJSON)
+	if err != nil {
+		return nil, fmt.Errorf("load event %d: %w", serial, err)
+	}
+	if !found {
+		return nil, nil
 	}
 	return evt, nil
 }
@@ -61,11 +50,11 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 	}
 	defer done()
 	var out []*nostr.Event
-	err = k.db.View(func(txn *dgbadger.Txn) error {
+	err = k.eng.view(func(r kvReader) error {
 		if f.IDs != nil {
-			out, err = kvByIDs(txn, f, k.ids.Load())
+			out, err = kvByIDs(r, f, k.ids.Load())
 		} else {
-			out, err = kvScan(ctx, txn, f, k.kinds.all())
+			out, err = kvScan(ctx, r, f, k.kinds.all())
 		}
 		return err
 	})
@@ -73,14 +62,14 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 }
 
 // kvByIDs looks the ids up, skipping those the id filter has never seen.
-func kvByIDs(txn *dgbadger.Txn, f nostr.Filter, ids *idFilter) ([]*nostr.Event, error) {
+func kvByIDs(r kvReader, f nostr.Filter, ids *idFilter) ([]*nostr.Event, error) {
 	var out []*nostr.Event
 	for _, s := range slices.Compact(slices.Sorted(slices.Values(f.IDs))) {
 		id, ok := decode32(s)
 		if !ok || !ids.mayHave(id) {
 			continue
 		}
-		_, evt, err := kvLookup(txn, id)
+		_, evt, err := kvLookup(r, id)
 		if err != nil {
 			return nil, err
 		}
@@ -145,13 +134,13 @@ func kvPrefixes(f nostr.Filter, stored []int) [][]byte {
 
 // kvCursor walks one index prefix from the newest entry back.
 type kvCursor struct {
-	it     *dgbadger.Iterator
+	it     kvIter
 	prefix []byte
 }
 
 // suffix is the current entry's ts and serial, which order the merge.
 func (c *kvCursor) suffix() []byte {
-	key := c.it.Item().Key()
+	key := c.it.key()
 	return key[len(key)-16:]
 }
 
@@ -169,14 +158,14 @@ func (h *kvCursors) Pop() any {
 }
 
 // kvEachMin is how many prefixes a query must have before kvScan first
-// tries reading them one after another with a single iterator: a badger
-// iterator costs several microseconds to open, and a lookup like "which of
+// tries reading them one after another with a single iterator: an engine
+// iterator costs microseconds to open (badger several), and a lookup like "which of
 // these 256 ids has a deletion" has hundreds of mostly empty prefixes.
 const kvEachMin = 8
 
 // kvScan answers f from the filter's index prefixes newest first, loading
 // each candidate once and keeping those that match, until f.Limit.
-func kvScan(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, kinds []int) ([]*nostr.Event, error) {
+func kvScan(ctx context.Context, r kvReader, f nostr.Filter, kinds []int) ([]*nostr.Event, error) {
 	prefixes := kvPrefixes(f, kinds)
 	upper := binary.BigEndian.AppendUint64(nil, ^uint64(0))
 	if f.Until != nil {
@@ -188,18 +177,18 @@ func kvScan(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, kinds []int)
 		lower = flip(int64(*f.Since))
 	}
 	if len(prefixes) >= kvEachMin {
-		if out, ok, err := kvScanEach(ctx, txn, f, prefixes, upper, lower); err != nil || ok {
+		if out, ok, err := kvScanEach(ctx, r, f, prefixes, upper, lower); err != nil || ok {
 			return out, err
 		}
 	}
-	return kvMerge(ctx, txn, f, prefixes, upper, lower)
+	return kvMerge(ctx, r, f, prefixes, upper, lower)
 }
 
 // kvScanEach reads every prefix in turn with one iterator, collecting the
 // entries in [since, until], then loads them newest first. It gives up
 // (ok false) as soon as one prefix holds more than f.Limit entries there,
 // where the merge, which stops at the limit, reads less.
-func kvScanEach(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) (out []*nostr.Event, ok bool, err error) {
+func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) (out []*nostr.Event, ok bool, err error) {
 	common := prefixes[0]
 	for _, p := range prefixes[1:] {
 		n := 0
@@ -208,26 +197,32 @@ func kvScanEach(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes
 		}
 		common = common[:n]
 	}
-	it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: slices.Clip(common), Reverse: true})
-	defer it.Close()
+	it, err := r.iter(slices.Clip(common))
+	if err != nil {
+		return nil, false, err
+	}
 	var suffixes [][16]byte
 	for _, p := range prefixes {
 		if err := ctx.Err(); err != nil {
+			it.close()
 			return nil, false, err
 		}
 		n := 0
-		for it.Seek(append(slices.Clip(p), upper...)); it.ValidForPrefix(p); it.Next() {
-			key := it.Item().Key()
+		for it.seek(append(slices.Clip(p), upper...)); it.validFor(p); it.next() {
+			key := it.key()
 			var sfx [16]byte
 			copy(sfx[:], key[len(key)-16:])
 			if binary.BigEndian.Uint64(sfx[:8]) < lower {
 				break
 			}
 			if n++; n > f.Limit {
-				return nil, false, nil
+				return nil, false, it.close()
 			}
 			suffixes = append(suffixes, sfx)
 		}
+	}
+	if err := it.close(); err != nil {
+		return nil, false, err
 	}
 	slices.SortFunc(suffixes, func(a, b [16]byte) int { return bytes.Compare(b[:], a[:]) })
 	suffixes = slices.Compact(suffixes)
@@ -235,7 +230,7 @@ func kvScanEach(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes
 		if len(out) >= f.Limit {
 			break
 		}
-		evt, err := kvLoad(txn, binary.BigEndian.Uint64(sfx[8:]))
+		evt, err := kvLoad(r, binary.BigEndian.Uint64(sfx[8:]))
 		if err != nil {
 			return nil, false, err
 		}
@@ -248,18 +243,29 @@ func kvScanEach(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes
 
 // kvMerge merges the prefixes through a heap of iterators, newest first,
 // and stops at f.Limit matches.
-func kvMerge(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) ([]*nostr.Event, error) {
+func kvMerge(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) (_ []*nostr.Event, err error) {
 	h := make(kvCursors, 0, len(prefixes))
+	// done closes an iterator, keeping the first error that cut a walk
+	// short: an error, not a shorter answer.
+	done := func(it kvIter) {
+		if cerr := it.close(); err == nil {
+			err = cerr
+		}
+	}
 	defer func() {
 		for _, c := range h {
-			c.it.Close()
+			done(c.it)
 		}
 	}()
 	for _, p := range prefixes {
-		c := &kvCursor{it: txn.NewIterator(dgbadger.IteratorOptions{Prefix: p, Reverse: true}), prefix: p}
-		c.it.Seek(append(slices.Clip(p), upper...))
-		if !c.it.ValidForPrefix(p) {
-			c.it.Close()
+		it, err := r.iter(p)
+		if err != nil {
+			return nil, err
+		}
+		c := &kvCursor{it: it, prefix: p}
+		c.it.seek(append(slices.Clip(p), upper...))
+		if !c.it.validFor(p) {
+			done(c.it)
 			continue
 		}
 		h = append(h, c)
@@ -278,21 +284,21 @@ func kvMerge(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes []
 		ts, serial := binary.BigEndian.Uint64(suffix), binary.BigEndian.Uint64(suffix[8:])
 		if ts < lower {
 			// Older than since: this prefix is done.
-			c.it.Close()
+			done(c.it)
 			heap.Pop(&h)
 			continue
 		}
-		if c.it.Next(); c.it.ValidForPrefix(c.prefix) {
+		if c.it.next(); c.it.validFor(c.prefix) {
 			heap.Fix(&h, 0)
 		} else {
-			c.it.Close()
+			done(c.it)
 			heap.Pop(&h)
 		}
 		if _, dup := seen[serial]; dup {
 			continue
 		}
 		seen[serial] = struct{}{}
-		evt, err := kvLoad(txn, serial)
+		evt, err := kvLoad(r, serial)
 		if err != nil {
 			return nil, err
 		}
@@ -300,5 +306,5 @@ func kvMerge(ctx context.Context, txn *dgbadger.Txn, f nostr.Filter, prefixes []
 			out = append(out, evt)
 		}
 	}
-	return out, nil
+	return out, err
 }

@@ -69,25 +69,49 @@ func checkUnindexedLookups(t *testing.T, k *kv, evts []*nostr.Event, author stri
 	}
 }
 
+// kvEngines is every engine the kv layout runs on; the kv tests run on each.
+var kvEngines = []string{kvPebble, kvBadger}
+
 func TestKVKindsSurviveReopen(t *testing.T) {
-	dir := t.TempDir()
-	k, err := openKV(dir, options{})
-	if err != nil {
-		t.Fatal(err)
+	for _, engine := range kvEngines {
+		t.Run(engine, func(t *testing.T) {
+			dir := t.TempDir()
+			k, err := openKV(dir, engine, options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evts, authors := kvEvents(t, k)
+			checkUnindexedLookups(t, k, evts, authors[0])
+			if err := k.close(); err != nil {
+				t.Fatal(err)
+			}
+			// Reopened without naming the engine: the directory's own.
+			if k, err = openKV(dir, "", options{}); err != nil {
+				t.Fatal(err)
+			}
+			defer k.close()
+			if k.eng.name() != engine {
+				t.Fatalf("reopened on %s, written on %s", k.eng.name(), engine)
+			}
+			if got := k.kinds.all(); !slices.Equal(got, []int{1, 7, 1621}) {
+				t.Fatalf("kinds after reopen = %v", got)
+			}
+			checkUnindexedLookups(t, k, evts, authors[1])
+			// Serials keep increasing across the reopen: a new event is
+			// the newest of its second.
+			e := &nostr.Event{Kind: 1, CreatedAt: evts[len(evts)-1].CreatedAt, Content: "after reopen"}
+			if err := e.Sign(nostr.GeneratePrivateKey()); err != nil {
+				t.Fatal(err)
+			}
+			if r := k.insertBatch(context.Background(), []*nostr.Event{e}); !r[0].Stored {
+				t.Fatalf("save after reopen: %+v", r[0])
+			}
+			got, err := k.query(context.Background(), nostr.Filter{Limit: 1})
+			if err != nil || len(got) != 1 || got[0].ID != e.ID {
+				t.Fatalf("newest after reopen: %v, %v; want the event written last", got, err)
+			}
+		})
 	}
-	evts, authors := kvEvents(t, k)
-	checkUnindexedLookups(t, k, evts, authors[0])
-	if err := k.close(); err != nil {
-		t.Fatal(err)
-	}
-	if k, err = openKV(dir, options{}); err != nil {
-		t.Fatal(err)
-	}
-	defer k.close()
-	if got := k.kinds.all(); !slices.Equal(got, []int{1, 7, 1621}) {
-		t.Fatalf("kinds after reopen = %v", got)
-	}
-	checkUnindexedLookups(t, k, evts, authors[1])
 }
 
 // TestKVUpgradesV1 turns a store into format v1 (the time and author
@@ -95,16 +119,17 @@ func TestKVKindsSurviveReopen(t *testing.T) {
 // the kinds are recorded, and the lookups they served still answer.
 func TestKVUpgradesV1(t *testing.T) {
 	dir := t.TempDir()
-	k, err := openKV(dir, options{})
+	k, err := openKV(dir, kvBadger, options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	evts, authors := kvEvents(t, k)
-	err = k.db.Update(func(txn *dgbadger.Txn) error {
+	db := k.eng.(*kvBadgerDB).db
+	err = db.Update(func(txn *dgbadger.Txn) error {
 		for _, e := range evts {
 			id, _ := decode32(e.ID)
 			pk, _ := decode32(e.PubKey)
-			serial, _, err := kvLookup(txn, id)
+			serial, _, err := kvLookup(kvBadgerReader{txn}, id)
 			if err != nil {
 				return err
 			}
@@ -122,19 +147,19 @@ func TestKVUpgradesV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := k.db.DropPrefix([]byte{kvKnownKind}); err != nil {
+	if err := db.DropPrefix([]byte{kvKnownKind}); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.close(); err != nil {
 		t.Fatal(err)
 	}
 
-	if k, err = openKV(dir, options{}); err != nil {
+	if k, err = openKV(dir, "", options{}); err != nil {
 		t.Fatal(err)
 	}
 	defer k.close()
 	count := func(prefix byte) (n int) {
-		_ = k.db.View(func(txn *dgbadger.Txn) error {
+		_ = k.eng.(*kvBadgerDB).db.View(func(txn *dgbadger.Txn) error {
 			it := txn.NewIterator(dgbadger.IteratorOptions{Prefix: []byte{prefix}})
 			defer it.Close()
 			for it.Rewind(); it.Valid(); it.Next() {
@@ -147,7 +172,7 @@ func TestKVUpgradesV1(t *testing.T) {
 	if a, c, n := count(kvV1Author), count(kvV1Time), count(kvKnownKind); a != 0 || c != 0 || n != 3 {
 		t.Fatalf("after the upgrade: %d author keys, %d time keys, %d kinds; want 0, 0, 3", a, c, n)
 	}
-	format, err := kvCheckFormat(k.db)
+	format, err := kvCheckFormat(k.eng)
 	if err != nil || string(format) != string(kvFormat) {
 		t.Fatalf("format %q, %v", format, err)
 	}

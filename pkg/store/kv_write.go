@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 
-	dgbadger "github.com/dgraph-io/badger/v4"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -61,8 +60,8 @@ func (k *kv) insert(ctx context.Context, evt *nostr.Event) (bool, error) {
 	return r.Stored, r.Err
 }
 
-// insertBatch writes regular events with distinct ids, as few badger
-// transactions as their size allows, holding the stripes of their ids.
+// insertBatch writes regular events with distinct ids, as few engine
+// writes as their size allows, holding the stripes of their ids.
 func (k *kv) insertBatch(ctx context.Context, evts []*nostr.Event) []SaveResult {
 	ids := make([]string, len(evts))
 	for n, evt := range evts {
@@ -130,10 +129,10 @@ func kvPrepare(evt *nostr.Event) (kvPrepared, error) {
 }
 
 // writeChunk stores the events of chunk that are not stored yet in one
-// transaction, and splits the chunk when badger finds it too big.
+// write, and splits the chunk when the engine finds it too big.
 func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
-	txn := k.db.NewTransaction(true)
-	defer txn.Discard()
+	w := k.eng.newWrite()
+	defer w.discard()
 	var wrote, newKinds []int
 	var wroteIDs [][]byte
 	ids := k.ids.Load()
@@ -144,29 +143,31 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 			// one holds its stripe: if it has not seen the id, the id
 			// is not stored.
 			if ids.mayHave(p.id) {
-				if _, err := txn.Get(idKey); err == nil {
-					continue // stored already: a duplicate
-				} else if !errors.Is(err, dgbadger.ErrKeyNotFound) {
+				found, err := w.get(idKey, func([]byte) error { return nil })
+				if err != nil {
 					return err
 				}
+				if found {
+					continue // stored already: a duplicate
+				}
 			}
-			serial, err := k.seq.Next()
+			serial, err := k.eng.nextSerial()
 			if err != nil {
 				return fmt.Errorf("next serial: %w", err)
 			}
-			if err := txn.Set(kvRawKey(serial), p.payload); err != nil {
+			if err := w.set(kvRawKey(serial), p.payload); err != nil {
 				return err
 			}
-			if err := txn.Set(idKey, binary.BigEndian.AppendUint64(nil, serial)); err != nil {
+			if err := w.set(idKey, binary.BigEndian.AppendUint64(nil, serial)); err != nil {
 				return err
 			}
 			for _, key := range kvIndexKeys(p.evt, p.pk, serial) {
-				if err := txn.Set(key, nil); err != nil {
+				if err := w.set(key, nil); err != nil {
 					return err
 				}
 			}
 			if !k.kinds.isSaved(p.evt.Kind) && !slices.Contains(newKinds, p.evt.Kind) {
-				if err := txn.Set(append([]byte{kvKnownKind}, kvKindBytes(p.evt.Kind)...), nil); err != nil {
+				if err := w.set(append([]byte{kvKnownKind}, kvKindBytes(p.evt.Kind)...), nil); err != nil {
 					return err
 				}
 				newKinds = append(newKinds, p.evt.Kind)
@@ -175,7 +176,7 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 			wroteIDs = append(wroteIDs, p.id)
 		}
 		k.kinds.listKinds(newKinds...)
-		return txn.Commit()
+		return w.commit()
 	}()
 	switch {
 	case err == nil:
@@ -184,12 +185,12 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 		for _, n := range wrote {
 			res[n].Stored = true
 		}
-	case errors.Is(err, dgbadger.ErrTxnTooBig) && len(chunk) > 1:
-		txn.Discard()
+	case errors.Is(err, errKVTooBig) && len(chunk) > 1:
+		w.discard()
 		k.writeChunk(chunk[:len(chunk)/2], res)
 		k.writeChunk(chunk[len(chunk)/2:], res)
-	case errors.Is(err, dgbadger.ErrTxnTooBig):
-		res[chunk[0].n].Err = fmt.Errorf("%w: %d bytes is more than one badger transaction holds", ErrUnstorable, chunk[0].size)
+	case errors.Is(err, errKVTooBig):
+		res[chunk[0].n].Err = fmt.Errorf("%w: %d bytes is more than one %s write holds", ErrUnstorable, chunk[0].size, k.eng.name())
 	default:
 		for _, p := range chunk {
 			res[p.n].Err = err
@@ -230,18 +231,23 @@ func (k *kv) delete(_ context.Context, evt *nostr.Event) error {
 		return err
 	}
 	defer done()
-	return k.db.Update(func(txn *dgbadger.Txn) error {
-		serial, stored, err := kvLookup(txn, id)
-		if err != nil || stored == nil {
+	var serial uint64
+	var stored *nostr.Event
+	err = k.eng.view(func(r kvReader) error {
+		var err error
+		serial, stored, err = kvLookup(r, id)
+		return err
+	})
+	if err != nil || stored == nil {
+		return err
+	}
+	pk, _ := decode32(stored.PubKey)
+	w := k.eng.newWrite()
+	defer w.discard()
+	for _, key := range append(kvIndexKeys(stored, pk, serial), kvRawKey(serial), kvIDKey(id)) {
+		if err := w.delete(key); err != nil {
 			return err
 		}
-		pk, _ := decode32(stored.PubKey)
-		keys := append(kvIndexKeys(stored, pk, serial), kvRawKey(serial), kvIDKey(id))
-		for _, key := range keys {
-			if err := txn.Delete(key); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return w.commit()
 }

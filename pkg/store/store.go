@@ -27,8 +27,9 @@ import (
 // (Items, negentropy queries).
 const DefaultQueryLimit = 100_000
 
-// DefaultScheme is the embedded backend a plain directory opens. Chosen by
-// measurement: see docs/decisions.md, "Embedded store".
+// DefaultScheme is the embedded backend a plain directory opens: kv on the
+// engine the directory holds, pebble for a new one. Chosen by measurement:
+// see docs/decisions.md, "Embedded store" and "kv on pebble".
 const DefaultScheme = "kv"
 
 // ErrUnstorable marks an event the backend cannot hold (for example content
@@ -82,7 +83,7 @@ func WithPostgresSchema(schema string) Option { return func(o *options) { o.pgSc
 
 // WithKVMemory sizes the kv store's own memory (memtables, block and index
 // caches) from a budget in bytes; zero or less means DefaultKVMemory. See
-// kvBadgerOptions for how the budget is split.
+// kvPebbleOptions and kvBadgerOptions for how the budget is split.
 func WithKVMemory(bytes int64) Option { return func(o *options) { o.kvMemory = bytes } }
 
 // WithMaxQueryLimit overrides DefaultQueryLimit.
@@ -98,7 +99,10 @@ type Store struct {
 
 // Open opens the store named by rawURL:
 //   - "postgres://…" or "postgresql://…": PostgreSQL (several processes);
-//   - "kv://<dir>": the store's own layout on badger (one process);
+//   - "kv://<dir>": the store's own layout (one process) on the engine the
+//     directory holds, pebble for a new one; "kv+pebble://<dir>" and
+//     "kv+badger://<dir>" name the engine and refuse a directory of the
+//     other;
 //   - "badger://<dir>", "lmdb://<dir>", "sqlite3://<file>": that eventstore
 //     backend (one process; lmdb and sqlite3 need a cgo build);
 //   - a plain directory path: the embedded DefaultScheme.
@@ -124,12 +128,15 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 	switch scheme {
 	case "postgres", "postgresql":
 		b, err = openPostgres(rawURL, o)
-	case "kv":
-		b, err = openKV(rest, o)
+	case "kv", "kv+" + kvBadger, "kv+" + kvPebble:
+		var k *kv
+		if k, err = openKV(rest, strings.TrimPrefix(strings.TrimPrefix(scheme, "kv"), "+"), o); err == nil {
+			b, scheme = k, "kv+"+k.eng.name()
+		}
 	case "badger", "lmdb", "sqlite3":
 		b, err = openEmbedded(scheme, rest, o)
 	default:
-		return nil, fmt.Errorf("store %s: unknown scheme %q (want postgres, kv, badger, lmdb, sqlite3 or a directory)", Redact(rawURL), scheme)
+		return nil, fmt.Errorf("store %s: unknown scheme %q (want postgres, kv, kv+pebble, kv+badger, badger, lmdb, sqlite3 or a directory)", Redact(rawURL), scheme)
 	}
 	if err != nil {
 		return nil, err
@@ -158,7 +165,8 @@ func Redact(raw string) string {
 	return u.String()
 }
 
-// Backend names the backend in use ("badger", "postgres", …).
+// Backend names the backend in use ("kv+pebble", "kv+badger", "badger",
+// "postgres", …): for kv the engine the directory was found to hold.
 func (s *Store) Backend() string { return s.kind }
 
 // Close releases the backend.

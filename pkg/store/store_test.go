@@ -447,13 +447,14 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
+// A new plain directory is kv on pebble (docs/decisions.md, "kv on pebble").
 func TestPlainDirectoryOpensDefault(t *testing.T) {
 	s, err := store.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if s.Backend() != store.DefaultScheme {
-		t.Fatalf("backend = %s, want %s", s.Backend(), store.DefaultScheme)
+	if s.Backend() != "kv+pebble" {
+		t.Fatalf("backend = %s, want kv+pebble", s.Backend())
 	}
 }

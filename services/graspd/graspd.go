@@ -51,7 +51,7 @@ type Config struct {
 	NATSURL string `envconfig:"NATS_URL"`
 	// Security: credentials and certificate authorities for an external, secured NATS.
 	bus.Security
-	// StoreURL is the event store; default: the embedded store under DataDir.
+	// StoreURL is the event store; default: the embedded store under DataDir (kv on pebble for a new directory, on badger for one badger wrote; kv+pebble:// or kv+badger:// names the engine).
 	StoreURL string `envconfig:"STORE_URL"`
 	// MetricsAddr serves /metrics, /healthz and /readyz.
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -234,7 +235,14 @@ func newEnv(t testing.TB) *env {
 	if err := bus.Setup(context.Background(), b.JS, b.Names, bus.DefaultOptions()); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(t.TempDir())
+	// GRASP_BENCH_STORE names the embedded store's scheme (kv+pebble,
+	// kv+badger, …) so the benchmark can compare engines; unset, a plain
+	// directory: the default.
+	url := t.TempDir()
+	if scheme := os.Getenv("GRASP_BENCH_STORE"); scheme != "" {
+		url = scheme + "://" + url
+	}
+	st, err := store.Open(url)
 	if err != nil {
 		t.Fatal(err)
 	}
