@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +57,9 @@ type benchResult struct {
 // generated world through graspd against a one-process baseline, live
 // latency, daily-resync bytes with NIP-77 vs REQ, and peak RSS. It writes
 // its sections of docs/performance.md. GRASP_BENCH=1 enables it;
-// GRASP_BENCH_REPOS and GRASP_BENCH_EVENTS_PER_REPO scale it.
+// GRASP_BENCH_REPOS and GRASP_BENCH_EVENTS_PER_REPO scale it;
+// GRASP_BENCH_CPUPROFILE=prefix writes CPU profiles of the pipeline's and
+// the baseline's initial sync (startCPUProfile).
 func TestBenchEndToEnd(t *testing.T) {
 	if os.Getenv("GRASP_BENCH") == "" {
 		t.Skip("SKIP: benchmark; run with GRASP_BENCH=1 (make bench)")
@@ -109,6 +112,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	env["GRASP_PUBLIC_URL"] = benchPublicURL
 	env["GRASP_SHARDS"] = "16"
 	app, stop := StartGraspd(t, env, nil, "")
+	stopProfile := startCPUProfile(t, "pipeline")
 	began = time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -119,6 +123,7 @@ func TestBenchEndToEnd(t *testing.T) {
 		t.Fatalf("pipeline initial sync: %v", err)
 	}
 	res.pipelineWall = time.Since(began)
+	stopProfile()
 	res.rssAfter = PeakRSS()
 	t.Logf("pipeline: %d events in %s (%.0f/s)", res.distinct, res.pipelineWall, float64(res.distinct)/res.pipelineWall.Seconds())
 
@@ -284,6 +289,8 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 		}
 	}
 	ctx := context.Background()
+	stopProfile := startCPUProfile(t, "baseline")
+	defer stopProfile()
 	began := time.Now()
 	var g errgroup.Group
 	for i, url := range urls {
@@ -330,10 +337,45 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 		t.Fatalf("baseline: %v", err)
 	}
 	wall := time.Since(began)
+	stopProfile()
 	if err := waitAll(ctx, st, ds.Distinct); err != nil {
 		t.Fatalf("baseline incomplete: %v", err)
 	}
 	return wall
+}
+
+// startCPUProfile writes a pprof CPU profile of one timed phase of the
+// benchmark ("pipeline" or "baseline") when GRASP_BENCH_CPUPROFILE names a
+// path prefix: the profile goes to <prefix>.<phase>.pprof and covers exactly
+// the phase's timed interval, so the two can be compared
+// (docs/performance.md, "Where the initial sync's time goes"). Everything
+// in the process is sampled, the testkit relays included. The returned stop
+// is idempotent; it is a no-op when the variable is unset.
+func startCPUProfile(t *testing.T, phase string) (stop func()) {
+	t.Helper()
+	prefix := os.Getenv("GRASP_BENCH_CPUPROFILE")
+	if prefix == "" {
+		return func() {}
+	}
+	path := prefix + "." + phase + ".pprof"
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatalf("cpu profile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		t.Fatalf("cpu profile %s: %v", path, err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				t.Errorf("cpu profile %s: %v", path, err)
+			}
+			t.Logf("cpu profile of the %s phase: %s", phase, path)
+		})
+	}
 }
 
 // percentile returns the p-th percentile (0..100) of ds.
