@@ -126,6 +126,19 @@ func TestBenchEndToEnd(t *testing.T) {
 	stopProfile()
 	res.rssAfter = PeakRSS()
 	t.Logf("pipeline: %d events in %s (%.0f/s)", res.distinct, res.pipelineWall, float64(res.distinct)/res.pipelineWall.Seconds())
+	// How many times the pipeline handled each event: the fetchers receive
+	// every copy (relaysPerRepo of them), JetStream drops the copies with the
+	// same Nats-Msg-Id, the ingester verifies what is not yet stored
+	// (docs/performance.md, "Where the initial sync's time goes").
+	if m, err := app.Metrics(ctx); err == nil {
+		t.Logf("pipeline work per distinct event: fetched %.2f, consumed by the ingester %.2f, verified %.2f, duplicates %.2f, stored %.2f, parked %.2f",
+			MetricSum(m, "grasp_fetcher_events_received_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_consumed_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_verified_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_duplicates_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_stored_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_parked_total")/float64(res.distinct))
+	}
 
 	// Live latency: remote publish → stored, on known repositories and roots.
 	if err := WaitQuiescent(ctx, app, urls, time.Second); err != nil {
