@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,7 +61,10 @@ type benchResult struct {
 // generated world through graspd against a one-process baseline, live
 // latency, daily-resync bytes with NIP-77 vs REQ, and peak RSS. It writes
 // its sections of docs/performance.md. GRASP_BENCH=1 enables it;
-// GRASP_BENCH_REPOS and GRASP_BENCH_EVENTS_PER_REPO scale it.
+// GRASP_BENCH_REPOS and GRASP_BENCH_EVENTS_PER_REPO scale it;
+// GRASP_BENCH_CPUPROFILE=prefix writes CPU profiles of the pipeline's and
+// the baseline's initial sync (startCPUProfile); GRASP_BENCH_INITIAL_ONLY=1
+// runs only the two initial syncs and leaves docs/performance.md alone.
 func TestBenchEndToEnd(t *testing.T) {
 	if os.Getenv("GRASP_BENCH") == "" {
 		t.Skip("SKIP: benchmark; run with GRASP_BENCH=1 (make bench)")
@@ -113,6 +117,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	env["GRASP_PUBLIC_URL"] = benchPublicURL
 	env["GRASP_SHARDS"] = "16"
 	app, stop := StartGraspd(t, env, nil, "")
+	stopProfile := startCPUProfile(t, "pipeline")
 	began = time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -123,8 +128,41 @@ func TestBenchEndToEnd(t *testing.T) {
 		t.Fatalf("pipeline initial sync: %v", err)
 	}
 	res.pipelineWall = time.Since(began)
+	stopProfile()
 	res.rssAfter = PeakRSS()
 	t.Logf("pipeline: %d events in %s (%.0f/s)", res.distinct, res.pipelineWall, float64(res.distinct)/res.pipelineWall.Seconds())
+	// How many times the pipeline handled each event: the fetchers receive
+	// every copy (relaysPerRepo of them), JetStream drops the copies with the
+	// same Nats-Msg-Id, the ingester verifies what is not yet stored
+	// (docs/performance.md, "Where the initial sync's time goes").
+	// The fetchers' per-relay event counters are dropped with a relay's
+	// series, so copies fetched are estimated from the historic bytes (NIP-77
+	// and REQ framing included) over the mean event size.
+	if m, err := app.Metrics(ctx); err == nil {
+		size := 0
+		for _, e := range ds.Distinct {
+			size += len(e.String())
+		}
+		t.Logf("pipeline work per distinct event: historic bytes %.0f (%.2f× the mean event, %d bytes), consumed by the ingester %.2f, verified %.2f, duplicates %.2f, stored %.2f, parked %.2f",
+			MetricSum(m, "grasp_fetcher_historic_bytes_total")/float64(res.distinct),
+			MetricSum(m, "grasp_fetcher_historic_bytes_total")/float64(size), size/res.distinct,
+			MetricSum(m, "grasp_ingester_consumed_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_verified_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_duplicates_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_stored_total")/float64(res.distinct),
+			MetricSum(m, "grasp_ingester_parked_total")/float64(res.distinct))
+	}
+
+	if os.Getenv("GRASP_BENCH_INITIAL_ONLY") != "" {
+		// Only the two initial syncs, for comparing builds or profiling
+		// (docs/performance.md, "Where the initial sync's time goes"); the
+		// report would lack rows, so performance.md is left alone.
+		stop()
+		res.baselineWall = baseline(t, ds, urls)
+		t.Logf("baseline: %d events in %s (%.0f/s); pipeline/baseline %.2f×", res.distinct, res.baselineWall,
+			float64(res.distinct)/res.baselineWall.Seconds(), res.baselineWall.Seconds()/res.pipelineWall.Seconds())
+		return
+	}
 
 	// Live latency: remote publish → stored, on known repositories and roots.
 	if err := WaitQuiescent(ctx, app, urls, time.Second); err != nil {
@@ -224,27 +262,41 @@ func waitAllOn(ctx context.Context, r *testkit.Relay, evts []*nostr.Event) error
 	}
 }
 
-// waitAll polls st until every event is stored.
+// waitAll polls st until every event is stored. It keeps a cursor: the ids
+// before it were seen stored (the bench deletes nothing), so a poll asks
+// only from the first id still missing and stops at the next missing one,
+// and the whole wait costs about one Has per event instead of one per
+// missing event per poll. Polling the pipeline's store shares the CPU with
+// the pipeline while it is timed (the baseline's wall time is taken before
+// its waitAll); checking every missing id every 200 ms was 6 % of the
+// pipeline phase's CPU (docs/performance.md, "Where the initial sync's time
+// goes").
 func waitAll(ctx context.Context, st *store.Store, evts []*nostr.Event) error {
-	left := IDs(evts...)
+	ids := IDs(evts...)
+	next := 0
 	for {
-		next := left[:0]
-		for _, id := range left {
-			ok, err := st.Has(ctx, id)
+		for next < len(ids) {
+			ok, err := st.Has(ctx, ids[next])
 			if err != nil {
 				return err
 			}
 			if !ok {
-				next = append(next, id)
+				break
 			}
+			next++
 		}
-		left = next
-		if len(left) == 0 {
+		if next == len(ids) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%d of %d events missing: %w", len(left), len(evts), ctx.Err())
+			missing := 0
+			for _, id := range ids[next:] {
+				if ok, err := st.Has(context.WithoutCancel(ctx), id); err != nil || !ok {
+					missing++
+				}
+			}
+			return fmt.Errorf("%d of %d events missing: %w", missing, len(evts), ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -362,6 +414,8 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 		}
 	}
 	ctx := context.Background()
+	stopProfile := startCPUProfile(t, "baseline")
+	defer stopProfile()
 	began := time.Now()
 	var g errgroup.Group
 	for i, url := range urls {
@@ -408,10 +462,45 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 		t.Fatalf("baseline: %v", err)
 	}
 	wall := time.Since(began)
+	stopProfile()
 	if err := waitAll(ctx, st, ds.Distinct); err != nil {
 		t.Fatalf("baseline incomplete: %v", err)
 	}
 	return wall
+}
+
+// startCPUProfile writes a pprof CPU profile of one timed phase of the
+// benchmark ("pipeline" or "baseline") when GRASP_BENCH_CPUPROFILE names a
+// path prefix: the profile goes to <prefix>.<phase>.pprof and covers exactly
+// the phase's timed interval, so the two can be compared
+// (docs/performance.md, "Where the initial sync's time goes"). Everything
+// in the process is sampled, the testkit relays included. The returned stop
+// is idempotent; it is a no-op when the variable is unset.
+func startCPUProfile(t *testing.T, phase string) (stop func()) {
+	t.Helper()
+	prefix := os.Getenv("GRASP_BENCH_CPUPROFILE")
+	if prefix == "" {
+		return func() {}
+	}
+	path := prefix + "." + phase + ".pprof"
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatalf("cpu profile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		t.Fatalf("cpu profile %s: %v", path, err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				t.Errorf("cpu profile %s: %v", path, err)
+			}
+			t.Logf("cpu profile of the %s phase: %s", phase, path)
+		})
+	}
 }
 
 // percentile returns the p-th percentile (0..100) of ds.

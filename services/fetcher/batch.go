@@ -106,18 +106,40 @@ func (w *relayWorker) runBatch(s *session, batch string, hist, refetch []nostr.F
 
 // part fetches one historic filter: NIP-77 while the session allows it,
 // REQ+EOSE otherwise or when NIP-77 fails in a way that says the relay
-// cannot do it.
+// cannot do it. When the local set holds nothing for the filter (an initial
+// sync), reconciling would only list every id to fetch them all by id
+// afterwards: REQ+EOSE reads the same events with one query per page
+// instead of a reconciliation and id fetches, and NIP-77 is used only if
+// REQ cannot read a crowded second completely (docs/decisions.md, "Initial
+// sync: REQ when the local set is empty").
 func (b *batchRun) part(f nostr.Filter) error {
 	w := b.w
 	if !w.f.cfg.DisableNegentropy && b.s.useNegentropy() {
-		err := b.negentropy(f)
+		local, err := b.localSet(f)
+		if err != nil {
+			return err
+		}
+		if len(local) == 0 && !b.s.looseTags.Load() {
+			err := b.req(f)
+			var inc *history.IncompleteError
+			if !errors.As(err, &inc) {
+				b.usedReq = true
+				return err
+			}
+			// A second holds more than a page: NIP-77 is not capped.
+			// What REQ read is in flight, not yet stored: the local set
+			// still lacks it and it is fetched again, dropped by the
+			// stream's duplicate window.
+			w.log.Info("REQ could not read a crowded second; reconciling with NIP-77", "session", b.s.id, "batch", b.id, "err", err)
+		}
+		err = b.negentropy(f, local)
 		if err != nil && strings.Contains(err.Error(), "auth-required:") && b.s.auth.sk != "" {
 			// Asked before our NIP-42 answer was accepted: once more.
 			actx, cancel := context.WithTimeout(b.s.ctx, w.f.cfg.NegentropyTimeout)
 			ok := b.s.auth.wait(actx)
 			cancel()
 			if ok {
-				err = b.negentropy(f)
+				err = b.negentropy(f, local)
 			}
 		}
 		if err == nil {
@@ -152,20 +174,25 @@ func fallbackClass(err error) string {
 	}
 }
 
-// negentropy reconciles f with the local set and fetches what we lack by
-// id, re-requesting missing ids while the relay makes progress.
-func (b *batchRun) negentropy(f nostr.Filter) error {
+// localSet is what the local set holds for f (nothing without one).
+func (b *batchRun) localSet(f nostr.Filter) ([]negsync.Item, error) {
+	if b.w.f.local == nil {
+		return nil, nil
+	}
+	items, err := b.w.f.local.Items(b.s.ctx, f)
+	if err != nil {
+		return nil, fmt.Errorf("local set: %w", err)
+	}
+	return items, nil
+}
+
+// negentropy reconciles f with local, the local set for f, and fetches
+// what we lack by id, re-requesting missing ids while the relay makes
+// progress.
+func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) error {
 	w := b.w
 	if err := w.cooldown.Wait(b.s.ctx); err != nil {
 		return err
-	}
-	var local []negsync.Item
-	if w.f.local != nil {
-		items, err := w.f.local.Items(b.s.ctx, f)
-		if err != nil {
-			return fmt.Errorf("local set: %w", err)
-		}
-		local = items
 	}
 	nf := f
 	nf.Limit, nf.LimitZero = 0, false
@@ -270,6 +297,9 @@ func (b *batchRun) req(f nostr.Filter) error {
 	}
 	st, err := rd.Read(b.s.ctx, f, func(evts []*nostr.Event) error {
 		for _, evt := range evts {
+			if !b.s.looseTags.Load() && !matchesIgnoringLimit(nostr.Filters{f}, evt) {
+				b.s.looseTags.Store(true)
+			}
 			if err := b.emit(evt, nostr.Filters{f}); err != nil {
 				return err
 			}

@@ -80,14 +80,15 @@ func TestNegentropyFallback(t *testing.T) {
 			evts := notes(testkit.NewKey(), 40, 1, 1000)
 			r.Add(t, evts...)
 			r.Set(faults)
-			e.start(baseConfig("a"), nil)
+			// One event held: with an empty local set NIP-77 is not tried.
+			e.start(baseConfig("a"), localStore(t, evts[:1]))
 			s := e.connectRelay(r.URL)
 			e.addFilters(0, r.URL, s, "b1", kind1, nil)
 			done := e.batchDone(r.URL, "b1")
 			if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ || done.GetFallbackReason() == "" {
 				t.Fatalf("batch done %v", done)
 			}
-			e.waitEvents(evts)
+			e.waitEvents(evts[1:])
 			opens := r.NegOpens()
 			e.addFilters(0, r.URL, s, "b2", []nostr.Filter{{Kinds: []int{1}, Authors: []string{evts[0].PubKey}}}, nil)
 			if d := e.batchDone(r.URL, "b2"); d.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ {
@@ -103,7 +104,9 @@ func TestNegentropyFallback(t *testing.T) {
 // A relay that caps REQ pages and holds more events with one created_at
 // than a page: REQ+EOSE terminates, gets every event with its own
 // timestamp and reports the batch INCOMPLETE (one kind, no list to split
-// the crowded second by), while NIP-77, which is not capped, gets them all.
+// the crowded second by), while NIP-77, which is not capped, gets them all:
+// an initial sync (nothing held) reads with REQ first and reconciles when
+// REQ cannot read the crowded second.
 func TestPaginationTerminatesWithEqualCreatedAt(t *testing.T) {
 	e := newEnv(t)
 	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
@@ -143,6 +146,10 @@ func TestPaginationTerminatesWithEqualCreatedAt(t *testing.T) {
 // session for {"#A": [repo]} with the events tagged ["a", repo]. Our local
 // set for #A rightly lacks them, so reconciliation names them as needed;
 // the fetcher must notice it holds them already and not fetch them again.
+// The local set being empty for #A, the first batch of the session reads
+// with REQ (an initial sync's shortcut), gets the a-tagged events, drops
+// them as not matching and so learns the relay matches tags loosely: from
+// then on the session reconciles even an empty local set.
 func TestNegentropyNeedsWeHoldAreNotFetched(t *testing.T) {
 	e := newEnv(t)
 	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
@@ -155,6 +162,10 @@ func TestNegentropyNeedsWeHoldAreNotFetched(t *testing.T) {
 	r.Add(t, issues...)
 	e.start(baseConfig("a"), localStore(t, issues))
 	s := e.connectRelay(r.URL)
+	e.addFilters(0, r.URL, s, "b0", []nostr.Filter{{Tags: nostr.TagMap{"A": {repo}}}}, nil)
+	if d := e.batchDone(r.URL, "b0"); d.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ || e.eventCount() != 0 {
+		t.Fatalf("first batch %v, published %d; want REQ and none published (none matches #A)", d, e.eventCount())
+	}
 	e.addFilters(0, r.URL, s, "b1", []nostr.Filter{{Tags: nostr.TagMap{"A": {repo}}}}, nil)
 	done := e.batchDone(r.URL, "b1")
 	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_NEGENTROPY {
@@ -163,4 +174,30 @@ func TestNegentropyNeedsWeHoldAreNotFetched(t *testing.T) {
 	if done.GetEventsReceived() != 0 || e.eventCount() != 0 {
 		t.Fatalf("received %d, published %d; want none: every needed id is already held", done.GetEventsReceived(), e.eventCount())
 	}
+}
+
+// An initial sync: with nothing held for the filter, reconciling would only
+// list every id to fetch them all by id afterwards, so the batch reads with
+// REQ+EOSE and sends no NEG-OPEN; once something is held, NIP-77 is used
+// (docs/decisions.md, "Initial sync: REQ when the local set is empty").
+func TestEmptyLocalSetReadsWithREQ(t *testing.T) {
+	e := newEnv(t)
+	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	k := testkit.NewKey()
+	evts := notes(k, 120, 2, 1000)
+	r.Add(t, evts...)
+	e.start(baseConfig("a"), localStore(t, nil))
+	s := e.connectRelay(r.URL)
+	e.addFilters(0, r.URL, s, "b1", kind1, nil)
+	done := e.batchDone(r.URL, "b1")
+	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ || done.GetFallbackReason() != "" {
+		t.Fatalf("batch done %v", done)
+	}
+	if n := r.NegOpens(); n != 0 {
+		t.Fatalf("%d NEG-OPENs for a filter the local set holds nothing of", n)
+	}
+	if done.GetEventsReceived() != uint64(len(evts)) {
+		t.Fatalf("received %d of %d", done.GetEventsReceived(), len(evts))
+	}
+	e.waitEvents(evts)
 }

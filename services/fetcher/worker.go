@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -69,6 +70,12 @@ type session struct {
 	// connection: a shorter page is proven complete (docs/decisions.md,
 	// "History: reading a crowded second completely").
 	relayCap history.Cap
+
+	// looseTags is set once the relay answered a REQ with events that do
+	// not match it (khatru v0.19.1 on badger ignores the tag letter): an
+	// empty local set then says nothing about what the relay will send, so
+	// the session reconciles with NIP-77 even then (batchRun.part).
+	looseTags atomic.Bool
 
 	mu       sync.Mutex
 	fallback string // why NIP-77 was given up for the session ("" while not)
