@@ -178,9 +178,11 @@ func BenchmarkIngest(b *testing.B) {
 		b.Fatalf("%d deliveries, %d to store: the ratio needs a workload of valid events only", len(evts), len(w.accepted))
 	}
 	var total, cpu, vWall, vCPU, pWall, pCPU time.Duration
+	backend := ""
 	for range b.N {
 		b.StopTimer()
 		e := newEnv(b)
+		backend = e.raw.Backend()
 		e.inProcess = true // graspd's embedded deployment
 		e.publish(b, w.deliveries)
 		// The deployed defaults (fetch batch 256, 30 s ack wait), not the
@@ -224,4 +226,12 @@ func BenchmarkIngest(b *testing.B) {
 	b.ReportMetric(float64(vCPU.Microseconds())/float64(b.N*len(evts)), "verify-cpu-µs/event")
 	b.ReportMetric(100*(n/total.Seconds())/(float64(b.N*len(evts))/vWall.Seconds()), "ratio-%")
 	b.ReportMetric(100*(float64(vCPU)/float64(b.N*len(evts)))/(float64(cpu)/n), "cpu-ratio-%")
+	// Issue 17 §1's row, collected by make bench.
+	ratio := 100 * (n / total.Seconds()) / (float64(b.N*len(evts)) / vWall.Seconds())
+	verdict := "met"
+	if ratio < 50 {
+		verdict = "NOT MET"
+	}
+	fmt.Printf("bench row: ingest on %d core(s), %s store: %.0f events/s = %.0f %% of raw %s verification (target ≥ 50 %%) — %s\n",
+		runtime.GOMAXPROCS(0), backend, n/total.Seconds(), ratio, verify.Backend(), verdict)
 }
