@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -67,7 +70,8 @@ type RefreshResult struct {
 // Refresher reconciles the mirror with the target by NIP-77, so events
 // others wrote to the target directly are known to be there (and not
 // fetched from remotes and published again). Ids the mirror has and the
-// target lacks are counted, not deleted.
+// target lacks are counted, not deleted. One goroutine runs it (Run, or
+// Refresh calls one after the other).
 type Refresher struct {
 	relay    string
 	sk, pk   string
@@ -78,6 +82,7 @@ type Refresher struct {
 	// StartDelay is the wait before the first refresh.
 	StartDelay time.Duration
 	mirror     Mirror
+	authWait   time.Duration
 	clk        clock.Clock
 	log        *slog.Logger
 	m          refreshMetrics
@@ -94,7 +99,7 @@ type refreshMetrics struct {
 // may be nil. Run does nothing when cfg.RefreshInterval is 0.
 func NewRefresher(cfg Settings, mirror Mirror, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *Refresher {
 	r := &Refresher{
-		relay: cfg.Relay, interval: cfg.RefreshInterval, MaxFetch: DefaultRefreshMaxFetch, StartDelay: refreshStartDelay,
+		relay: cfg.Relay, interval: cfg.RefreshInterval, authWait: cfg.withDefaults().Timeout, MaxFetch: DefaultRefreshMaxFetch, StartDelay: refreshStartDelay,
 		mirror: mirror, clk: clk, log: log.With("target", cfg.Relay),
 		m: refreshMetrics{
 			result: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -181,23 +186,32 @@ func (r *Refresher) refresh(ctx context.Context) (RefreshResult, error) {
 	if err != nil {
 		return res, err
 	}
-	challenges := make(chan string, 1)
-	conn, err := relayconn.Dial(ctx, r.relay, relayconn.Options{OnMessage: func(label string, raw []byte) {
-		if label == "AUTH" {
-			select {
-			case challenges <- gjson.GetBytes(raw, "1").String():
-			default:
-			}
-		}
-	}})
+	auth := &refreshAuth{challenges: make(chan string, 1), authed: make(chan struct{})}
+	conn, err := relayconn.Dial(ctx, r.relay, relayconn.Options{OnMessage: auth.onMessage})
 	if err != nil {
 		return res, fmt.Errorf("mirror refresh: %w", err)
 	}
 	defer conn.Close()
 	if r.sk != "" {
-		go r.answerAuth(conn, challenges)
+		go r.answerAuth(conn, auth)
 	}
-	rec, err := negsync.Reconcile(ctx, conn, filter, local, negsync.Options{Have: true})
+	opts := negsync.Options{Have: true}
+	rec, err := negsync.Reconcile(ctx, conn, filter, local, opts)
+	if err != nil && r.sk != "" && strings.Contains(err.Error(), "auth-required") {
+		// The target reads only for authenticated clients and our
+		// NEG-OPEN overtook our AUTH: once it is accepted, once more.
+		select {
+		case <-auth.authed:
+			rec, err = negsync.Reconcile(ctx, conn, filter, local, opts)
+		case <-r.clk.After(r.authWait):
+			return res, fmt.Errorf("mirror refresh: %s requires NIP-42 authentication to read and did not accept ours: %w", r.relay, err)
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+	}
+	if err != nil && r.sk == "" && strings.Contains(err.Error(), "auth-required") {
+		return res, fmt.Errorf("mirror refresh: %s requires NIP-42 authentication to read and GRASP_TARGET_AUTH_KEY is not set: %w", r.relay, err)
+	}
 	if errors.Is(err, negsync.ErrUnsupported) {
 		res.Unsupported = true
 		if !r.warnedNo77 {
@@ -327,22 +341,44 @@ func (r *Refresher) fetch(ctx context.Context, conn *relayconn.Conn, ids []strin
 	return saved, nil
 }
 
+// refreshAuth is the NIP-42 state of one refresh connection.
+type refreshAuth struct {
+	challenges chan string
+	authID     atomic.Value // string: the id of our AUTH event
+	authed     chan struct{}
+	once       sync.Once
+}
+
+// onMessage receives AUTH challenges and the OK to our AUTH (on the read
+// goroutine: it does not block).
+func (a *refreshAuth) onMessage(label string, raw []byte) {
+	switch label {
+	case "AUTH":
+		select {
+		case a.challenges <- gjson.GetBytes(raw, "1").String():
+		default:
+		}
+	case "OK":
+		if id, _ := a.authID.Load().(string); id != "" && gjson.GetBytes(raw, "1").String() == id && gjson.GetBytes(raw, "2").Bool() {
+			a.once.Do(func() { close(a.authed) })
+		}
+	}
+}
+
 // answerAuth answers the target's NIP-42 challenges with
-// GRASP_TARGET_AUTH_KEY until conn ends (best effort: the answer is sent,
-// not awaited; a target that requires authentication to read may refuse a
-// reconciliation sent before it accepted, which then reports unsupported or
-// an error and is tried again at the next refresh).
-func (r *Refresher) answerAuth(conn *relayconn.Conn, challenges <-chan string) {
+// GRASP_TARGET_AUTH_KEY until conn ends.
+func (r *Refresher) answerAuth(conn *relayconn.Conn, a *refreshAuth) {
 	for {
 		select {
 		case <-conn.Context().Done():
 			return
-		case challenge := <-challenges:
+		case challenge := <-a.challenges:
 			evt := nip42.CreateUnsignedAuthEvent(challenge, r.pk, r.relay)
 			if err := evt.Sign(r.sk); err != nil {
 				r.log.Error("sign AUTH event", "err", err)
 				return
 			}
+			a.authID.Store(evt.ID)
 			_ = conn.Write(conn.Context(), []any{"AUTH", evt})
 		}
 	}
