@@ -223,12 +223,6 @@ func (r *Refresher) refresh(ctx context.Context) (RefreshResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("mirror refresh: reconcile with %s: %w", r.relay, err)
 	}
-	res.MissingOnTarget = len(rec.Have)
-	r.m.missing.Set(float64(res.MissingOnTarget))
-	if res.MissingOnTarget > 0 {
-		r.log.Warn("the mirror holds events the target relay lacks (the target dropped them, or the mirror belongs to another target); kept",
-			"count", res.MissingOnTarget)
-	}
 	need := rec.Need
 	if len(need) > r.MaxFetch {
 		res.Partial = true
@@ -243,8 +237,35 @@ func (r *Refresher) refresh(ctx context.Context) (RefreshResult, error) {
 			return res, err
 		}
 	}
+	// Counted after the fetch: an older version of a replaceable event the
+	// target replaced is gone from the mirror once the newer one is saved.
+	missing := len(rec.Have)
+	if res.Fetched > 0 && missing > 0 {
+		if missing, err = r.held(ctx, rec.Have); err != nil {
+			return res, err
+		}
+	}
+	res.MissingOnTarget = missing
+	r.m.missing.Set(float64(missing))
+	if missing > 0 {
+		r.log.Warn("the mirror holds events the target relay lacks (the target dropped them, or the mirror belongs to another target); kept",
+			"count", missing)
+	}
 	r.log.Info("mirror refreshed from the target relay", "fetched", res.Fetched, "missing_on_target", res.MissingOnTarget, "rounds", rec.Rounds)
 	return res, nil
+}
+
+// held counts the ids the mirror still holds.
+func (r *Refresher) held(ctx context.Context, ids []string) (int, error) {
+	n := 0
+	for start := 0; start < len(ids); start += refreshChunk {
+		evts, err := r.mirror.Query(ctx, nostr.Filter{IDs: ids[start:min(start+refreshChunk, len(ids))]})
+		if err != nil {
+			return 0, fmt.Errorf("mirror refresh: query the mirror: %w", err)
+		}
+		n += len(evts)
+	}
+	return n, nil
 }
 
 // localItems is the mirror's side: its complete id listing when it has one
@@ -295,26 +316,38 @@ func (r *Refresher) fetch(ctx context.Context, conn *relayconn.Conn, ids []strin
 		}
 		var got []*nostr.Event
 		progress := false
+		take := func(evt *nostr.Event) {
+			if !want[evt.ID] {
+				return
+			}
+			delete(want, evt.ID)
+			progress = true
+			if !evt.CheckID() {
+				r.log.Warn("the target sent an event whose id does not match its content: skipped", "id", evt.ID)
+				return
+			}
+			if ok, err := verify.Signature(evt); !ok {
+				r.log.Warn("the target sent an event with a bad signature: skipped", "id", evt.ID, "err", err)
+				return
+			}
+			got = append(got, evt)
+		}
 	read:
 		for {
 			select {
 			case evt := <-sub.Events():
-				if !want[evt.ID] {
-					continue
-				}
-				delete(want, evt.ID)
-				progress = true
-				if !evt.CheckID() {
-					r.log.Warn("the target sent an event whose id does not match its content: skipped", "id", evt.ID)
-					continue
-				}
-				if ok, err := verify.Signature(evt); !ok {
-					r.log.Warn("the target sent an event with a bad signature: skipped", "id", evt.ID, "err", err)
-					continue
-				}
-				got = append(got, evt)
+				take(evt)
 			case <-sub.EOSE():
-				break read
+				// Events before EOSE are delivered in order; drain the
+				// buffer.
+				for {
+					select {
+					case evt := <-sub.Events():
+						take(evt)
+					default:
+						break read
+					}
+				}
 			case reason := <-sub.Closed():
 				sub.Close()
 				return saved, fmt.Errorf("mirror refresh: the target closed our REQ: %s", reason)

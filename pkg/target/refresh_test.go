@@ -76,8 +76,12 @@ func TestMirrorRefreshDownloadsWhatOthersWrote(t *testing.T) {
 	}
 	// Only in the mirror: the target dropped it.
 	dropped := owner.Issue(ref, "dropped by the target")
-	if _, err := mirror.Save(ctx, dropped); err != nil {
-		t.Fatal(err)
+	// Only in the mirror too, but replaced on the target by state.
+	oldState := owner.State("r", map[string]string{"refs/heads/main": testkit.FakeCommit()}, testkit.At(state.CreatedAt-60))
+	for _, e := range []*nostr.Event{dropped, oldState} {
+		if _, err := mirror.Save(ctx, e); err != nil {
+			t.Fatal(err)
+		}
 	}
 	sent := countEvents(r)
 
@@ -88,12 +92,15 @@ func TestMirrorRefreshDownloadsWhatOthersWrote(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res.Fetched != 3 || res.MissingOnTarget != 1 || res.Unsupported || res.Partial {
-		t.Fatalf("refresh %+v; want 3 fetched (paged past the target's limit of 2), 1 missing on the target", res)
+		t.Fatalf("refresh %+v; want 3 fetched (paged past the target's limit of 2), 1 missing on the target (the replaced state is not)", res)
 	}
 	for _, e := range []*nostr.Event{comment, status, state, dropped, ann, issue} {
 		if !inMirror(t, mirror, e.ID) {
 			t.Fatalf("kind %d %s not in the mirror after the refresh", e.Kind, e.ID)
 		}
+	}
+	if inMirror(t, mirror, oldState.ID) {
+		t.Fatal("the older state the target replaced is still in the mirror")
 	}
 	if inMirror(t, mirror, note.ID) {
 		t.Fatal("a kind-1 note was mirrored: not a kind sync fetches")
