@@ -50,6 +50,10 @@ type Options struct {
 	FrameSize    int
 	RoundTimeout time.Duration
 	MaxRounds    int
+	// Have collects Result.Have, the ids the local set has and the relay
+	// lacks (off by default: a fetcher only downloads, and the list can be
+	// as large as the local set).
+	Have bool
 }
 
 // Result is what a reconciliation found.
@@ -57,6 +61,9 @@ type Result struct {
 	// Need are the ids the relay has and the local set lacks, each once
 	// (with a frame limit the engine can report an id more than once).
 	Need []string
+	// Have are the ids the local set has and the relay lacks, each once,
+	// when Options.Have asked for them.
+	Have []string
 	// Rounds counts NEG-MSG answers from the relay.
 	Rounds int
 	// BytesIn and BytesOut count the NIP-77 messages received and sent.
@@ -130,15 +137,22 @@ func Reconcile(ctx context.Context, c *relayconn.Conn, filter nostr.Filter, loca
 	// The engine reports ids on channels while Reconcile runs on our
 	// goroutine, so they are drained concurrently; the drain ends when the
 	// engine closes them (done) or, after our last Reconcile call, on stop.
-	need := newIDSet()
+	need, have := newIDSet(), newIDSet()
+	addHave := func(string) {} // we only download, unless asked
+	if opts.Have {
+		addHave = have.add
+	}
 	stop := make(chan struct{})
 	var drains sync.WaitGroup
 	drains.Add(2)
 	go drain(neg.HaveNots, stop, need.add, &drains)
-	go drain(neg.Haves, stop, func(string) {}, &drains) // we only download
+	go drain(neg.Haves, stop, addHave, &drains)
 	finish := func() []string {
 		close(stop)
 		drains.Wait()
+		if opts.Have {
+			res.Have = have.list()
+		}
 		return need.list()
 	}
 
@@ -219,6 +233,9 @@ func Reconcile(ctx context.Context, c *relayconn.Conn, filter nostr.Filter, loca
 				// Reconciled: the engine closed its channels.
 				drains.Wait()
 				res.Need = need.list()
+				if opts.Have {
+					res.Have = have.list()
+				}
 				res.BytesIn = ch.Bytes()
 				closeSession()
 				return res, nil

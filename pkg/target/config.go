@@ -44,6 +44,8 @@ type Settings struct {
 	Timeout time.Duration `envconfig:"TARGET_TIMEOUT" default:"15s"`
 	// BackoffMax caps the pause after "rate-limited:" answers or a lost connection (the pause starts at 1 s and doubles; a success halves it).
 	BackoffMax time.Duration `envconfig:"TARGET_BACKOFF_MAX" default:"3m"`
+	// RefreshInterval is how often the mirror (what graspd knows to be on the target) is reconciled with the target by NIP-77, a minute after start and then at this interval: events others wrote to the target directly are downloaded into the mirror, so they are not fetched from remotes and published again. 0 disables it; a target without NIP-77 is skipped (the mirror then only knows what we published and what discovery reads there).
+	RefreshInterval time.Duration `envconfig:"TARGET_REFRESH_INTERVAL" default:"24h" zero:"off"`
 }
 
 // Enabled reports whether bolt-on mode is configured.
@@ -68,6 +70,8 @@ func (c Settings) Validate() error {
 		return config.Invalid("TARGET_TIMEOUT", c.Timeout, "must be positive")
 	case c.BackoffMax < time.Second:
 		return config.Invalid("TARGET_BACKOFF_MAX", c.BackoffMax, "must be at least 1s")
+	case c.RefreshInterval < 0:
+		return config.Invalid("TARGET_REFRESH_INTERVAL", c.RefreshInterval, "must not be negative (0 disables)")
 	}
 	if c.AuthKey != "" {
 		if _, err := SecretKey(c.AuthKey); err != nil {

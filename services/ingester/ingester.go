@@ -146,6 +146,9 @@ type Ingester struct {
 	lot *parking.Lot
 	// target publishes accepted events in bolt-on mode (nil otherwise).
 	target *target.Publisher
+	// refresh reconciles the mirror with the target in bolt-on mode (nil
+	// otherwise).
+	refresh *target.Refresher
 	// rejected is the bucket of events refused for good (pkg/rejected);
 	// set by Run, nil when the deployment has none.
 	rejected jetstream.KeyValue
@@ -158,28 +161,35 @@ type Ingester struct {
 func New(cfg Config, b *bus.Bus, st Store, serviceURL string, log *slog.Logger, reg prometheus.Registerer) *Ingester {
 	cfg = cfg.withDefaults()
 	var pub *target.Publisher
+	var refresh *target.Refresher
 	if cfg.Settings.Enabled() {
 		pub = target.NewPublisher(cfg.Settings, clock.Real{}, log.With("service", "ingester"), reg)
+		refresh = target.NewRefresher(cfg.Settings, st, clock.Real{}, log.With("service", "ingester"), reg)
 		st = &target.Store{Mirror: st, Pub: pub}
 	}
 	i := &Ingester{
-		target: pub,
-		cfg:    cfg,
-		bus:    b,
-		store:  st,
-		policy: &policy.Policy{ServiceURL: serviceURL, Store: st, Limits: cfg.Limits},
-		log:    log.With("service", "ingester"),
-		reg:    reg,
-		clk:    clock.Real{},
-		m:      newMetrics(reg),
+		target:  pub,
+		refresh: refresh,
+		cfg:     cfg,
+		bus:     b,
+		store:   st,
+		policy:  &policy.Policy{ServiceURL: serviceURL, Store: st, Limits: cfg.Limits},
+		log:     log.With("service", "ingester"),
+		reg:     reg,
+		clk:     clock.Real{},
+		m:       newMetrics(reg),
 	}
 	return i
 }
 
-// WithClock replaces the clock that paces outage backoff, lag polling and
-// the parking sweeps (tests pass a clock.Fake). Call before Run.
+// WithClock replaces the clock that paces outage backoff, lag polling,
+// the parking sweeps and the mirror refresh (tests pass a clock.Fake). Call
+// before Run.
 func (i *Ingester) WithClock(c clock.Clock) *Ingester {
 	i.clk = c
+	if i.refresh != nil {
+		i.refresh.WithClock(c)
+	}
 	return i
 }
 
@@ -214,6 +224,9 @@ func (i *Ingester) Run(ctx context.Context) error {
 	if i.target != nil {
 		defer i.target.Close()
 		i.log.Info("bolt-on mode: accepted events are published to the target relay", "target", i.target.URL())
+		// The mirror refresh (GRASP_TARGET_REFRESH_INTERVAL): it logs its
+		// failures and never ends the group.
+		g.Go(func() error { return i.refresh.Run(gctx) })
 	}
 	return g.Wait()
 }

@@ -1,0 +1,38 @@
+package ingester_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/grasp-sync/grasp-sync/pkg/target"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+)
+
+// In bolt-on mode the ingester runs the mirror refresh on its clock: an
+// issue someone else wrote to the target directly reaches the mirror (our
+// store) without passing through the bus, once the clock has moved past the
+// refresh's start delay.
+func TestBoltOnIngesterRefreshesTheMirror(t *testing.T) {
+	w := startLostWake(t)
+	tr := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	w.cfg.Settings = target.Settings{Relay: tr.URL, RefreshInterval: time.Hour}
+	k := testkit.NewKey()
+	issue := k.Issue(testkit.RepoRef(k.PubKey, "repo"), "written on the target")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := testkit.Publish(ctx, tr.URL, issue); err != nil {
+		t.Fatal(err)
+	}
+	w.start(t)
+	// Advance a minute at a time until the refresh ran (its timer may be
+	// armed after any one advance).
+	waitFor(t, "the issue in the mirror", func() bool {
+		if w.has(t, issue.ID) {
+			return true
+		}
+		w.clk.Advance(time.Minute)
+		time.Sleep(50 * time.Millisecond)
+		return w.has(t, issue.ID)
+	})
+}
