@@ -159,6 +159,15 @@ bench:
 	# The planner at stretch scale (25 M relay × root pairs): steady-state background work at one discovery
 	# batch per second, target ≤ 10 % of one core (docs/performance.md, "Planner"; issue 17 §4).
 	cd services/planner && GRASP_BENCH_STRETCH=1 $(GO) test $(TAGFLAGS) -run '^$$' -bench 'Incremental/stretch/100-repos/1root/deferred$$' -benchtime 100x -timeout 30m .
+	# Issue 17's other rows ("bench row:" lines): the initial sync against plain khatru relays too (§3), the
+	# wait from an announcement to its history (§3), and the default store importing 1 M events, then its steady
+	# state in a fresh process (§2).
+	cd e2e && GRASP_BENCH=1 GRASP_BENCH_INITIAL_ONLY=1 GRASP_BENCH_KHATRU_QUIRK=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run 'TestBenchEndToEnd$$' -v .
+	cd services/graspd && $(GO) test $(TAGFLAGS) -count=1 -run TestAnnouncementToHistoryLatency -v .
+	rm -rf $(CURDIR)/bin/bench-kv1m
+	cd pkg && GRASP_STORE_BENCH_1M=1 GRASP_STORE_BENCH_DIR=$(CURDIR)/bin/bench-kv1m $(GO) test $(TAGFLAGS) -run '^$$' -bench 'BenchmarkStore1M/kv\+pebble$$' -benchtime 1x -timeout 1h ./store/
+	cd pkg && GRASP_STORE_BENCH_DIR=$(CURDIR)/bin/bench-kv1m $(GO) test $(TAGFLAGS) -run '^$$' -bench BenchmarkStoreSteady -benchtime 1x -timeout 1h ./store/
+	rm -rf $(CURDIR)/bin/bench-kv1m
 
 .PHONY: interop
 

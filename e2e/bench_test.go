@@ -159,8 +159,16 @@ func TestBenchEndToEnd(t *testing.T) {
 		// report would lack rows, so performance.md is left alone.
 		stop()
 		res.baselineWall = baseline(t, ds, urls)
+		ratio := res.baselineWall.Seconds() / res.pipelineWall.Seconds()
 		t.Logf("baseline: %d events in %s (%.0f/s); pipeline/baseline %.2f×", res.distinct, res.baselineWall,
-			float64(res.distinct)/res.baselineWall.Seconds(), res.baselineWall.Seconds()/res.pipelineWall.Seconds())
+			float64(res.distinct)/res.baselineWall.Seconds(), ratio)
+		kind := "tag-exact relays"
+		if quirk {
+			kind = "plain khatru relays (tag-letter quirk)"
+		}
+		fmt.Printf("bench row: initial sync against %s: pipeline %.0f events/s, baseline %.0f events/s = %.2f× (target ≥ 1.5×) — %s\n",
+			kind, float64(res.distinct)/res.pipelineWall.Seconds(), float64(res.distinct)/res.baselineWall.Seconds(), ratio,
+			map[bool]string{true: "met", false: "NOT MET"}[ratio >= 1.5])
 		return
 	}
 
