@@ -538,7 +538,7 @@ func renderBench(r benchResult) string {
 	fmt.Fprintf(&b, "Benchmark: `make bench` (`cd e2e && GRASP_BENCH=1 go test -run TestBenchEndToEnd -v .`, no -race). "+
 		"Machine: %s, %d CPUs, load average %s when the run began, %s, %s. "+
 		"Everything runs in one process: 5 khatru testkit relays (badger, NIP-77 on, 500 events per REQ), graspd "+
-		"all-in-one (embedded NATS and the default embedded store, kv on badger, 16 shards), and the benchmark itself. %s\n\n",
+		"all-in-one (embedded NATS and the default embedded store, kv on pebble, 16 shards), and the benchmark itself. %s\n\n",
 		host, runtime.NumCPU(), r.load, runtime.Version(), time.Now().UTC().Format("2006-01-02"), relayNote(r.quirk))
 	fmt.Fprintf(&b, "World: %d repositories, each listing 2 of the 5 relays; %d distinct events (half roots: issues and "+
 		"patches; half comments on them), stored on every relay their repository lists (%d stored events across relays).\n\n",
