@@ -15,16 +15,10 @@
 package target
 
 import (
-	"errors"
-	"fmt"
 	"strings"
 	"time"
 
-	"github.com/nbd-wtf/go-nostr"
-	"github.com/nbd-wtf/go-nostr/nip19"
-
 	"github.com/grasp-sync/grasp-sync/pkg/config"
-	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
 // Settings is bolt-on mode's configuration (GRASP_TARGET_* variables), read
@@ -74,7 +68,7 @@ func (c Settings) Validate() error {
 		return config.Invalid("TARGET_REFRESH_INTERVAL", c.RefreshInterval, "must not be negative (0 disables)")
 	}
 	if c.AuthKey != "" {
-		if _, err := SecretKey(c.AuthKey); err != nil {
+		if _, err := config.SecretKey(c.AuthKey); err != nil {
 			return config.Invalid("TARGET_AUTH_KEY", "(secret)", err.Error())
 		}
 	}
@@ -86,23 +80,4 @@ func (c Settings) Validate() error {
 func (c Settings) withDefaults() Settings {
 	config.FillDefaults(&c)
 	return c
-}
-
-// SecretKey normalises a hex or nsec secret key to hex.
-func SecretKey(s string) (string, error) {
-	if strings.HasPrefix(s, "nsec") {
-		_, v, err := nip19.Decode(s)
-		if err != nil {
-			return "", fmt.Errorf("bad nsec: %w", err)
-		}
-		sk, _ := v.(string)
-		return sk, nil
-	}
-	if !nip34.IsLowerHex(strings.ToLower(s), 64) {
-		return "", errors.New("want 64 hex characters or an nsec")
-	}
-	if _, err := nostr.GetPublicKey(strings.ToLower(s)); err != nil {
-		return "", err
-	}
-	return strings.ToLower(s), nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/targetstatus"
@@ -117,7 +118,7 @@ func NewPublisher(cfg Settings, clk clock.Clock, log *slog.Logger, reg prometheu
 		rate: rateMeter{start: clk.Now()},
 	}
 	if cfg.AuthKey != "" {
-		p.sk, _ = SecretKey(cfg.AuthKey)
+		p.sk, _ = config.SecretKey(cfg.AuthKey)
 		p.pk, _ = nostr.GetPublicKey(p.sk)
 	}
 	p.m = newMetrics(p, reg)

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
@@ -117,7 +118,7 @@ func NewRefresher(cfg Settings, mirror Mirror, clk clock.Clock, log *slog.Logger
 		},
 	}
 	if cfg.AuthKey != "" {
-		r.sk, _ = SecretKey(cfg.AuthKey)
+		r.sk, _ = config.SecretKey(cfg.AuthKey)
 		r.pk, _ = nostr.GetPublicKey(r.sk)
 	}
 	for _, l := range []string{"ok", "partial", "unsupported", "error"} {

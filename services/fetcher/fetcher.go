@@ -13,16 +13,12 @@ package fetcher
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nbd-wtf/go-nostr"
-	"github.com/nbd-wtf/go-nostr/nip19"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
@@ -31,7 +27,6 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
-	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
 
@@ -120,7 +115,7 @@ func (c *Config) Validate() error {
 		return config.Invalid("FETCHER_NEGENTROPY_FRAME_SIZE", c.NegentropyFrameSize, "must be at least 4096")
 	}
 	if c.AuthKey != "" {
-		if _, err := secretKey(c.AuthKey); err != nil {
+		if _, err := config.SecretKey(c.AuthKey); err != nil {
 			return config.Invalid("FETCHER_AUTH_KEY", "(secret)", err.Error())
 		}
 	}
@@ -138,25 +133,6 @@ func (c Config) withDefaults() Config {
 		c.ID = config.InstanceID()
 	}
 	return c
-}
-
-// secretKey decodes a hex or nsec secret key.
-func secretKey(s string) (string, error) {
-	if strings.HasPrefix(s, "nsec") {
-		_, v, err := nip19.Decode(s)
-		if err != nil {
-			return "", fmt.Errorf("bad nsec: %w", err)
-		}
-		sk, _ := v.(string)
-		return sk, nil
-	}
-	if !nip34.IsLowerHex(strings.ToLower(s), 64) {
-		return "", errors.New("want 64 hex characters or an nsec")
-	}
-	if _, err := nostr.GetPublicKey(strings.ToLower(s)); err != nil {
-		return "", err
-	}
-	return strings.ToLower(s), nil
 }
 
 // Fetcher is the fetcher service.
@@ -189,7 +165,7 @@ type shardRun struct {
 // New builds a fetcher.
 func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *Fetcher {
 	cfg = cfg.withDefaults()
-	sk, _ := secretKey(cfg.AuthKey)
+	sk, _ := config.SecretKey(cfg.AuthKey)
 	return &Fetcher{
 		cfg:     cfg,
 		bus:     b,
