@@ -232,6 +232,6 @@ func BenchmarkIngest(b *testing.B) {
 	if ratio < 50 {
 		verdict = "NOT MET"
 	}
-	fmt.Printf("bench row: ingest on %d core(s), %s store: %.0f events/s = %.0f %% of raw %s verification (target ≥ 50 %%) — %s\n",
-		runtime.GOMAXPROCS(0), backend, n/total.Seconds(), ratio, verify.Backend(), verdict)
+	fmt.Printf("bench row: ingest on %d core(s), %s store, %d run(s): %.0f events/s = %.0f %% of raw %s verification (target ≥ 50 %%) — %s\n",
+		runtime.GOMAXPROCS(0), backend, b.N, n/total.Seconds(), ratio, verify.Backend(), verdict)
 }
