@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
@@ -69,20 +68,7 @@ func TestBenchEndToEndForeign(t *testing.T) {
 		}
 		ds.PerRelay[i] = append(ds.PerRelay[i], anns...)
 	}
-	var g errgroup.Group
-	for i, r := range remotes {
-		g.Go(func() error {
-			for _, e := range ds.PerRelay[i] {
-				if err := r.Store.SaveEvent(context.Background(), e); err != nil {
-					return fmt.Errorf("seed %s: %w", r.URL, err)
-				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	seedRelays(t, remotes, ds)
 
 	// Initial sync: the foreign announcements are fetched and refused once.
 	dataDir := t.TempDir()

@@ -92,21 +92,10 @@ func TestBenchEndToEnd(t *testing.T) {
 	res.distinct = len(ds.Distinct)
 	t.Logf("generated %d repos, %d distinct events in %s", res.repos, res.distinct, time.Since(began).Round(time.Millisecond))
 	began = time.Now()
-	var g errgroup.Group
-	for i, r := range remotes {
+	for i := range remotes {
 		res.onRelays += len(ds.PerRelay[i])
-		g.Go(func() error {
-			for _, e := range ds.PerRelay[i] {
-				if err := r.Store.SaveEvent(context.Background(), e); err != nil {
-					return fmt.Errorf("seed %s: %w", r.URL, err)
-				}
-			}
-			return nil
-		})
 	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	seedRelays(t, remotes, ds)
 	t.Logf("seeded %d events on %d relays in %s", res.onRelays, res.relays, time.Since(began).Round(time.Millisecond))
 	runtime.GC()
 	res.rssBefore = PeakRSS()

@@ -259,10 +259,9 @@ func (p *Publisher) take(ctx context.Context) error {
 	for {
 		p.mu.Lock()
 		now := p.clk.Now()
-		if now.Before(p.pauseUntil) {
-			why, until := p.why, p.pauseUntil
+		if err := p.pausedAt(now); err != nil {
 			p.mu.Unlock()
-			return fmt.Errorf("%w: paused for %s (%s)", ErrUnavailable, until.Sub(now).Round(time.Millisecond), why)
+			return err
 		}
 		p.refill(now)
 		if p.tokens >= 1 {
@@ -281,6 +280,15 @@ func (p *Publisher) take(ctx context.Context) error {
 		case <-p.clk.After(wait):
 		}
 	}
+}
+
+// pausedAt is the error of a publish at now while publishing is paused
+// (after rate-limited: or a lost target), nil otherwise (mu held).
+func (p *Publisher) pausedAt(now time.Time) error {
+	if !now.Before(p.pauseUntil) {
+		return nil
+	}
+	return fmt.Errorf("%w: paused for %s (%s)", ErrUnavailable, p.pauseUntil.Sub(now).Round(time.Millisecond), p.why)
 }
 
 // refill adds the tokens earned since the last refill (mu held).
@@ -305,10 +313,9 @@ func (p *Publisher) untilToken() time.Duration {
 func (p *Publisher) Reachable(ctx context.Context) error {
 	p.mu.Lock()
 	now := p.clk.Now()
-	if now.Before(p.pauseUntil) {
-		why, until := p.why, p.pauseUntil
+	if err := p.pausedAt(now); err != nil {
 		p.mu.Unlock()
-		return fmt.Errorf("%w: paused for %s (%s)", ErrUnavailable, until.Sub(now).Round(time.Millisecond), why)
+		return err
 	}
 	p.refill(now)
 	wait := p.untilToken()
