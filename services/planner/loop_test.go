@@ -367,7 +367,7 @@ func TestUnacknowledgedCommandIsRetriedInTheTerm(t *testing.T) {
 	}
 	cmdCfg := streamCfg.CachedInfo().Config
 
-	logs := &syncBuffer{}
+	logs := &testkit.LogBuffer{}
 	cfg := planner.Config{ID: "p1", Shards: 1, RecomputeDelay: 50 * time.Millisecond, Rules: planner.DefaultRules(),
 		BootstrapRelays: []string{"ws://127.0.0.1:1"}}
 	pctx, stop := context.WithCancel(ctx)
@@ -421,22 +421,4 @@ func TestUnacknowledgedCommandIsRetriedInTheTerm(t *testing.T) {
 		t.Fatalf("after the stream came back: command for %s in epoch %d, want ws://127.0.0.1:2 in the first term's epoch %d; planner log:\n%s",
 			got.GetRelayUrl(), got.GetEpoch(), first.GetEpoch(), logs.String())
 	}
-}
-
-// syncBuffer is a log destination the test can read while the planner writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
