@@ -101,12 +101,16 @@ func TestBenchGraspdMemory(t *testing.T) {
 		t.Fatalf("initial sync: %v; log ends:\n%s", err, Tail(p.Log, 20))
 	}
 	wall := time.Since(began)
+	limit := env["GRASP_MEMORY_LIMIT"]
+	if limit == "" {
+		limit = "unset: graspd's default"
+	}
 	peak := procStatusOf(p.Pid(), "VmHWM")
 	fmt.Printf("| graspd peak RSS, initial sync of %d events (own process) | %d MB | ≤ 256 MB | %s |\n",
 		len(ds.Distinct), peak>>20, metOrGap(peak, 256<<20))
 	t.Logf("graspd (pid %d): %d events in %s, peak RSS %d MiB, RSS now %d MiB (anon %d, file %d), GRASP_MEMORY_LIMIT=%q GRASP_STORE_MEMORY=%q GRASP_STORE_URL=%q",
 		p.Pid(), len(ds.Distinct), wall.Round(time.Second), peak>>20, procStatusOf(p.Pid(), "VmRSS")>>20,
-		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, env["GRASP_MEMORY_LIMIT"], env["GRASP_STORE_MEMORY"], env["GRASP_STORE_URL"])
+		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, limit, env["GRASP_STORE_MEMORY"], env["GRASP_STORE_URL"])
 	// Where the memory is, for the next round of cuts.
 	m := map[string]float64{}
 	if err := scrapeInto(ctx, metricsAddr, m); err == nil {
