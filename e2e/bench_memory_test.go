@@ -28,8 +28,10 @@ import (
 // GRASP_BENCH=1 enables it; GRASP_BENCH_REPOS, GRASP_BENCH_EVENTS_PER_REPO
 // scale it like TestBenchEndToEnd; GRASP_BENCH_MEMORY_LIMIT and
 // GRASP_BENCH_STORE_MEMORY are passed to graspd as GRASP_MEMORY_LIMIT and
-// GRASP_STORE_MEMORY, GRASP_BENCH_STORE (a scheme) as GRASP_STORE_URL. It prints the row; docs/performance.md,
-// "Memory", records the measured runs.
+// GRASP_STORE_MEMORY, GRASP_BENCH_STORE (a scheme) as GRASP_STORE_URL; GOMEMLIMIT=off in the
+// environment runs graspd without its default soft limit. GRASP_BENCH_PROFILE (a directory) keeps
+// graspd's heap profile nearest the peak. It prints the row; docs/performance.md, "Memory", records
+// the measured runs.
 func TestBenchGraspdMemory(t *testing.T) {
 	if os.Getenv("GRASP_BENCH") == "" {
 		t.Skip("SKIP: benchmark; run with GRASP_BENCH=1 (make bench)")
