@@ -104,7 +104,9 @@ func TestBenchGraspdMemory(t *testing.T) {
 	}
 	wall := time.Since(began)
 	limit := env["GRASP_MEMORY_LIMIT"]
-	if limit == "" {
+	if v := os.Getenv("GOMEMLIMIT"); limit == "" && v != "" {
+		limit = "unset, GOMEMLIMIT=" + v
+	} else if limit == "" {
 		limit = "unset: graspd's default"
 	}
 	peak := procStatusOf(p.Pid(), "VmHWM")
