@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,8 +28,10 @@ import (
 // GRASP_BENCH=1 enables it; GRASP_BENCH_REPOS, GRASP_BENCH_EVENTS_PER_REPO
 // scale it like TestBenchEndToEnd; GRASP_BENCH_MEMORY_LIMIT and
 // GRASP_BENCH_STORE_MEMORY are passed to graspd as GRASP_MEMORY_LIMIT and
-// GRASP_STORE_MEMORY, GRASP_BENCH_STORE (a scheme) as GRASP_STORE_URL. It prints the row; docs/performance.md,
-// "Memory", records the measured runs.
+// GRASP_STORE_MEMORY, GRASP_BENCH_STORE (a scheme) as GRASP_STORE_URL; GOMEMLIMIT=off in the
+// environment runs graspd without its default soft limit. GRASP_BENCH_PROFILE (a directory) keeps
+// graspd's heap profile nearest the peak. It prints the row; docs/performance.md, "Memory", records
+// the measured runs.
 func TestBenchGraspdMemory(t *testing.T) {
 	if os.Getenv("GRASP_BENCH") == "" {
 		t.Skip("SKIP: benchmark; run with GRASP_BENCH=1 (make bench)")
@@ -66,6 +70,12 @@ func TestBenchGraspdMemory(t *testing.T) {
 	if v := os.Getenv("GRASP_BENCH_STORE"); v != "" {
 		env["GRASP_STORE_URL"] = v + "://" + filepath.Join(t.TempDir(), "events")
 	}
+	// GRASP_BENCH_PROFILE (a directory) asks graspd for its profiles
+	// (GRASP_PPROF) and keeps the heap profile taken nearest the peak RSS.
+	profDir := os.Getenv("GRASP_BENCH_PROFILE")
+	if profDir != "" {
+		env["GRASP_PPROF"] = "true"
+	}
 	p := &Proc{
 		Name: "graspd", Log: filepath.Join(t.TempDir(), "graspd.log"), HealthURL: "http://" + metricsAddr + "/readyz",
 		MetricsAddr: metricsAddr, bin: filepath.Join(bin, "graspd"), env: processEnv(env, nil),
@@ -80,6 +90,11 @@ func TestBenchGraspdMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := "ws://" + relayAddr
+	if profDir != "" {
+		stop := make(chan struct{})
+		defer close(stop)
+		go keepPeakProfile(ctx, stop, p.Pid(), metricsAddr, profDir, t)
+	}
 	began := time.Now()
 	if err := testkit.Publish(ctx, own, ds.Announcements...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
@@ -88,20 +103,74 @@ func TestBenchGraspdMemory(t *testing.T) {
 		t.Fatalf("initial sync: %v; log ends:\n%s", err, Tail(p.Log, 20))
 	}
 	wall := time.Since(began)
+	limit := env["GRASP_MEMORY_LIMIT"]
+	if v := os.Getenv("GOMEMLIMIT"); limit == "" && v != "" {
+		limit = "unset, GOMEMLIMIT=" + v
+	} else if limit == "" {
+		limit = "unset: graspd's default"
+	}
 	peak := procStatusOf(p.Pid(), "VmHWM")
 	fmt.Printf("| graspd peak RSS, initial sync of %d events (own process) | %d MB | ≤ 256 MB | %s |\n",
 		len(ds.Distinct), peak>>20, metOrGap(peak, 256<<20))
 	t.Logf("graspd (pid %d): %d events in %s, peak RSS %d MiB, RSS now %d MiB (anon %d, file %d), GRASP_MEMORY_LIMIT=%q GRASP_STORE_MEMORY=%q GRASP_STORE_URL=%q",
 		p.Pid(), len(ds.Distinct), wall.Round(time.Second), peak>>20, procStatusOf(p.Pid(), "VmRSS")>>20,
-		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, env["GRASP_MEMORY_LIMIT"], env["GRASP_STORE_MEMORY"], env["GRASP_STORE_URL"])
+		procStatusOf(p.Pid(), "RssAnon")>>20, procStatusOf(p.Pid(), "RssFile")>>20, limit, env["GRASP_STORE_MEMORY"], env["GRASP_STORE_URL"])
 	// Where the memory is, for the next round of cuts.
 	m := map[string]float64{}
 	if err := scrapeInto(ctx, metricsAddr, m); err == nil {
+		for _, k := range []string{"go_gc_duration_seconds_count"} {
+			t.Logf("graspd %s %.0f", k, m[k])
+		}
 		for _, k := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_heap_sys_bytes", "go_memstats_heap_released_bytes", "go_memstats_stack_inuse_bytes", "go_memstats_next_gc_bytes"} {
 			if v, ok := m[k]; ok {
 				t.Logf("graspd %s %.0f MiB", k, v/(1<<20))
 			}
 		}
+	}
+}
+
+// keepPeakProfile polls the process's RSS and, each time it passes the
+// highest seen by 4 MiB, saves graspd's heap profile and metrics to dir
+// (heap.pprof, metrics.txt), so what is left there is what the heap held
+// nearest the peak.
+func keepPeakProfile(ctx context.Context, stop <-chan struct{}, pid int, addr, dir string, t *testing.T) {
+	var top int64
+	save := func(path, url string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return
+		}
+		_ = os.WriteFile(path, b, 0o644)
+	}
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+		rss := procStatusOf(pid, "VmRSS")
+		if rss < top+4<<20 {
+			continue
+		}
+		top = rss
+		save(filepath.Join(dir, "heap.pprof"), "http://"+addr+"/debug/pprof/heap")
+		save(filepath.Join(dir, "metrics.txt"), "http://"+addr+"/metrics")
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		_ = os.WriteFile(filepath.Join(dir, "status.txt"), b, 0o644)
+		b, _ = os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		_ = os.WriteFile(filepath.Join(dir, "smaps_rollup.txt"), b, 0o644)
+		t.Logf("profile at RSS %d MiB", rss>>20)
 	}
 }
 

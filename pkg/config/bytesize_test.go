@@ -1,8 +1,11 @@
 package config_test
 
 import (
+	"context"
+	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/config"
 )
@@ -81,4 +84,64 @@ func TestApplyMemoryLimit(t *testing.T) {
 	if n, src := config.ApplyMemoryLimit(0); n != 300<<20 || src != "GOMEMLIMIT" {
 		t.Errorf("runtime's own: %d from %s", n, src)
 	}
+}
+
+func TestGuardedMemoryLimit(t *testing.T) {
+	for _, tc := range []struct{ base, live, want int64 }{
+		{base: 160 << 20, live: 0, want: 160 << 20},
+		{base: 160 << 20, live: 100 << 20, want: 160 << 20},
+		// A live heap past two thirds of the base lifts the limit: the
+		// heap may always grow by half of what is live.
+		{base: 160 << 20, live: 200 << 20, want: 300 << 20},
+	} {
+		if got := config.GuardedMemoryLimit(tc.base, tc.live); got != tc.want {
+			t.Errorf("GuardedMemoryLimit(%d, %d) = %d, want %d", tc.base, tc.live, got, tc.want)
+		}
+	}
+}
+
+func TestApplyDefaultMemoryLimit(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	t.Setenv("GOMEMLIMIT", "")
+	debug.SetMemoryLimit(1<<63 - 1)
+	if n, src := config.ApplyDefaultMemoryLimit(ctx, 0, 160<<20); n != 160<<20 || src != "default" {
+		t.Errorf("unset: %d from %s, want the default", n, src)
+	}
+	if got := debug.SetMemoryLimit(-1); got < 160<<20 || got == 1<<63-1 {
+		t.Errorf("runtime limit %d, want at least the default %d", got, 160<<20)
+	}
+	if n, src := config.ApplyDefaultMemoryLimit(ctx, 300<<20, 160<<20); n != 300<<20 || src != "GRASP_MEMORY_LIMIT" {
+		t.Errorf("set: %d from %s, want GRASP_MEMORY_LIMIT's", n, src)
+	}
+	// GOMEMLIMIT (off included) wins over the default: what the runtime read.
+	t.Setenv("GOMEMLIMIT", "off")
+	debug.SetMemoryLimit(1<<63 - 1)
+	if n, src := config.ApplyDefaultMemoryLimit(ctx, 0, 160<<20); n != 0 || src != "none" {
+		t.Errorf("GOMEMLIMIT=off: %d from %s, want none", n, src)
+	}
+}
+
+func TestGuardMemoryLimitRaisesWithTheLiveHeap(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	// Keep a live heap of 64 MiB; a base of 1 MiB must be raised to at
+	// least 1.5 times that after a collection.
+	live := make([]byte, 64<<20)
+	runtime.GC()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { config.GuardMemoryLimit(ctx, 1<<20, time.Millisecond); close(done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for debug.SetMemoryLimit(-1) < 96<<20 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+	if got := debug.SetMemoryLimit(-1); got < 96<<20 {
+		t.Errorf("limit %d with a live heap of 64 MiB, want at least %d", got, 96<<20)
+	}
+	runtime.KeepAlive(live)
 }

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -65,6 +66,7 @@ type Server struct {
 	mu     sync.Mutex
 	checks map[string]func() error
 	root   http.Handler
+	pprof  bool
 	ln     net.Listener
 	srv    *http.Server
 }
@@ -89,6 +91,11 @@ func (s *Server) SetRoot(h http.Handler) {
 	defer s.mu.Unlock()
 	s.root = h
 }
+
+// EnablePprof serves the Go runtime's profiles under /debug/pprof/ (heap,
+// goroutine, CPU…) beside /metrics; call before Listen. Off by default: a
+// profile shows what the process holds, so only an operator asks for it.
+func (s *Server) EnablePprof() { s.pprof = true }
 
 // Ready runs every readiness check and returns the failures.
 func (s *Server) Ready() error {
@@ -117,6 +124,13 @@ func (s *Server) Handler() http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if s.pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		root := s.root

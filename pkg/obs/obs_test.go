@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -56,5 +57,22 @@ func TestListenTakenPortNamesVariable(t *testing.T) {
 	err := b.Listen("GRASP_METRICS_ADDR", a.Addr())
 	if err == nil || !strings.HasPrefix(err.Error(), "GRASP_METRICS_ADDR="+a.Addr()) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestPprofOnlyWhenEnabled: the runtime's profiles are served only when asked
+// for (GRASP_PPROF), never by default.
+func TestPprofOnlyWhenEnabled(t *testing.T) {
+	for _, enabled := range []bool{false, true} {
+		s := obs.NewServer(obs.NewRegistry())
+		if enabled {
+			s.EnablePprof()
+		}
+		req := httptest.NewRequest(http.MethodGet, "/debug/pprof/heap", nil)
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		if got := rec.Code == http.StatusOK; got != enabled {
+			t.Errorf("pprof enabled=%v: GET /debug/pprof/heap answered %d", enabled, rec.Code)
+		}
 	}
 }

@@ -55,6 +55,8 @@ type Config struct {
 	StoreURL string `envconfig:"STORE_URL"`
 	// MetricsAddr serves /metrics, /healthz and /readyz.
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:"127.0.0.1:9477"`
+	// Pprof serves the Go runtime's profiles (heap, goroutines, CPU) under /debug/pprof/ on the metrics address, for finding where memory or time goes.
+	Pprof bool `envconfig:"PPROF"`
 	// Prefix namespaces subjects, streams and buckets.
 	Prefix string `envconfig:"PREFIX" default:"grasp"`
 	// LogLevel is debug, info, warn or error (logs on stderr).
@@ -63,10 +65,30 @@ type Config struct {
 	LogFormat string `envconfig:"LOG_FORMAT"`
 	// StoreMemory is the embedded kv store's memory budget for its memtables and block and index caches (0: 96MiB); more makes reads of a large store faster. PostgreSQL ignores it.
 	StoreMemory config.ByteSize `envconfig:"STORE_MEMORY"`
-	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set, else no limit. Set it to about three quarters of the memory graspd may use (docs/performance.md, "Memory").
+	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set (GOMEMLIMIT=off: no limit), else 256MiB minus the embedded store's budget (STORE_MEMORY, which lies outside the Go heap), at least 128MiB, so graspd fits in about 256 MB; that default rises with the live heap instead of making the collector thrash (docs/decisions.md, "A default soft memory limit for graspd"). With more memory to spare, set it to about three quarters of what graspd may use.
 	MemoryLimit config.ByteSize `envconfig:"MEMORY_LIMIT"`
 	// Services lists the services to run (all by default).
 	Services []string `envconfig:"SERVICES" default:"relay,discovery,planner,fetcher,ingester"`
+}
+
+// MemoryTotal is the memory graspd's defaults are sized for, the small
+// VPS of issue 17 (docs/decisions.md, "A default soft memory limit for
+// graspd").
+const MemoryTotal = 256 << 20
+
+// DefaultMemoryLimit is the soft memory limit graspd applies when none is
+// configured: MemoryTotal less the embedded store's budget, which pebble
+// allocates outside the Go heap (cgo builds), and at least 128 MiB.
+// PostgreSQL leaves it all to the Go heap.
+func DefaultMemoryLimit(c Config) config.ByteSize {
+	budget := int64(0)
+	if !strings.HasPrefix(c.StoreURL, "postgres://") && !strings.HasPrefix(c.StoreURL, "postgresql://") {
+		budget = int64(c.StoreMemory)
+		if budget <= 0 {
+			budget = store.DefaultKVMemory
+		}
+	}
+	return config.ByteSize(max(MemoryTotal-budget, 128<<20))
 }
 
 // Validate checks the service list and addresses.
@@ -164,6 +186,9 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 	}
 
 	a.health = obs.NewServer(a.registry)
+	if c.Graspd.Pprof {
+		a.health.EnablePprof()
+	}
 	if err := a.health.Listen("GRASP_METRICS_ADDR", c.Graspd.MetricsAddr); err != nil {
 		return nil, err
 	}

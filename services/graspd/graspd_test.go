@@ -11,6 +11,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
@@ -144,5 +145,25 @@ func TestNIP11(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if !strings.Contains(string(body), `"supported_grasps":["GRASP-01","GRASP-02"]`) {
 		t.Fatalf("NIP-11 = %s", body)
+	}
+}
+
+// TestDefaultMemoryLimit: graspd's default soft limit leaves the embedded
+// store's budget, which lies outside the Go heap, out of the 256 MiB it is
+// sized for (docs/decisions.md, "A default soft memory limit for graspd").
+func TestDefaultMemoryLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    graspd.Config
+		want config.ByteSize
+	}{
+		{"embedded store, default budget", graspd.Config{}, 160 << 20},
+		{"embedded store, smaller budget", graspd.Config{StoreURL: "kv+pebble:///data", StoreMemory: 48 << 20}, 208 << 20},
+		{"embedded store, large budget", graspd.Config{StoreMemory: 1 << 30}, 128 << 20},
+		{"postgres", graspd.Config{StoreURL: "postgres://u@h/db", StoreMemory: 48 << 20}, 256 << 20},
+	} {
+		if got := graspd.DefaultMemoryLimit(tc.c); got != tc.want {
+			t.Errorf("%s: DefaultMemoryLimit = %s, want %s", tc.name, got, tc.want)
+		}
 	}
 }

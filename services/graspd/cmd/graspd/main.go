@@ -40,15 +40,15 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	ctx, stop := obs.SignalContext(context.Background())
+	defer stop()
 	// Before anything allocates in bulk (docs/decisions.md, "Memory on a
-	// small machine").
-	memLimit, memSource := config.ApplyMemoryLimit(cfg.Graspd.MemoryLimit)
+	// small machine" and "A default soft memory limit for graspd").
+	memLimit, memSource := config.ApplyDefaultMemoryLimit(ctx, cfg.Graspd.MemoryLimit, graspd.DefaultMemoryLimit(cfg.Graspd))
 	// Libraries that log through the standard logger (eventstore, khatru)
 	// log as structured lines too.
 	stdlog.SetFlags(0)
 	stdlog.SetOutput(obs.LineWriter(log, "lib"))
-	ctx, stop := obs.SignalContext(context.Background())
-	defer stop()
 	app, err := graspd.Start(ctx, cfg, log)
 	if err != nil {
 		return err
