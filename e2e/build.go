@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
 // The binaries a multi-process Deployment (multiproc.go) runs, built from
@@ -31,7 +33,9 @@ var (
 
 // BuildBinaries builds the service binaries and nats-server once per
 // process (the first caller pays, about 10 s with a warm build cache) and
-// returns their directory. It must run inside the workspace (go test runs
+// returns their directory. They verify signatures the way this test binary
+// does: with the libsecp256k1 tag when the test was built with it (make test,
+// make bench), as `make build` ships them, and pure Go otherwise. It must run inside the workspace (go test runs
 // in the package directory). RemoveBinaries deletes them.
 func BuildBinaries() (string, error) {
 	buildOnce.Do(func() {
@@ -41,6 +45,9 @@ func BuildBinaries() (string, error) {
 			return
 		}
 		args := []string{"build", "-o", dir + string(os.PathSeparator)}
+		if verify.Backend() == verify.Libsecp256k1 {
+			args = append(args, "-tags", "libsecp256k1")
+		}
 		for _, pkg := range binaryPackages {
 			args = append(args, pkg)
 		}
