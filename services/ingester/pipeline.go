@@ -64,6 +64,9 @@ type item struct {
 	// err is set when the item could not be settled for an
 	// infrastructure reason (store error): it is retried.
 	err error
+	// settled: done counted its outcome; decide acks its message once the
+	// whole batch is decided (see ackSettled).
+	settled bool
 }
 
 // consume attaches to the shared durable consumer and runs the pipeline
