@@ -146,6 +146,21 @@ func TestPrefetchFindsStoredDeletions(t *testing.T) {
 			if !slices.Equal(acks, []string{"deleted", "kept"}) {
 				t.Errorf("acked %q", acks)
 			}
+			if many := others+1 >= fewDeletions; i.manyDeletions.Load() != many {
+				t.Errorf("manyDeletions %v after %d stored deletions, want %v", !many, others+1, many)
+			}
+			// Again, with what the first batch found remembered.
+			again := bob.Issue(ref, "deleted too")
+			if _, err := st.Save(ctx, bob.Deletion([]*nostr.Event{again})); err != nil {
+				t.Fatal(err)
+			}
+			msgs = messages(t, &acks, map[string]*nostr.Event{"again": again, "kept": kept}, "again", "kept")
+			if failed := i.decide(ctx, i.verify(ctx, msgs)); len(failed) > 0 {
+				t.Fatalf("%d items failed: %v", len(failed), failed[0].err)
+			}
+			if s := i.Stats(); s.Stored != 1 || s.Refused["deleted"] != 2 || s.Duplicates != 1 {
+				t.Errorf("second batch: stored %d, duplicates %d, refused %v; want the deleted one refused, the kept one a duplicate", s.Stored, s.Duplicates, s.Refused)
+			}
 		})
 	}
 }

@@ -130,11 +130,17 @@ const fewDeletions = 64
 // the "e" tag index for each id, which costs one index seek per id (~5
 // cpu-µs per event in BenchmarkIngest; docs/performance.md, "Ingester").
 // The caller matches each event's filter against the result, so a superset
-// is as good.
+// is as good. Once the store is found holding fewDeletions, that read is
+// never tried again (Ingester.manyDeletions): deletions are never removed.
 func (b *batch) deletions(ctx context.Context, ids []string) ([]*nostr.Event, bool) {
-	all, err := b.i.store.Query(ctx, nostr.Filter{Kinds: []int{nip34.KindDeletion}, Limit: fewDeletions})
-	if err == nil && len(all) < fewDeletions {
-		return all, true
+	if !b.i.manyDeletions.Load() {
+		all, err := b.i.store.Query(ctx, nostr.Filter{Kinds: []int{nip34.KindDeletion}, Limit: fewDeletions})
+		if err == nil && len(all) < fewDeletions {
+			return all, true
+		}
+		if err == nil {
+			b.i.manyDeletions.Store(true)
+		}
 	}
 	limit := 4 * len(ids)
 	dels, err := b.i.store.Query(ctx, nostr.Filter{Kinds: []int{nip34.KindDeletion}, Tags: nostr.TagMap{"e": ids}, Limit: limit})
