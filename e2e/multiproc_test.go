@@ -1,8 +1,13 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // postgresURL is the PostgreSQL server the multi-process tests create their
@@ -42,10 +47,40 @@ func TestMultiProcess(t *testing.T) {
 // buckets) with two fetchers and two ingesters, the production layout.
 // Long: a cluster takes a while to form. Consumers created as the cluster
 // forms may miss their first pull (see docs/decisions.md, "Pull consumers").
+// Every stream and bucket, the fetchers' own included, is then R3: an R1
+// one would stop the services that need it while its one node is down.
 func TestMultiProcessNATSCluster(t *testing.T) {
 	long(t)
 	pg := postgresURL(t)
+	var d *Deployment
 	layer2ThenLayer3(t, func(t *testing.T, overrides Env) Target {
-		return StartDeployment(t, DeploymentOptions{PostgresURL: pg, Env: overrides, NATSNodes: 3, Fetchers: 2, Ingesters: 2})
+		d = StartDeployment(t, DeploymentOptions{PostgresURL: pg, Env: overrides, NATSNodes: 3, Fetchers: 2, Ingesters: 2})
+		return d
 	})
+	nc, err := nats.Connect(d.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	streams := js.ListStreams(ctx)
+	n := 0
+	for info := range streams.Info() {
+		n++
+		if r := info.Config.Replicas; r != 3 {
+			t.Errorf("stream %s has %d replicas, want 3 (GRASP_NATS_REPLICAS)", info.Config.Name, r)
+		}
+	}
+	if err := streams.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n < 8 {
+		t.Fatalf("%d streams listed, want every stream and bucket of the deployment", n)
+	}
+	t.Logf("%d streams and buckets checked for R3", n)
 }

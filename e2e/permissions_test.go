@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -93,7 +92,7 @@ func TestShippedNATSPermissions(t *testing.T) {
 		// hold, then stop it as an operator would (Ctrl-C).
 		cmd := exec.Command(d.Bin("graspctl"), "--nats", ctl, "tap", "--from-start")
 		cmd.Env = processEnv(nil, nil)
-		var stdout, stderr syncBuffer
+		var stdout, stderr testkit.LogBuffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -145,24 +144,6 @@ func checkCtlOutput(t *testing.T, name, stdout, stderr, want string) {
 			}
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer a child process writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // relayStatusPage fetches the own relay's status page as a browser does.

@@ -292,7 +292,7 @@ func (e *election) term(ctx context.Context, rev uint64, acquiredAt time.Time, l
 			log.Warn("lease lost: not renewed in time", "deadline", deadline)
 			return e.stepDown(cancel, done, ErrLost)
 		case err := <-done:
-			e.release(rev, log)
+			e.release(epoch, rev, log)
 			if err != nil && ctx.Err() == nil {
 				return fmt.Errorf("leader %s (epoch %d): %w", e.cfg.Key, epoch, err)
 			}
@@ -306,7 +306,7 @@ func (e *election) term(ctx context.Context, rev uint64, acquiredAt time.Time, l
 			return nil
 		case <-ctx.Done():
 			_ = e.stepDown(cancel, done, ErrStopped)
-			e.release(rev, log)
+			e.release(epoch, rev, log)
 			return nil
 		}
 	}
@@ -323,13 +323,37 @@ func (e *election) stepDown(cancel context.CancelCauseFunc, done <-chan error, c
 }
 
 // release deletes the lease if it is still ours, so a standby takes over at
-// once instead of after the TTL.
-func (e *election) release(rev uint64, log *slog.Logger) {
+// once instead of after the TTL. rev is the revision this term last knew it
+// wrote; a renewal cut short by the stop may still have been stored after it
+// (the request was sent, only its answer was not awaited), so when the
+// revision-checked Delete is refused, the lease is read back and deleted at
+// its stored revision if it still names this holder and term.
+func (e *election) release(epoch, rev uint64, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
 	defer cancel()
-	if err := e.cfg.KV.Delete(ctx, e.cfg.Key, jetstream.LastRevision(rev)); err != nil {
+	err := e.cfg.KV.Delete(ctx, e.cfg.Key, jetstream.LastRevision(rev))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if cur, gerr := e.cfg.KV.Get(ctx, e.cfg.Key); gerr == nil && cur.Revision() != rev && e.ours(cur, epoch) {
+			err = e.cfg.KV.Delete(ctx, e.cfg.Key, jetstream.LastRevision(cur.Revision()))
+		}
+	}
+	if err != nil {
 		log.Warn("lease not released; it will expire", "err", err)
 		return
 	}
 	log.Info("lease released")
+}
+
+// ours reports whether a stored lease is this candidate's term epoch: its
+// value names us and the epoch, or it is the term's Create itself (stored
+// with epoch 0 before the first renewal stamps it).
+func (e *election) ours(cur jetstream.KeyValueEntry, epoch uint64) bool {
+	if cur.Operation() != jetstream.KeyValuePut {
+		return false
+	}
+	var l Lease
+	if json.Unmarshal(cur.Value(), &l) != nil || l.Holder != e.cfg.ID {
+		return false
+	}
+	return l.Epoch == epoch || (l.Epoch == 0 && cur.Revision() == epoch)
 }

@@ -31,6 +31,12 @@ var names = bus.Names{Prefix: "lt"}
 // test can kill one candidate by closing its connection).
 func leaseBucket(t *testing.T, n *testkit.NATS) func() (jetstream.KeyValue, *nats.Conn) {
 	t.Helper()
+	return leaseBucketTTL(t, n, leaseTTL)
+}
+
+// leaseBucketTTL is leaseBucket with a bucket TTL of ttl.
+func leaseBucketTTL(t *testing.T, n *testkit.NATS, ttl time.Duration) func() (jetstream.KeyValue, *nats.Conn) {
+	t.Helper()
 	ctx := context.Background()
 	nc := n.Connect(t)
 	js, err := jetstream.New(nc)
@@ -38,7 +44,7 @@ func leaseBucket(t *testing.T, n *testkit.NATS) func() (jetstream.KeyValue, *nat
 		t.Fatal(err)
 	}
 	o := bus.DefaultOptions()
-	o.LeaseTTL = leaseTTL
+	o.LeaseTTL = ttl
 	if err := bus.SetupLeases(ctx, js, names, o); err != nil {
 		t.Fatal(err)
 	}
@@ -187,6 +193,57 @@ func TestCleanStopReleasesAtOnce(t *testing.T) {
 	t.Logf("standby took over %s after a clean stop (TTL %s)", second.at.Sub(stopped).Round(time.Millisecond), leaseTTL)
 	if second.id != "b" || second.epoch <= first.epoch {
 		t.Fatalf("second term %+v after %+v", second, first)
+	}
+}
+
+// TestCleanStopReleasesAfterAnUnconfirmedRenewal: a renewal can be stored
+// while its holder, stopping, no longer waits for the answer, so the holder's
+// last known revision is stale when it releases. The lease must still go at
+// once. The renewal is simulated by rewriting the holder's own value from
+// another connection; the TTL is long so the holder's next real renewal does
+// not come first.
+func TestCleanStopReleasesAfterAnUnconfirmedRenewal(t *testing.T) {
+	n := testkit.StartNATS(t)
+	const ttl = 9 * time.Second // renewals every 3 s
+	open := leaseBucketTTL(t, n, ttl)
+	a := newArena()
+	kvA, _ := open()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- leader.Run(ctx, leader.Config{KV: kvA, Key: "role", ID: "a", TTL: ttl, Clock: clock.Real{}, Log: quiet()}, a.lead("a"))
+	}()
+	t.Cleanup(cancel)
+	a.next(t, 5*time.Second)
+	kvB, _ := open()
+	var cur jetstream.KeyValueEntry
+	for {
+		// Wait for the first renewal's epoch stamp, so the rewrite below
+		// follows it rather than racing it.
+		e, err := kvB.Get(context.Background(), "role")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l, _, _ := leader.Current(context.Background(), kvB, "role"); l.Epoch != 0 {
+			cur = e
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := kvB.Update(context.Background(), "role", cur.Value(), cur.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if l, ok, err := leader.Current(context.Background(), kvB, "role"); err != nil || ok {
+		t.Fatalf("after a clean stop the lease is %+v (held %v, err %v), want released", l, ok, err)
 	}
 }
 

@@ -50,6 +50,9 @@ type Env struct {
 	Registry *prometheus.Registry
 	Health   *obs.Server
 	Bus      *bus.Bus
+	// Bus options the contract's streams and buckets were set up with
+	// (replicas from GRASP_NATS_REPLICAS), for a service's own buckets.
+	Options bus.Options
 }
 
 // Main runs one service binary and exits. spec is the service's own
@@ -133,7 +136,7 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 	g.Go(func() error { return health.Serve(gctx) })
 	g.Go(func() error {
 		defer end() // the service ending ends the health server too
-		return run(gctx, &Env{Log: log, Registry: reg, Health: health, Bus: b})
+		return run(gctx, &Env{Log: log, Registry: reg, Health: health, Bus: b, Options: opts})
 	})
 	err = g.Wait()
 	if err != nil && ctx.Err() != nil {

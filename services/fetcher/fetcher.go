@@ -151,6 +151,7 @@ type Fetcher struct {
 	shards   map[int]*shardRun
 	epoch    uint64
 	relaysKV jetstream.KeyValue
+	replicas int // of the fetcher's own buckets; 0 is 1
 }
 
 // shardRun is one shard this replica serves: its command consumer and its
@@ -179,6 +180,15 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 	}
 }
 
+// WithReplicas sets the replicas of the fetcher's own buckets (shard leases,
+// relays to keep connected) to those of the contract's streams
+// (GRASP_NATS_REPLICAS): on a NATS cluster an R1 lease bucket would stop
+// every fetcher from holding its shards while the one node storing it is down.
+func (f *Fetcher) WithReplicas(n int) *Fetcher {
+	f.replicas = n
+	return f
+}
+
 // WithLocalSet sets what the service already holds (store ids ∪ rejected
 // ids), the local side of NIP-77. Without it the local set is empty and
 // reconciliation costs the relay's full id list.
@@ -197,12 +207,12 @@ func (f *Fetcher) Run(ctx context.Context) error {
 	// streams, and no other service may (deploy/validate derives this from
 	// the bus.Names methods named here).
 	leasesKV, err := bus.EnsureKeyValue(ctx, f.bus.JS, jetstream.KeyValueConfig{
-		Bucket: f.bus.Names.FetcherLeaseBucket(), Description: "fetcher shard leases and members", TTL: f.cfg.LeaseTTL, History: 1})
+		Bucket: f.bus.Names.FetcherLeaseBucket(), Description: "fetcher shard leases and members", TTL: f.cfg.LeaseTTL, History: 1, Replicas: f.replicas})
 	if err != nil {
 		return fmt.Errorf("lease bucket: %w", err)
 	}
 	relaysKV, err := bus.EnsureKeyValue(ctx, f.bus.JS, jetstream.KeyValueConfig{
-		Bucket: f.bus.Names.FetcherRelayBucket(), Description: "relays the planner asked fetchers to keep connected, per shard", History: 1})
+		Bucket: f.bus.Names.FetcherRelayBucket(), Description: "relays the planner asked fetchers to keep connected, per shard", History: 1, Replicas: f.replicas})
 	if err != nil {
 		return fmt.Errorf("relay bucket: %w", err)
 	}

@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -144,24 +143,6 @@ func waitStored(t *testing.T, app *graspd.App, wait time.Duration, evts ...*nost
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestOperatorViews runs graspd with the walking skeleton once and checks
 // every operator view against it: graspctl status, explain, repos and tap,
 // the metrics the dashboard and alerts use, and the HTML status page (over
@@ -202,7 +183,7 @@ func TestOperatorViews(t *testing.T) {
 		}
 		// --watch redraws in place until cancelled.
 		wctx, cancel := context.WithCancel(ctx)
-		var watched syncBuffer
+		var watched testkit.LogBuffer
 		done := make(chan error, 1)
 		go func() {
 			done <- graspctl.Status(wctx, s.bus, graspctl.StatusOptions{Watch: true, Interval: 10 * time.Millisecond}, &watched)
@@ -260,7 +241,7 @@ func TestOperatorViews(t *testing.T) {
 
 	t.Run("tap --from-start replays reports", func(t *testing.T) {
 		tctx, cancel := context.WithCancel(ctx)
-		var out, warnings syncBuffer
+		var out, warnings testkit.LogBuffer
 		done := make(chan error, 1)
 		go func() {
 			done <- graspctl.Tap(tctx, s.bus, graspctl.TapOptions{FromStart: true, Errors: &warnings,
@@ -344,7 +325,7 @@ func TestOperatorViews(t *testing.T) {
 
 	t.Run("tap follows a new issue", func(t *testing.T) {
 		tctx, cancel := context.WithCancel(ctx)
-		var out syncBuffer
+		var out testkit.LogBuffer
 		done := make(chan error, 1)
 		ready := make(chan struct{})
 		go func() {

@@ -1,7 +1,6 @@
 package graspd
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
 func TestNextProgress(t *testing.T) {
@@ -39,31 +39,13 @@ func TestNextProgress(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects log output from the progress goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // runProgress logs one line per interval while a relay is Syncing, with
 // the stored-events rate from the ingester's count, and nothing once sync
 // is done.
 func TestRunProgressLogsWhileSyncing(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
 	var stored atomic.Int64
-	var logs lockedBuffer
+	var logs testkit.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 
 	var mu sync.Mutex

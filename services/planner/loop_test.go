@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -348,4 +349,76 @@ func loopNATS(t *testing.T, ctx context.Context, prefix string) (bus.Names, func
 		t.Fatal(err)
 	}
 	return names, connect
+}
+
+// TestUnacknowledgedCommandIsRetriedInTheTerm: a command the commands
+// stream does not acknowledge (here: the stream is gone for a moment, as
+// while a server restarts) is sent again within the same term, instead of
+// the term ending and the next one catching up every relay. The command that
+// finally lands carries the first term's epoch.
+func TestUnacknowledgedCommandIsRetriedInTheTerm(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	names, connect := loopNATS(t, ctx, "retry")
+	test := connect("test")
+	streamCfg, err := test.JS.Stream(ctx, names.FetchCmdStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdCfg := streamCfg.CachedInfo().Config
+
+	logs := &testkit.LogBuffer{}
+	cfg := planner.Config{ID: "p1", Shards: 1, RecomputeDelay: 50 * time.Millisecond, Rules: planner.DefaultRules(),
+		BootstrapRelays: []string{"ws://127.0.0.1:1"}}
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- planner.New(cfg, connect("planner"), clock.Real{}, obs.NewLogger(logs, "warn"), prometheus.NewRegistry()).Run(pctx)
+	}()
+	defer func() { stop(); <-done }()
+
+	// The first term's first command, read from the stream.
+	next := func() *graspv1.FetchCommand {
+		t.Helper()
+		c, err := test.JS.CreateOrUpdateConsumer(ctx, names.FetchCmdStream(), jetstream.ConsumerConfig{Durable: "t", AckPolicy: jetstream.AckExplicitPolicy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := c.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatalf("no command: %v; planner log:\n%s", err, logs.String())
+		}
+		_ = m.Ack()
+		var cmd graspv1.FetchCommand
+		if err := proto.Unmarshal(m.Data(), &cmd); err != nil {
+			t.Fatal(err)
+		}
+		return &cmd
+	}
+	first := next()
+
+	if err := test.JS.DeleteStream(ctx, names.FetchCmdStream()); err != nil {
+		t.Fatal(err)
+	}
+	index, err := test.JS.KeyValue(ctx, names.RepoIndexBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := proto.Marshal(&graspv1.RepoSyncNeeds{RepoRef: "30617:aa:r1", Relays: []string{"ws://127.0.0.1:2"}})
+	if _, err := index.Put(ctx, "k1", data); err != nil {
+		t.Fatal(err)
+	}
+	// Bring the stream back once a publish has failed.
+	waitFor(t, ctx, "a refused publish", func() bool {
+		s := logs.String()
+		return strings.Contains(s, "not acknowledged") || strings.Contains(s, "term failed")
+	})
+	if _, err := test.JS.CreateStream(ctx, cmdCfg); err != nil {
+		t.Fatal(err)
+	}
+	got := next()
+	if got.GetRelayUrl() != "ws://127.0.0.1:2" || got.GetEpoch() != first.GetEpoch() {
+		t.Fatalf("after the stream came back: command for %s in epoch %d, want ws://127.0.0.1:2 in the first term's epoch %d; planner log:\n%s",
+			got.GetRelayUrl(), got.GetEpoch(), first.GetEpoch(), logs.String())
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
@@ -128,6 +129,7 @@ type term struct {
 	stateKV  jetstream.KeyValue
 	bootKV   []string
 	lastSave map[string]time.Time
+	sent     uint64 // commands published this term, for their Nats-Msg-Id
 }
 
 // lead plans for one leadership term. The machine starts from the persisted
@@ -368,7 +370,7 @@ func (t *term) loadStates(ctx context.Context) ([]*graspv1.RelayState, error) {
 func (t *term) flush(ctx context.Context) error {
 	for _, cmd := range t.m.Drain() {
 		subject := t.p.bus.Names.FetchCmdSubject(bus.ShardOf(cmd.GetRelayUrl(), t.p.cfg.Shards))
-		if err := t.p.bus.Publish(ctx, subject, cmd); err != nil {
+		if err := t.publish(ctx, subject, cmd); err != nil {
 			return fmt.Errorf("send command to %s: %w", cmd.GetRelayUrl(), err)
 		}
 		name := commandName(cmd)
@@ -407,6 +409,58 @@ func (t *term) flush(ctx context.Context) error {
 		t.p.metrics.totals(t.m.Relays())
 	}
 	return nil
+}
+
+// Retries of a command the stream did not acknowledge: waits of 100 ms
+// doubling, so about 3 s of waiting (plus each attempt's own timeout) before
+// the term gives up.
+const (
+	commandPublishAttempts = 6
+	commandRetryFirstWait  = 100 * time.Millisecond
+)
+
+// publish sends one command and waits for the stream's acknowledgement,
+// retrying what a busy or restarting NATS recovers from. Giving up ends the
+// term, and a new term starts by catching up every relay, so a single
+// acknowledgement lost under load must not cost that (docs/decisions.md,
+// "Planner: a lost acknowledgement is retried, not a new term"). Each command
+// carries a Nats-Msg-Id unique to the term (epoch, sequence): when a publish
+// was stored but its acknowledgement lost, the retry is a duplicate the
+// stream drops, so a fetcher never runs a command twice.
+func (t *term) publish(ctx context.Context, subject string, cmd *graspv1.FetchCommand) error {
+	msg, err := bus.NewMsg(subject, cmd)
+	if err != nil {
+		return err
+	}
+	t.sent++
+	msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("planner-%d-%d", t.epoch, t.sent))
+	wait := commandRetryFirstWait
+	for attempt := 1; ; attempt++ {
+		_, err := t.p.bus.JS.PublishMsg(ctx, msg)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || !retryablePublish(err) || attempt == commandPublishAttempts {
+			return fmt.Errorf("publish to %s (attempt %d): %w", subject, attempt, err)
+		}
+		t.log.Warn("command not acknowledged; retrying", "relay", cmd.GetRelayUrl(), "attempt", attempt, "wait", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.p.clock.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+// retryablePublish reports whether a failed JetStream publish may succeed
+// if repeated: no acknowledgement in time, or no stream answering yet (a
+// server restarting or a stream being recreated). Anything else — a
+// payload over the limit, a stream refusing the subject — fails the same
+// way again.
+func retryablePublish(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
 func commandName(cmd *graspv1.FetchCommand) string {

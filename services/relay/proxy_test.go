@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,27 +51,9 @@ func shippedConfig(t *testing.T) Config {
 	return cfg
 }
 
-// logBuffer collects a relay's log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startBehindProxy runs the relay with cfg as given (trust lists included)
 // on a frozen clock and returns its URL and its log.
-func startBehindProxy(t *testing.T, cfg Config) (string, *logBuffer) {
+func startBehindProxy(t *testing.T, cfg Config) (string, *testkit.LogBuffer) {
 	t.Helper()
 	st, err := store.Open(t.TempDir())
 	if err != nil {
@@ -89,7 +69,7 @@ func startBehindProxy(t *testing.T, cfg Config) (string, *logBuffer) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	logs := &logBuffer{}
+	logs := &testkit.LogBuffer{}
 	now := time.Unix(1_750_000_000, 0)
 	r := newRelay(cfg, st, nil, slog.New(slog.NewTextHandler(logs, nil)), func() time.Time { return now })
 	ctx, cancel := context.WithCancel(context.Background())

@@ -42,7 +42,7 @@ func main() {
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return refused.Run(ctx, kv) })
 		g.Go(func() error {
-			return fetcher.New(c.Config, env.Bus, clock.Real{}, env.Log, env.Registry).WithLocalSet(local).Run(ctx)
+			return fetcher.New(c.Config, env.Bus, clock.Real{}, env.Log, env.Registry).WithLocalSet(local).WithReplicas(env.Options.Replicas).Run(ctx)
 		})
 		return g.Wait()
 	})
