@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -152,6 +153,9 @@ type Ingester struct {
 	// rejected is the bucket of events refused for good (pkg/rejected);
 	// set by Run, nil when the deployment has none.
 	rejected jetstream.KeyValue
+	// manyDeletions is set once the store held fewDeletions deletions: the
+	// batch prefetch then asks the tag index only (see batch.deletions).
+	manyDeletions atomic.Bool
 }
 
 // New builds an ingester. serviceURL is this GRASP server's public relay URL,
