@@ -45,7 +45,7 @@ func (w *relayWorker) runBatch(s *session, batch string, hist, refetch []nostr.F
 	case <-s.ctx.Done():
 		return
 	}
-	b := &batchRun{w: w, s: s, id: batch, pub: &windowPublisher{js: w.f.bus.JS, window: w.f.cfg.PublishWindow}}
+	b := &batchRun{w: w, s: s, id: batch, pub: w.f.newWindowPublisher()}
 	var err error
 	var incomplete []*history.IncompleteError
 	for _, f := range hist {
