@@ -64,6 +64,7 @@ type windowPublisher struct {
 	js      jetstream.JetStream
 	window  int
 	recent  *recentIDs
+	byID    *recentIDs // the same publishes by event id alone
 	now     func() time.Time
 	pending []pendingPub
 }
@@ -72,14 +73,14 @@ type windowPublisher struct {
 // Nats-Msg-Id's recentKey, remembered once acknowledged when remember is set.
 type pendingPub struct {
 	fut      jetstream.PubAckFuture
-	key      recentKey
+	key, id  recentKey
 	remember bool
 }
 
 // newWindowPublisher is the fetcher's publisher for one batch or live
 // subscription.
 func (f *Fetcher) newWindowPublisher() *windowPublisher {
-	return &windowPublisher{js: f.bus.JS, window: f.cfg.PublishWindow, recent: f.recent, now: f.clock.Now}
+	return &windowPublisher{js: f.bus.JS, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now}
 }
 
 // published reports whether the stream acknowledged key moments ago.
@@ -107,17 +108,19 @@ func (p *windowPublisher) reap() {
 
 func (p *windowPublisher) acked(pp pendingPub) {
 	if pp.remember && p.recent != nil {
-		p.recent.add(pp.key, p.now())
+		now := p.now()
+		p.recent.add(pp.key, now)
+		p.byID.add(pp.id, now)
 	}
 }
 
 func (p *windowPublisher) publish(ctx context.Context, msg *nats.Msg) error {
-	return p.publishKey(ctx, msg, recentKey{}, false)
+	return p.publishKey(ctx, msg, recentKey{}, recentKey{}, false)
 }
 
-// publishKey publishes msg; key is its Nats-Msg-Id's recentKey, remembered
-// once the stream acknowledges it when remember is set.
-func (p *windowPublisher) publishKey(ctx context.Context, msg *nats.Msg, key recentKey, remember bool) error {
+// publishKey publishes msg; key is its Nats-Msg-Id's recentKey and id its
+// event id's, remembered once the stream acknowledges it when remember is set.
+func (p *windowPublisher) publishKey(ctx context.Context, msg *nats.Msg, key, id recentKey, remember bool) error {
 	if p.recent != nil {
 		p.reap()
 	}
@@ -130,7 +133,7 @@ func (p *windowPublisher) publishKey(ctx context.Context, msg *nats.Msg, key rec
 	for {
 		fut, err := p.js.PublishMsgAsync(msg)
 		if err == nil {
-			p.pending = append(p.pending, pendingPub{fut: fut, key: key, remember: remember})
+			p.pending = append(p.pending, pendingPub{fut: fut, key: key, id: id, remember: remember})
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {

@@ -273,5 +273,5 @@ func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *
 	if batch != "" {
 		msg.Header.Set(bus.HeaderBatch, batch)
 	}
-	return pub.publishKey(ctx, msg, key, true)
+	return pub.publishKey(ctx, msg, key, recentKeyOf(evt.ID), true)
 }
