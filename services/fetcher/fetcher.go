@@ -94,7 +94,8 @@ type Config struct {
 	// RecentIDs is how many acknowledged event publishes (30 s at most) the
 	// fetcher remembers, to skip other relays' copies of the same event and
 	// to ask last for ids a reconciliation names that another relay's copy
-	// is bringing; about 160 bytes each. 0 remembers none.
+	// is bringing; about 200 bytes each (3.3 MiB at the default). 0 remembers
+	// none.
 	RecentIDs int `envconfig:"FETCHER_RECENT_IDS" default:"16384"`
 	// AuthKey is the service's nostr secret key (hex or nsec) used to
 	// answer NIP-42 AUTH challenges; empty: challenges are not answered.

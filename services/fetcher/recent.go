@@ -37,7 +37,7 @@ type recentIDs struct {
 type recentEntry struct {
 	key recentKey
 	seq uint64
-	at  time.Time
+	at  int64 // unix nanoseconds; 0: never used
 }
 
 // newRecentIDs remembers up to size ids (nil, which remembers nothing, for
@@ -59,10 +59,10 @@ func (r *recentIDs) add(k recentKey, now time.Time) {
 	seq := r.next
 	r.next++
 	slot := &r.ring[seq%uint64(len(r.ring))]
-	if old, ok := r.m[slot.key]; ok && old == slot.seq && slot.at != (time.Time{}) {
+	if old, ok := r.m[slot.key]; ok && old == slot.seq && slot.at != 0 {
 		delete(r.m, slot.key)
 	}
-	*slot = recentEntry{key: k, seq: seq, at: now}
+	*slot = recentEntry{key: k, seq: seq, at: now.UnixNano()}
 	r.m[k] = seq
 }
 
@@ -78,7 +78,7 @@ func (r *recentIDs) has(k recentKey, now time.Time) bool {
 		return false
 	}
 	e := r.ring[seq%uint64(len(r.ring))]
-	return e.seq == seq && now.Sub(e.at) < r.ttl
+	return e.seq == seq && now.UnixNano()-e.at < int64(r.ttl)
 }
 
 // len is how many ids are remembered (expired ones included until replaced).
