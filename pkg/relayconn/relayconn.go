@@ -8,6 +8,7 @@
 package relayconn
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,8 +19,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/coder/websocket"
+	"github.com/mailru/easyjson"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/tidwall/gjson"
 )
@@ -268,15 +271,64 @@ func (c *Conn) readLoop() {
 		c.channels = map[string]*Channel{}
 		c.mu.Unlock()
 	}()
+	// One buffer per connection holds each message while it is dispatched
+	// (an EVENT is decoded into fresh strings, anything handed on is
+	// copied); one grown past readBufKeep by a large message is dropped.
+	var buf bytes.Buffer
 	for {
-		_, data, err := c.ws.Read(c.ctx)
+		buf.Reset()
+		if buf.Cap() > readBufKeep {
+			buf = bytes.Buffer{}
+		}
+		_, r, err := c.ws.Reader(c.ctx)
+		if err == nil {
+			_, err = buf.ReadFrom(r)
+		}
 		if err != nil {
 			c.cancel(fmt.Errorf("read from %s: %w", c.url, err))
 			return
 		}
+		data := buf.Bytes()
 		c.BytesIn.Add(uint64(len(data)))
 		c.dispatch(data)
 	}
+}
+
+// readBufKeep is the largest read buffer a connection keeps between
+// messages.
+const readBufKeep = 64 << 10
+
+// errBadEvent is an EVENT message that is not ["EVENT", id, {event}].
+var errBadEvent = errors.New("malformed EVENT message")
+
+// decodeEvent decodes the event of ["EVENT", subscription id, {event}]
+// (exactly three elements, as go-nostr's EventEnvelope requires) without
+// copying the message or building its array. data may be reused after it
+// returns: easyjson copies every string it decodes.
+func decodeEvent(data []byte) (*nostr.Event, error) {
+	var obj gjson.Result
+	n := 0
+	gjson.Parse(unsafe.String(unsafe.SliceData(data), len(data))).ForEach(func(_, v gjson.Result) bool {
+		if n == 2 {
+			obj = v
+		}
+		n++
+		return n <= 3
+	})
+	if n != 3 || !obj.IsObject() {
+		return nil, errBadEvent
+	}
+	raw := []byte(nil)
+	if obj.Index > 0 && obj.Index+len(obj.Raw) <= len(data) && string(data[obj.Index:obj.Index+len(obj.Raw)]) == obj.Raw {
+		raw = data[obj.Index : obj.Index+len(obj.Raw)]
+	} else {
+		raw = []byte(obj.Raw) // the offset is unknown: copy
+	}
+	evt := new(nostr.Event)
+	if err := easyjson.Unmarshal(raw, evt); err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadEvent, err)
+	}
+	return evt, nil
 }
 
 func (c *Conn) dispatch(data []byte) {
@@ -296,18 +348,17 @@ func (c *Conn) dispatch(data []byte) {
 		s.bytes.Add(uint64(len(data)))
 		switch label {
 		case "EVENT":
-			var env nostr.EventEnvelope
-			if err := env.FromJSON(string(data)); err != nil {
+			evt, err := decodeEvent(data)
+			if err != nil {
 				s.malformed.Add(1)
 				return
 			}
-			evt := env.Event
 			select {
-			case s.events <- &evt:
+			case s.events <- evt:
 			default:
 				c.delivering.Store(true)
 				select {
-				case s.events <- &evt:
+				case s.events <- evt:
 				case <-s.done:
 				case <-c.ctx.Done():
 				}
@@ -342,7 +393,7 @@ func (c *Conn) dispatch(data []byte) {
 		c.mu.Unlock()
 		if ch != nil && subID != "" {
 			ch.bytes.Add(uint64(len(data)))
-			m := Message{Label: label, Raw: data}
+			m := Message{Label: label, Raw: bytes.Clone(data)}
 			select {
 			case ch.msgs <- m:
 			default:
@@ -357,7 +408,7 @@ func (c *Conn) dispatch(data []byte) {
 			return
 		}
 		if c.opts.OnMessage != nil {
-			c.opts.OnMessage(label, data)
+			c.opts.OnMessage(label, bytes.Clone(data))
 		}
 	}
 }

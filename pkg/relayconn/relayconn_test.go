@@ -226,3 +226,40 @@ func TestDialErrorStatus(t *testing.T) {
 		t.Fatalf("Dial = %v, want a DialError with status 503", err)
 	}
 }
+
+// Events decoded from one reused read buffer stay intact after later
+// messages overwrite it.
+func TestEventsSurviveLaterMessages(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	k := testkit.NewKey()
+	want := map[string]string{}
+	var stored []*nostr.Event
+	for i := range 60 {
+		evt := k.Note(strings.Repeat(string(rune('a'+i%26)), 10+i*37), testkit.At(nostr.Timestamp(1000+i)))
+		stored = append(stored, evt)
+		want[evt.ID] = evt.String()
+	}
+	r.Add(t, stored...)
+	c, err := relayconn.Dial(ctx, r.URL, relayconn.Options{SubscriptionBuffer: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sub, err := c.Subscribe(ctx, nostr.Filters{{Kinds: []int{1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.EOSE(): // every event is decoded and buffered
+	case <-ctx.Done():
+		t.Fatal("no EOSE")
+	}
+	for range stored {
+		evt := <-sub.Events()
+		if got := evt.String(); got != want[evt.ID] || !evt.CheckID() {
+			t.Fatalf("event %s changed after later messages:\n got %s\nwant %s", evt.ID, got, want[evt.ID])
+		}
+	}
+}

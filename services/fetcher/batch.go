@@ -25,6 +25,8 @@ type batchRun struct {
 	bytes    uint64
 	pages    int
 	usedReq  bool
+	// deferredCount is how many ids the last deferPublished deferred.
+	deferredCount int
 	// refetching: the part being read is a refetch filter, whose events
 	// are published past the events stream's duplicate window.
 	refetching bool
@@ -45,7 +47,7 @@ func (w *relayWorker) runBatch(s *session, batch string, hist, refetch []nostr.F
 	case <-s.ctx.Done():
 		return
 	}
-	b := &batchRun{w: w, s: s, id: batch, pub: &windowPublisher{js: w.f.bus.JS, window: w.f.cfg.PublishWindow}}
+	b := &batchRun{w: w, s: s, id: batch, pub: w.f.newWindowPublisher()}
 	var err error
 	var incomplete []*history.IncompleteError
 	for _, f := range hist {
@@ -210,6 +212,51 @@ func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) error {
 	if err := b.dropHeld(missing); err != nil {
 		return err
 	}
+	// Ids the events stream acknowledged moments ago (another relay's copy,
+	// not yet stored) are asked for last: by then the ingester has usually
+	// stored them, and asking the local set again drops them. Those still
+	// not held are fetched like any other, so a copy the ingester refused
+	// (a forged signature) costs only the delay.
+	deferred := b.deferPublished(missing)
+	if err := b.fetchIDs(missing); err != nil {
+		return err
+	}
+	if len(deferred) == 0 {
+		return nil
+	}
+	if err := b.dropHeld(deferred); err != nil {
+		return err
+	}
+	w.f.m.deferredHeld.Add(float64(b.deferredCount - len(deferred)))
+	return b.fetchIDs(deferred)
+}
+
+// deferPublished moves from missing to the map it returns the ids whose
+// events the stream acknowledged moments ago (any signature).
+func (b *batchRun) deferPublished(missing map[string]struct{}) map[string]struct{} {
+	rec := b.w.f.recentByID
+	if rec == nil || len(missing) == 0 {
+		return nil
+	}
+	now := b.w.f.clock.Now()
+	var deferred map[string]struct{}
+	for id := range missing {
+		if rec.has(recentKeyOf(id), now) {
+			if deferred == nil {
+				deferred = map[string]struct{}{}
+			}
+			deferred[id] = struct{}{}
+			delete(missing, id)
+		}
+	}
+	b.deferredCount = len(deferred)
+	return deferred
+}
+
+// fetchIDs fetches the missing ids by id, re-requesting those still missing
+// while the relay makes progress.
+func (b *batchRun) fetchIDs(missing map[string]struct{}) error {
+	w := b.w
 	for len(missing) > 0 {
 		ids := make([]string, 0, len(missing))
 		for id := range missing {

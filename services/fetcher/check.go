@@ -57,14 +57,73 @@ func matchesIgnoringLimit(fs nostr.Filters, evt *nostr.Event) bool {
 // acknowledgements outstanding: when the window is full it waits for the
 // oldest, so a slow stream pushes back on the relay read instead of filling
 // memory. A publish that fails is retried synchronously; Flush reports a
-// loss, so a batch is never confirmed with an event missing.
+// loss, so a batch is never confirmed with an event missing. Acknowledged
+// ids are remembered in recent (nil: not remembered), so that other copies
+// of the same event are not published again (recentIDs).
 type windowPublisher struct {
 	js      jetstream.JetStream
 	window  int
-	pending []jetstream.PubAckFuture
+	recent  *recentIDs
+	byID    *recentIDs // the same publishes by event id alone
+	now     func() time.Time
+	pending []pendingPub
+}
+
+// pendingPub is one publish awaiting its acknowledgement; key is its
+// Nats-Msg-Id's recentKey, remembered once acknowledged when remember is set.
+type pendingPub struct {
+	fut      jetstream.PubAckFuture
+	key, id  recentKey
+	remember bool
+}
+
+// newWindowPublisher is the fetcher's publisher for one batch or live
+// subscription.
+func (f *Fetcher) newWindowPublisher() *windowPublisher {
+	return &windowPublisher{js: f.bus.JS, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now}
+}
+
+// published reports whether the stream acknowledged key moments ago.
+func (p *windowPublisher) published(key recentKey) bool {
+	if p.recent == nil {
+		return false
+	}
+	return p.recent.has(key, p.now())
+}
+
+// reap pops the acknowledgements that have already arrived, oldest first,
+// without waiting, so their ids are remembered while the other copies are
+// still on their way.
+func (p *windowPublisher) reap() {
+	for len(p.pending) > 0 {
+		select {
+		case <-p.pending[0].fut.Ok():
+		default:
+			return
+		}
+		p.acked(p.pending[0])
+		p.pending = p.pending[1:]
+	}
+}
+
+func (p *windowPublisher) acked(pp pendingPub) {
+	if pp.remember && p.recent != nil {
+		now := p.now()
+		p.recent.add(pp.key, now)
+		p.byID.add(pp.id, now)
+	}
 }
 
 func (p *windowPublisher) publish(ctx context.Context, msg *nats.Msg) error {
+	return p.publishKey(ctx, msg, recentKey{}, recentKey{}, false)
+}
+
+// publishKey publishes msg; key is its Nats-Msg-Id's recentKey and id its
+// event id's, remembered once the stream acknowledges it when remember is set.
+func (p *windowPublisher) publishKey(ctx context.Context, msg *nats.Msg, key, id recentKey, remember bool) error {
+	if p.recent != nil {
+		p.reap()
+	}
 	for len(p.pending) >= p.window {
 		if err := p.settle(ctx, p.pending[0]); err != nil {
 			return err
@@ -74,7 +133,7 @@ func (p *windowPublisher) publish(ctx context.Context, msg *nats.Msg) error {
 	for {
 		fut, err := p.js.PublishMsgAsync(msg)
 		if err == nil {
-			p.pending = append(p.pending, fut)
+			p.pending = append(p.pending, pendingPub{fut: fut, key: key, id: id, remember: remember})
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
@@ -91,9 +150,11 @@ func (p *windowPublisher) publish(ctx context.Context, msg *nats.Msg) error {
 }
 
 // settle waits for one acknowledgement and retries its message on failure.
-func (p *windowPublisher) settle(ctx context.Context, fut jetstream.PubAckFuture) error {
+func (p *windowPublisher) settle(ctx context.Context, pp pendingPub) error {
+	fut := pp.fut
 	select {
 	case <-fut.Ok():
+		p.acked(pp)
 		return nil
 	case err := <-fut.Err():
 		var last error = err
@@ -102,6 +163,7 @@ func (p *windowPublisher) settle(ctx context.Context, fut jetstream.PubAckFuture
 			_, err := p.js.PublishMsg(pctx, fut.Msg())
 			cancel()
 			if err == nil {
+				p.acked(pp)
 				return nil
 			}
 			last = err

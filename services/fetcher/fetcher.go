@@ -91,6 +91,12 @@ type Config struct {
 	// PublishWindow is how many event publishes may await acknowledgement
 	// per batch or live subscription.
 	PublishWindow int `envconfig:"FETCHER_PUBLISH_WINDOW" default:"256"`
+	// RecentIDs is how many acknowledged event publishes (30 s at most) the
+	// fetcher remembers, to skip other relays' copies of the same event and
+	// to ask last for ids a reconciliation names that another relay's copy
+	// is bringing; about 200 bytes each (3.3 MiB at the default). 0 remembers
+	// none.
+	RecentIDs int `envconfig:"FETCHER_RECENT_IDS" default:"16384"`
 	// AuthKey is the service's nostr secret key (hex or nsec) used to
 	// answer NIP-42 AUTH challenges; empty: challenges are not answered.
 	AuthKey string `envconfig:"FETCHER_AUTH_KEY"`
@@ -145,6 +151,9 @@ type Fetcher struct {
 	m       *metrics
 	local   LocalSet
 	authKey string
+	// recent is the acknowledged publishes, shared by every relay worker;
+	// recentByID the same by event id alone (batchRun.deferPublished).
+	recent, recentByID *recentIDs
 
 	mu       sync.Mutex
 	relays   map[string]*relayWorker
@@ -168,15 +177,17 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 	cfg = cfg.withDefaults()
 	sk, _ := config.SecretKey(cfg.AuthKey)
 	return &Fetcher{
-		cfg:     cfg,
-		bus:     b,
-		clock:   clk,
-		log:     log.With("service", "fetcher", "fetcher", cfg.ID),
-		guard:   relayurl.Guard{Allow: cfg.RelayAllowlist},
-		m:       newMetrics(reg),
-		authKey: sk,
-		relays:  map[string]*relayWorker{},
-		shards:  map[int]*shardRun{},
+		cfg:        cfg,
+		bus:        b,
+		clock:      clk,
+		log:        log.With("service", "fetcher", "fetcher", cfg.ID),
+		guard:      relayurl.Guard{Allow: cfg.RelayAllowlist},
+		m:          newMetrics(reg),
+		authKey:    sk,
+		recent:     newRecentIDs(cfg.RecentIDs, recentTTL),
+		recentByID: newRecentIDs(cfg.RecentIDs, recentTTL),
+		relays:     map[string]*relayWorker{},
+		shards:     map[int]*shardRun{},
 	}
 }
 

@@ -2,6 +2,7 @@ package fetcher
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -148,7 +149,7 @@ func (w *relayWorker) closeLive() {
 }
 
 func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
-	pub := &windowPublisher{js: w.f.bus.JS, window: w.f.cfg.PublishWindow}
+	pub := w.f.newWindowPublisher()
 	defer func() {
 		fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -246,13 +247,25 @@ func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *no
 // not be dropped as a duplicate of the copy refused moments ago.
 func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode, msgID string) error {
 	w.f.m.events.WithLabelValues(w.url, mode).Inc()
+	key := recentKeyOf(msgID)
+	if pub.published(key) {
+		// The stream holds this very id and signature already (another
+		// relay's copy, moments ago) and would drop it as a duplicate:
+		// skip the checks, the encoding and the publish.
+		w.f.m.skippedPublished.Inc()
+		return nil
+	}
 	if reason := CheckEvent(evt, fs); reason != "" {
 		w.f.m.dropped.WithLabelValues(reason).Inc()
 		w.log.Debug("event dropped", "id", evt.ID, "reason", reason, "session", session, "batch", batch)
 		return nil
 	}
+	data, err := evt.MarshalJSON()
+	if err != nil {
+		return fmt.Errorf("encode event %s: %w", evt.ID, err)
+	}
 	msg := nats.NewMsg(w.f.bus.Names.EventsSubject(w.shard))
-	msg.Data = []byte(evt.String())
+	msg.Data = data
 	msg.Header.Set(nats.MsgIdHdr, msgID)
 	msg.Header.Set(bus.HeaderRelay, w.url)
 	msg.Header.Set(bus.HeaderSession, session)
@@ -260,5 +273,5 @@ func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *
 	if batch != "" {
 		msg.Header.Set(bus.HeaderBatch, batch)
 	}
-	return pub.publish(ctx, msg)
+	return pub.publishKey(ctx, msg, key, recentKeyOf(evt.ID), true)
 }

@@ -14,14 +14,20 @@ type metrics struct {
 	liveSubs       *prometheus.GaugeVec
 	events         *prometheus.CounterVec
 	dropped        *prometheus.CounterVec
-	bytesIn        *prometheus.CounterVec
-	historicBytes  *prometheus.CounterVec
-	cooldowns      *prometheus.CounterVec
-	pages          prometheus.Histogram
-	fallbacks      *prometheus.CounterVec
-	batches        *prometheus.CounterVec
-	subClosed      *prometheus.CounterVec
-	shards         prometheus.Gauge
+	// skippedPublished counts copies not published because the stream
+	// acknowledged the same Nats-Msg-Id moments ago (recentIDs).
+	skippedPublished prometheus.Counter
+	// deferredHeld counts ids a reconciliation named that were deferred
+	// (another copy acknowledged moments ago) and then found stored.
+	deferredHeld  prometheus.Counter
+	bytesIn       *prometheus.CounterVec
+	historicBytes *prometheus.CounterVec
+	cooldowns     *prometheus.CounterVec
+	pages         prometheus.Histogram
+	fallbacks     *prometheus.CounterVec
+	batches       *prometheus.CounterVec
+	subClosed     *prometheus.CounterVec
+	shards        prometheus.Gauge
 	// crowdedSeconds and incompleteSlices count the one-second slices read
 	// apart in REQ+EOSE history and those that could not be completed
 	// (docs/decisions.md, "History: reading a crowded second completely").
@@ -47,6 +53,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Events received from remote relays, by relay and mode (live, historic), whatever the policy later decides."}, []string{"relay", "mode"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_events_dropped_total",
 			Help: "Events dropped by the structural checks before publishing, by reason."}, []string{"reason"}),
+		skippedPublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_events_already_published_total",
+			Help: "Event copies not published because the events stream acknowledged the same id and signature moments ago."}),
+		deferredHeld: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_negentropy_deferred_held_total",
+			Help: "Ids a reconciliation named, whose events another relay's copy was bringing, found stored by the time they were asked for (not fetched)."}),
 		bytesIn: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_bytes_in_total",
 			Help: "Bytes of every message received from the relay."}, []string{"relay"}),
 		historicBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_historic_bytes_total",
@@ -70,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
-			m.dropped, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
+			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
 			m.crowdedSeconds, m.incompleteSlices)
 	}
 	return m
