@@ -87,7 +87,7 @@ func retryTransient(ctx context.Context, op func(context.Context) error) error {
 		if err == nil {
 			return nil
 		}
-		if !transient(err) {
+		if !Transient(err) {
 			return err
 		}
 		if ctx.Err() != nil {
@@ -104,12 +104,14 @@ func retryTransient(ctx context.Context, op func(context.Context) error) error {
 	}
 }
 
-// transient reports whether a create/update failure may succeed when
-// repeated: timeouts, missing responders, a cluster without a leader, and
-// the race where a concurrent caller created the stream between our update
-// and our create. Requests the server rejects as bad (400) and the client's
-// own validation errors are permanent.
-func transient(err error) bool {
+// Transient reports whether a JetStream request that failed (a stream or
+// bucket create/update, a publish) may succeed when repeated: timeouts,
+// missing responders (a server restarting, a stream being recreated), a
+// cluster without a leader, and the race where a concurrent caller created
+// the stream between our update and our create. Requests the server rejects
+// as bad (4xx, a payload over the limit) and the client's own validation
+// errors are permanent.
+func Transient(err error) bool {
 	switch {
 	case errors.Is(err, context.Canceled):
 		return false

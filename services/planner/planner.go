@@ -440,7 +440,7 @@ func (t *term) publish(ctx context.Context, subject string, cmd *graspv1.FetchCo
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil || !retryablePublish(err) || attempt == commandPublishAttempts {
+		if ctx.Err() != nil || !bus.Transient(err) || attempt == commandPublishAttempts {
 			return fmt.Errorf("publish to %s (attempt %d): %w", subject, attempt, err)
 		}
 		t.log.Warn("command not acknowledged; retrying", "relay", cmd.GetRelayUrl(), "attempt", attempt, "wait", wait, "err", err)
@@ -451,16 +451,6 @@ func (t *term) publish(ctx context.Context, subject string, cmd *graspv1.FetchCo
 		}
 		wait *= 2
 	}
-}
-
-// retryablePublish reports whether a failed JetStream publish may succeed
-// if repeated: no acknowledgement in time, or no stream answering yet (a
-// server restarting or a stream being recreated). Anything else — a
-// payload over the limit, a stream refusing the subject — fails the same
-// way again.
-func retryablePublish(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
 func commandName(cmd *graspv1.FetchCommand) string {
