@@ -25,8 +25,6 @@ type batchRun struct {
 	bytes    uint64
 	pages    int
 	usedReq  bool
-	// deferredCount is how many ids the last deferPublished deferred.
-	deferredCount int
 	// refetching: the part being read is a refetch filter, whose events
 	// are published past the events stream's duplicate window.
 	refetching bool
@@ -224,10 +222,11 @@ func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) error {
 	if len(deferred) == 0 {
 		return nil
 	}
+	asked := len(deferred)
 	if err := b.dropHeld(deferred); err != nil {
 		return err
 	}
-	w.f.m.deferredHeld.Add(float64(b.deferredCount - len(deferred)))
+	w.f.m.deferredHeld.Add(float64(asked - len(deferred)))
 	return b.fetchIDs(deferred)
 }
 
@@ -249,7 +248,6 @@ func (b *batchRun) deferPublished(missing map[string]struct{}) map[string]struct
 			delete(missing, id)
 		}
 	}
-	b.deferredCount = len(deferred)
 	return deferred
 }
 
