@@ -91,9 +91,10 @@ func TestBenchGraspdMemory(t *testing.T) {
 	}
 	own := "ws://" + relayAddr
 	if profDir != "" {
-		stop := make(chan struct{})
-		defer close(stop)
-		go keepPeakProfile(ctx, stop, p.Pid(), metricsAddr, profDir, t)
+		// Stopped and waited for before the test returns: it logs through t.
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { defer close(done); keepPeakProfile(ctx, stop, p.Pid(), metricsAddr, profDir, t) }()
+		defer func() { close(stop); <-done }()
 	}
 	began := time.Now()
 	if err := testkit.Publish(ctx, own, ds.Announcements...); err != nil {
