@@ -164,6 +164,9 @@ bench:
 	# state in a fresh process (§2).
 	cd e2e && GRASP_BENCH=1 GRASP_BENCH_INITIAL_ONLY=1 GRASP_BENCH_KHATRU_QUIRK=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run 'TestBenchEndToEnd$$' -v .
 	cd services/graspd && $(GO) test $(TAGFLAGS) -count=1 -run TestAnnouncementToHistoryLatency -v .
+	# Issue 24 §4: the own relay's reads against plain khatru on eventstore's badger, each relay in its own
+	# process, the clients in the test's, alternating rounds (docs/performance.md, "The relay's reads").
+	cd services/relay && GRASP_BENCH=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run '^TestBenchReads$$' -v .
 	rm -rf $(CURDIR)/bin/bench-kv1m
 	cd pkg && GRASP_STORE_BENCH_1M=1 GRASP_STORE_BENCH_DIR=$(CURDIR)/bin/bench-kv1m $(GO) test $(TAGFLAGS) -run '^$$' -bench 'BenchmarkStore1M/kv\+pebble$$' -benchtime 1x -timeout 1h ./store/
 	cd pkg && GRASP_STORE_BENCH_DIR=$(CURDIR)/bin/bench-kv1m $(GO) test $(TAGFLAGS) -run '^$$' -bench BenchmarkStoreSteady -benchtime 1x -timeout 1h ./store/

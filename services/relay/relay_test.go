@@ -28,6 +28,14 @@ const (
 func TestMain(m *testing.M) {
 	// eventstore's badger backend logs its migrations on every open.
 	log.SetOutput(io.Discard)
+	if kind := os.Getenv("GRASP_READBENCH_SERVE"); kind != "" {
+		// A relay process of the read benchmark (readbench_test.go).
+		if err := serveReadBench(kind, os.Getenv("GRASP_READBENCH_DIR")); err != nil {
+			os.Stderr.WriteString("read benchmark relay: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 
