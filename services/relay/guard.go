@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // The guard sits between a client's websocket connection and khatru, at the
@@ -75,15 +76,24 @@ type guardConn struct {
 	wbuf     []byte   // server bytes not yet forming a whole frame
 	wmsg     bool     // inside a fragmented server message
 	pending  [][]byte // guard answers waiting for the end of a server message
+	wevent   bool     // the server message being written is an EVENT
+	// coalescing (guard_write.go): frames not yet written, and the timer
+	// that writes them at the latest coalesceDelay after they were held.
+	obuf          []byte
+	flushTimer    *time.Timer
+	flushArmed    bool
+	coalesceDelay time.Duration
 }
 
 func newGuardConn(c net.Conn, lim connLimits, eventAllowed func() bool, onRefuse func(string)) *guardConn {
 	return &guardConn{Conn: c, lim: lim, st: newConnState(), eventAllowed: eventAllowed, onRefuse: onRefuse,
-		closed: make(chan struct{})}
+		closed: make(chan struct{}), coalesceDelay: defaultCoalesceDelay}
 }
 
 // Close closes the connection and ends any wait for khatru.
 func (c *guardConn) Close() error {
+	// A coalescing timer still armed fires within coalesceDelay and finds
+	// the connection closed (guard_write.go).
 	c.closeOnce.Do(func() { close(c.closed) })
 	return c.Conn.Close()
 }

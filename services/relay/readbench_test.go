@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/dgraph-io/badger/v4"
 	eventbadger "github.com/fiatjaf/eventstore/badger"
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
@@ -224,7 +225,7 @@ func fillOurs(t *testing.T, dir string, evts []*nostr.Event) {
 
 // fillKhatru writes the events into eventstore's badger with its defaults.
 func fillKhatru(t *testing.T, dir string, evts []*nostr.Event) {
-	db := &eventbadger.BadgerBackend{Path: dir}
+	db := &eventbadger.BadgerBackend{Path: dir, BadgerOptionsModifier: quietBadger}
 	if err := db.Init(); err != nil {
 		t.Fatal(err)
 	}
@@ -241,6 +242,9 @@ func fillKhatru(t *testing.T, dir string, evts []*nostr.Event) {
 		}
 	}
 }
+
+// quietBadger leaves badger's options at their defaults but its INFO log.
+func quietBadger(o badger.Options) badger.Options { return o.WithLogger(nil) }
 
 // benchRelay is a relay process of the benchmark.
 type benchRelay struct {
@@ -312,7 +316,7 @@ func serveReadBench(kind, dir string) error {
 		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		h = New(Config{Addr: ln.Addr().String()}, st, nil, log).Handler()
 	case "khatru":
-		db := &eventbadger.BadgerBackend{Path: dir}
+		db := &eventbadger.BadgerBackend{Path: dir, BadgerOptionsModifier: quietBadger}
 		if err := db.Init(); err != nil {
 			return err
 		}
