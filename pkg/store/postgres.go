@@ -94,7 +94,16 @@ func (p *pgBackend) createSchema(ctx context.Context, schema string) error {
 			raw        text    NOT NULL
 		)`,
 		`CREATE INDEX IF NOT EXISTS grasp_event_created ON `+t+` (created_at DESC, id)`,
-		`CREATE INDEX IF NOT EXISTS grasp_event_kind ON `+t+` (kind, created_at DESC)`,
+		// A kind's events in the order queries return them, so a
+		// kinds-only query is an ordered index scan per kind, merged
+		// (kindsQuery). It replaces grasp_event_kind (kind, created_at
+		// DESC), which left the tie on id to a sort and, with kind =
+		// ANY(…), read every event of the kinds to sort them:
+		// docs/performance.md, "PostgreSQL: the hot statements". A
+		// database created before gets it at its next start (built under
+		// the schema lock, blocking writes while it is built).
+		`CREATE INDEX IF NOT EXISTS grasp_event_kind_created ON `+t+` (kind, created_at DESC, id)`,
+		`DROP INDEX IF EXISTS `+p.index("grasp_event_kind"),
 		`CREATE INDEX IF NOT EXISTS grasp_event_pubkey ON `+t+` (pubkey, kind, created_at DESC)`,
 		`CREATE INDEX IF NOT EXISTS grasp_event_tags ON `+t+` USING gin (tagvalues)`,
 	)
@@ -276,11 +285,64 @@ func (p *pgBackend) where(f nostr.Filter) (string, []any) {
 	return " WHERE " + strings.Join(conds, " AND "), args
 }
 
+// index is the schema-qualified, quoted name of one of the table's indexes
+// (an index lives in its table's schema).
+func (p *pgBackend) index(name string) string {
+	if i := strings.LastIndexByte(p.table, '.'); i >= 0 {
+		return p.table[:i+1] + pq.QuoteIdentifier(name)
+	}
+	return pq.QuoteIdentifier(name)
+}
+
+// pgMergeKinds bounds the kinds a kinds-only query is split into (one
+// ordered index scan each); a longer list reads through kind = ANY(…).
+const pgMergeKinds = 16
+
+// kindsQuery renders a filter of kinds and at most since and until (no ids,
+// authors or tags) so that PostgreSQL reads each kind's newest events from
+// grasp_event_kind_created and merges them (Merge Append), reading about
+// f.Limit rows. With kind = ANY(…) it reads every event of the kinds
+// through a bitmap and sorts them all (docs/performance.md, "PostgreSQL:
+// the hot statements"). ok is false for other filters.
+func (p *pgBackend) kindsQuery(f nostr.Filter) (q string, args []any, ok bool) {
+	kinds := slices.Compact(slices.Sorted(slices.Values(f.Kinds)))
+	if len(kinds) == 0 || len(kinds) > pgMergeKinds || len(f.IDs) > 0 || len(f.Authors) > 0 || len(f.Tags) > 0 {
+		return "", nil, false
+	}
+	args = []any{f.Limit}
+	var bounds string
+	if f.Since != nil {
+		args = append(args, int64(*f.Since))
+		bounds += fmt.Sprintf(" AND created_at >= $%d", len(args))
+	}
+	if f.Until != nil {
+		args = append(args, int64(*f.Until))
+		bounds += fmt.Sprintf(" AND created_at <= $%d", len(args))
+	}
+	branch := func(cols string, kind int) string {
+		args = append(args, kind)
+		return fmt.Sprintf(`SELECT %s FROM %s WHERE kind = $%d%s ORDER BY created_at DESC, id LIMIT $1`,
+			cols, p.table, len(args), bounds)
+	}
+	if len(kinds) == 1 {
+		return branch("raw", kinds[0]), args, true
+	}
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = "(" + branch("raw, created_at, id", k) + ")"
+	}
+	return `SELECT raw FROM (` + strings.Join(parts, " UNION ALL ") + `) AS per_kind ORDER BY created_at DESC, id LIMIT $1`, args, true
+}
+
 func (p *pgBackend) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
-	where, args := p.where(f)
-	args = append(args, f.Limit)
-	rows, err := p.db.QueryContext(ctx, fmt.Sprintf(`SELECT raw FROM %s%s ORDER BY created_at DESC, id LIMIT $%d`,
-		p.table, where, len(args)), args...)
+	q, args, ok := p.kindsQuery(f)
+	if !ok {
+		var where string
+		where, args = p.where(f)
+		args = append(args, f.Limit)
+		q = fmt.Sprintf(`SELECT raw FROM %s%s ORDER BY created_at DESC, id LIMIT $%d`, p.table, where, len(args))
+	}
+	rows, err := p.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,4 +186,103 @@ func TestPostgresConcurrentOpen(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+}
+
+// TestPostgresKindIndexUpgrade: a database created before the kind index
+// took id (grasp_event_kind on (kind, created_at DESC)) gets
+// grasp_event_kind_created at its next open and loses the old index; opening
+// again changes nothing; kinds-only queries (one ordered scan per kind,
+// merged) keep their answers, newest first, ties by id.
+func TestPostgresKindIndexUpgrade(t *testing.T) {
+	url, schema := pgSchema(t)
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	table := pq.QuoteIdentifier(schema) + ".grasp_event"
+	for _, q := range []string{
+		`CREATE SCHEMA ` + pq.QuoteIdentifier(schema),
+		`CREATE TABLE ` + table + ` (id text PRIMARY KEY, pubkey text NOT NULL, created_at bigint NOT NULL,
+			kind integer NOT NULL, rkey text UNIQUE, tagvalues text[] NOT NULL, raw text NOT NULL)`,
+		`CREATE INDEX grasp_event_kind ON ` + table + ` (kind, created_at DESC)`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	indexes := func() []string {
+		rows, err := db.Query(`SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE 'grasp_event_kind%' ORDER BY 1`, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var n string
+			if err := rows.Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	sk := nostr.GeneratePrivateKey()
+	var evts []*nostr.Event
+	for i := range 40 {
+		// Pairs share a second, so the tie on id is exercised.
+		evts = append(evts, signed(t, sk, []int{1621, 1617, 1111, 5}[i%4], nostr.Timestamp(1_700_000_000+i/2), nil, fmt.Sprint("e", i)))
+	}
+	for open := range 2 {
+		s, err := store.Open(url, store.WithPostgresSchema(schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := indexes(); len(got) != 1 || got[0] != "grasp_event_kind_created" {
+			t.Fatalf("open %d: kind indexes %v, want [grasp_event_kind_created]", open, got)
+		}
+		if open == 0 {
+			for _, r := range s.SaveBatch(context.Background(), evts) {
+				if r.Err != nil {
+					t.Fatal(r.Err)
+				}
+			}
+		}
+		for _, f := range []nostr.Filter{
+			{Kinds: []int{1621}, Limit: 5},
+			{Kinds: []int{1617, 1621, 1111}, Limit: 7},
+			{Kinds: []int{5, 1111}, Limit: 100},
+			{Kinds: []int{1621, 1617}, Since: ptr(nostr.Timestamp(1_700_000_004)), Until: ptr(nostr.Timestamp(1_700_000_012)), Limit: 100},
+		} {
+			got, err := s.Query(context.Background(), f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, e := range newestByID(evts) {
+				if f.Matches(e) && len(want) < f.Limit {
+					want = append(want, e.ID)
+				}
+			}
+			if g := ids(got); !slices.Equal(g, want) {
+				t.Fatalf("%s:\n got %v\nwant %v", f, g, want)
+			}
+		}
+		s.Close()
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// newestByID orders events newest first, ties by id (the order every
+// backend answers in).
+func newestByID(evts []*nostr.Event) []*nostr.Event {
+	out := slices.Clone(evts)
+	slices.SortFunc(out, func(a, b *nostr.Event) int {
+		if a.CreatedAt != b.CreatedAt {
+			return int(b.CreatedAt - a.CreatedAt)
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
 }
