@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -78,37 +77,6 @@ func (p *kvPebbleDB) get(key []byte, fn func(v []byte) error) (bool, error) {
 }
 
 func (p *kvPebbleDB) view(fn func(r kvReader) error) error { return fn(p) }
-
-// getAll reads keys through one iterator, seeking forward in key order:
-// pebble then moves on from where the last seek ended (usually the same or
-// the next block) instead of seeking every level again, as DB.Get does
-// for each key (kvBatchGetter).
-func (p *kvPebbleDB) getAll(keys [][]byte, fn func(i int, v []byte) error) error {
-	order := make([]int, len(keys))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return bytes.Compare(keys[a], keys[b]) })
-	last := keys[order[len(order)-1]]
-	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: keys[order[0]], UpperBound: append(slices.Clip(last), 0)})
-	if err != nil {
-		return err
-	}
-	for _, i := range order {
-		if !it.SeekGE(keys[i]) || !bytes.Equal(it.Key(), keys[i]) {
-			continue
-		}
-		v, err := it.ValueAndErr()
-		if err == nil {
-			err = fn(i, v)
-		}
-		if err != nil {
-			_ = it.Close()
-			return err
-		}
-	}
-	return it.Close()
-}
 
 // iter makes kvPebbleDB its own kvReader: each iterator reads one point in
 // time, point reads see the latest writes.

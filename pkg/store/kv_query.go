@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/nbd-wtf/go-nostr"
 )
@@ -42,48 +41,6 @@ func kvLoad(r kvReader, serial uint64) (*nostr.Event, error) {
 	return evt, nil
 }
 
-// kvBatchGetter is a kvReader that reads several keys faster together than
-// one at a time: pebble, through one iterator seeking forward, where each
-// point read (DB.Get) seeks every level afresh. A REQ answered with 500
-// events loads 500 keys; docs/performance.md, "The relay's reads".
-type kvBatchGetter interface {
-	// getAll calls fn with the value of every key of keys that is stored
-	// (i its index in keys; v valid only during the call), in any order.
-	getAll(keys [][]byte, fn func(i int, v []byte) error) error
-}
-
-// kvGetAll is getAll where the reader offers it, point reads otherwise.
-func kvGetAll(r kvReader, keys [][]byte, fn func(i int, v []byte) error) error {
-	if bg, ok := r.(kvBatchGetter); ok && len(keys) > 1 {
-		return bg.getAll(keys, fn)
-	}
-	for i, k := range keys {
-		if _, err := r.get(k, func(v []byte) error { return fn(i, v) }); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// kvLoadAll reads the events stored under serials, in their order: nil
-// where there is none.
-func kvLoadAll(r kvReader, serials []uint64) ([]*nostr.Event, error) {
-	keys := make([][]byte, len(serials))
-	for i, s := range serials {
-		keys[i] = kvRawKey(s)
-	}
-	out := make([]*nostr.Event, len(serials))
-	err := kvGetAll(r, keys, func(i int, v []byte) error {
-		evt := new(nostr.Event)
-		if err := evt.UnmarshalJSON(v); err != nil {
-			return fmt.Errorf("load event %d: %w", serials[i], err)
-		}
-		out[i] = evt
-		return nil
-	})
-	return out, err
-}
-
 // query returns up to f.Limit events matching f, newest first (ties: the
 // later write first).
 func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
@@ -104,46 +61,23 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 	return out, err
 }
 
-// kvByIDs looks the ids up, skipping those the id filter has never seen:
-// first every id's serial, then every event, each step one batch read
-// (kvGetAll).
+// kvByIDs looks the ids up, skipping those the id filter has never seen.
 func kvByIDs(r kvReader, f nostr.Filter, ids *idFilter) ([]*nostr.Event, error) {
-	var keys [][]byte
+	var out []*nostr.Event
 	for _, s := range slices.Compact(slices.Sorted(slices.Values(f.IDs))) {
 		id, ok := decode32(s)
 		if !ok || !ids.mayHave(id) {
 			continue
 		}
-		keys = append(keys, kvIDKey(id))
-	}
-	serials := make([]uint64, 0, len(keys))
-	err := kvGetAll(r, keys, func(i int, v []byte) error {
-		if len(v) != 8 {
-			return fmt.Errorf("id %x: serial of %d bytes", keys[i][1:], len(v))
+		_, evt, err := kvLookup(r, id)
+		if err != nil {
+			return nil, err
 		}
-		serials = append(serials, binary.BigEndian.Uint64(v))
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	evts, err := kvLoadAll(r, serials)
-	if err != nil {
-		return nil, err
-	}
-	var out []*nostr.Event
-	for _, evt := range evts {
 		if evt != nil && f.Matches(evt) {
 			out = append(out, evt)
 		}
 	}
-	// Newest first, ties by id as before (ids were read in id order).
-	slices.SortStableFunc(out, func(a, b *nostr.Event) int {
-		if a.CreatedAt != b.CreatedAt {
-			return int(b.CreatedAt - a.CreatedAt)
-		}
-		return strings.Compare(a.ID, b.ID)
-	})
+	slices.SortStableFunc(out, func(a, b *nostr.Event) int { return int(b.CreatedAt - a.CreatedAt) })
 	if len(out) > f.Limit {
 		out = out[:f.Limit]
 	}
@@ -292,22 +226,16 @@ func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]by
 	}
 	slices.SortFunc(suffixes, func(a, b [16]byte) int { return bytes.Compare(b[:], a[:]) })
 	suffixes = slices.Compact(suffixes)
-	// Load newest first, as many at a time as are still wanted.
-	for len(suffixes) > 0 && len(out) < f.Limit {
-		n := min(len(suffixes), f.Limit-len(out))
-		serials := make([]uint64, n)
-		for i, sfx := range suffixes[:n] {
-			serials[i] = binary.BigEndian.Uint64(sfx[8:])
+	for _, sfx := range suffixes {
+		if len(out) >= f.Limit {
+			break
 		}
-		suffixes = suffixes[n:]
-		evts, err := kvLoadAll(r, serials)
+		evt, err := kvLoad(r, binary.BigEndian.Uint64(sfx[8:]))
 		if err != nil {
 			return nil, false, err
 		}
-		for _, evt := range evts {
-			if evt != nil && f.Matches(evt) {
-				out = append(out, evt)
-			}
+		if evt != nil && f.Matches(evt) {
+			out = append(out, evt)
 		}
 	}
 	return out, true, nil
@@ -345,47 +273,37 @@ func kvMerge(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]byte,
 	heap.Init(&h)
 	var out []*nostr.Event
 	seen := make(map[uint64]struct{})
-	var serials []uint64
-	steps := 0
-	for len(h) > 0 && len(out) < f.Limit {
-		// The next candidates in merge order, as many as are still
-		// wanted, loaded together (kvLoadAll).
-		serials = serials[:0]
-		for len(h) > 0 && len(serials) < f.Limit-len(out) {
-			if steps++; steps%1024 == 1 {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
+	for steps := 0; len(h) > 0 && len(out) < f.Limit; steps++ {
+		if steps%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
 			}
-			c := h[0]
-			suffix := c.suffix()
-			ts, serial := binary.BigEndian.Uint64(suffix), binary.BigEndian.Uint64(suffix[8:])
-			if ts < lower {
-				// Older than since: this prefix is done.
-				done(c.it)
-				heap.Pop(&h)
-				continue
-			}
-			if c.it.next(); c.it.validFor(c.prefix) {
-				heap.Fix(&h, 0)
-			} else {
-				done(c.it)
-				heap.Pop(&h)
-			}
-			if _, dup := seen[serial]; dup {
-				continue
-			}
-			seen[serial] = struct{}{}
-			serials = append(serials, serial)
 		}
-		evts, err := kvLoadAll(r, serials)
+		c := h[0]
+		suffix := c.suffix()
+		ts, serial := binary.BigEndian.Uint64(suffix), binary.BigEndian.Uint64(suffix[8:])
+		if ts < lower {
+			// Older than since: this prefix is done.
+			done(c.it)
+			heap.Pop(&h)
+			continue
+		}
+		if c.it.next(); c.it.validFor(c.prefix) {
+			heap.Fix(&h, 0)
+		} else {
+			done(c.it)
+			heap.Pop(&h)
+		}
+		if _, dup := seen[serial]; dup {
+			continue
+		}
+		seen[serial] = struct{}{}
+		evt, err := kvLoad(r, serial)
 		if err != nil {
 			return nil, err
 		}
-		for _, evt := range evts {
-			if evt != nil && f.Matches(evt) {
-				out = append(out, evt)
-			}
+		if evt != nil && f.Matches(evt) {
+			out = append(out, evt)
 		}
 	}
 	return out, err
