@@ -62,6 +62,34 @@ func RendezvousShards(members []string, me string, shards int) []int {
 	return out
 }
 
+// Why a shard stops being served (lose's reason), and the label each has on
+// grasp_fetcher_shard_releases_total: under load alone only the first two
+// should ever be counted (docs/decisions.md "Leases that survive load").
+const (
+	releaseRebalanced = "rebalanced to another replica"
+	releaseStopping   = "fetcher stopping"
+	releaseTakenOver  = "lease taken over by another replica"
+	releaseGone       = "lease expired or deleted on the server"
+	releaseExpired    = "lease not renewed before it could expire"
+)
+
+// releaseLabel is the metric label of a release reason.
+func releaseLabel(reason string) string {
+	switch reason {
+	case releaseRebalanced:
+		return "rebalanced"
+	case releaseStopping:
+		return "stopping"
+	case releaseTakenOver:
+		return "taken_over"
+	case releaseGone:
+		return "gone"
+	case releaseExpired:
+		return "not_renewed"
+	}
+	return "other"
+}
+
 // shardLeases runs the lease protocol for one replica. Each shard held has
 // a holder goroutine of its own that renews its lease on the lease's own
 // timeline (see hold), so a slow round of membership and claims, or a slow
@@ -90,6 +118,9 @@ type shardLeases struct {
 type holder struct {
 	release   chan string // the reason to stop serving on purpose (at most one is sent)
 	releasing bool
+	// interrupt cuts short a renewal in progress when release is sent, so a
+	// hand-over is not delayed by a renewal waiting on a silent server.
+	interrupt context.CancelFunc
 }
 
 func newShardLeases(kv jetstream.KeyValue, id string, cfg ShardLeaseConfig, log *slog.Logger,
@@ -156,7 +187,8 @@ func (l *shardLeases) step(ctx context.Context) {
 		if !slices.Contains(want, s) && !h.releasing {
 			// Stop serving first, then free the lease for the new owner (hold).
 			h.releasing = true
-			h.release <- "rebalanced to another replica"
+			h.release <- releaseRebalanced
+			h.interrupt()
 		}
 	}
 	for _, s := range want {
@@ -189,9 +221,10 @@ func (l *shardLeases) claim(ctx context.Context, s int) {
 		return
 	}
 	l.gain(s)
-	h := &holder{release: make(chan string, 1)}
+	hctx, interrupt := context.WithCancel(context.Background())
+	h := &holder{release: make(chan string, 1), interrupt: interrupt}
 	l.held[s] = h
-	go l.hold(s, h, lease.Held{Rev: rev, Sent: sent})
+	go l.hold(hctx, s, h, lease.Held{Rev: rev, Sent: sent})
 }
 
 // hold keeps shard s's lease while the shard is served: it renews every
@@ -202,8 +235,9 @@ func (l *shardLeases) claim(ctx context.Context, s int) {
 // expire the key from then on: docs/decisions.md "Leases that survive
 // load"). Asked to release, it hands the shard over (handOver). It tells
 // run when it ends.
-func (l *shardLeases) hold(s int, h *holder, ls lease.Held) {
+func (l *shardLeases) hold(ctx context.Context, s int, h *holder, ls lease.Held) {
 	defer func() { l.gone <- s }()
+	defer h.interrupt()
 	log := l.log.With("shard", s)
 	next := ls.Sent.Add(l.timing.RenewEvery())
 	for {
@@ -221,7 +255,7 @@ func (l *shardLeases) hold(s int, h *holder, ls lease.Held) {
 		if ls.Expired(l.timing, now) {
 			log.Warn("shard lease not renewed before it could expire; releasing the shard",
 				"last_renewal_sent", ls.Sent, "ttl", l.cfg.TTL)
-			l.lose(s, "lease not renewed before it could expire")
+			l.lose(s, releaseExpired)
 			return
 		}
 		var (
@@ -229,7 +263,7 @@ func (l *shardLeases) hold(s int, h *holder, ls lease.Held) {
 			reason string
 			err    error
 		)
-		ls, v, reason, err = l.renew(s, ls, ls.Deadline(l.timing))
+		ls, v, reason, err = l.renew(ctx, s, ls, ls.Deadline(l.timing))
 		switch {
 		case err == nil || v == lease.Adopted:
 			if v == lease.Adopted {
@@ -253,31 +287,31 @@ func (l *shardLeases) hold(s int, h *holder, ls lease.Held) {
 // until `until` at most, to learn what happened (lease.Held.Judge): the
 // renewal may have been stored with its answer late or lost, or another
 // replica may hold the key. err is the renewal's error (nil: renewed).
-func (l *shardLeases) renew(s int, ls lease.Held, until time.Time) (_ lease.Held, _ lease.Verdict, reason string, err error) {
+func (l *shardLeases) renew(ctx context.Context, s int, ls lease.Held, until time.Time) (_ lease.Held, _ lease.Verdict, reason string, err error) {
 	key := bus.FetcherShardKey(s)
 	sent := l.clock.Now()
 	ls = ls.Sending(sent)
-	ctx, cancel := context.WithTimeout(context.Background(), min(l.cfg.TTL/3, until.Sub(sent)))
-	rev, err := l.kv.Update(ctx, key, []byte(l.id), ls.Rev)
+	uctx, cancel := context.WithTimeout(ctx, min(l.cfg.TTL/3, until.Sub(sent)))
+	rev, err := l.kv.Update(uctx, key, []byte(l.id), ls.Rev)
 	cancel()
 	if err == nil {
 		return ls.Stored(rev, sent), lease.Retry, "", nil
 	}
 	// The read may use all the time left: a server slow to answer the
 	// renewal is slow to answer this too, and what it answers decides.
-	ctx, cancel = context.WithTimeout(context.Background(), until.Sub(l.clock.Now()))
+	rctx, cancel := context.WithTimeout(ctx, until.Sub(l.clock.Now()))
 	defer cancel()
 	var rb lease.ReadBack
-	e, gerr := l.kv.Get(ctx, key)
+	e, gerr := l.kv.Get(rctx, key)
 	switch {
 	case errors.Is(gerr, jetstream.ErrKeyNotFound), errors.Is(gerr, jetstream.ErrKeyDeleted):
-		reason = "lease expired or deleted on the server"
+		reason = releaseGone
 	case gerr != nil:
 		rb.Err = gerr
 	default:
 		rb = lease.ReadBack{Found: true, Ours: string(e.Value()) == l.id, Rev: e.Revision()}
 		if !rb.Ours {
-			reason = "lease taken over by another replica"
+			reason = releaseTakenOver
 		}
 	}
 	next, v := ls.Judge(rb)
@@ -307,7 +341,8 @@ func (l *shardLeases) releaseAll() {
 	for _, h := range l.held {
 		if !h.releasing {
 			h.releasing = true
-			h.release <- "fetcher stopping"
+			h.release <- releaseStopping
+			h.interrupt()
 		}
 	}
 	for len(l.held) > 0 {
@@ -353,7 +388,7 @@ func (l *shardLeases) handOver(s int, ls lease.Held, reason string) {
 		var v lease.Verdict
 		var err error
 		now := l.clock.Now()
-		ls, v, _, err = l.renew(s, ls, now.Add(l.cfg.TTL/3))
+		ls, v, _, err = l.renew(context.Background(), s, ls, now.Add(l.cfg.TTL/3))
 		switch {
 		case err == nil || v == lease.Adopted:
 			next = ls.Sent.Add(l.timing.RenewEvery())

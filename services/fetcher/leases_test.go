@@ -401,3 +401,16 @@ func TestShardMovesWhenOwnerPartitioned(t *testing.T) {
 		t.Fatalf("after the partition healed: a gained %d times, b lost %v", n, evB.losses())
 	}
 }
+
+// Every reason shardLeases gives for stopping a shard has its own label on
+// grasp_fetcher_shard_releases_total.
+func TestShardReleaseLabels(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range []string{releaseRebalanced, releaseStopping, releaseTakenOver, releaseGone, releaseExpired} {
+		l := releaseLabel(r)
+		if l == "other" || seen[l] {
+			t.Fatalf("reason %q has label %q", r, l)
+		}
+		seen[l] = true
+	}
+}

@@ -35,8 +35,8 @@ func TestLoadedFetcherKeepsShardsAndRelays(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
-	f := fetcher.New(cfg, b, e.clock, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	f := fetcher.New(cfg, b, e.clock, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), reg)
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan struct{})
 	go func() {
@@ -67,6 +67,9 @@ func TestLoadedFetcherKeepsShardsAndRelays(t *testing.T) {
 
 	if got := f.Shards(); len(got) != shards {
 		t.Fatalf("after the load the fetcher serves shards %v of %d", got, shards)
+	}
+	if n := metric(t, reg, "grasp_fetcher_shard_releases_total", nil); n != 0 {
+		t.Fatalf("grasp_fetcher_shard_releases_total = %v under load, want 0", n)
 	}
 	spans := r.Spans()
 	if len(spans) != 1 || !spans[0].Closed.IsZero() {
