@@ -465,7 +465,8 @@ func TestLeaderRenewalStoredWithoutAnswer(t *testing.T) {
 	rev := func() uint64 {
 		e, err := direct.Get(context.Background(), "role")
 		if err != nil {
-			t.Fatal(err)
+			p.Hold(testkit.Down, false)
+			t.Fatalf("lease key: %v (the term ended and released it)", err)
 		}
 		return e.Revision()
 	}
@@ -480,8 +481,10 @@ func TestLeaderRenewalStoredWithoutAnswer(t *testing.T) {
 	}
 	r0 := rev()
 	waitRev("renewal", func(r uint64) bool { return r > r0 }, ttl)
-	// Right after a renewal, hold the server's answers: the next renewal is
-	// stored, its answer held past the renewal's timeout.
+	// Between two renewals (due every TTL/4), once this one's answer is in,
+	// hold the server's answers: the next renewal is stored, its answer held
+	// past the renewal's timeout.
+	time.Sleep(ttl / 8)
 	p.Hold(testkit.Down, true)
 	r1 := rev()
 	waitRev("renewal stored while answers are held", func(r uint64) bool { return r > r1 }, ttl/2)

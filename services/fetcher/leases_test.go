@@ -311,10 +311,12 @@ func TestShardLeaseRenewalStoredWithoutAnswer(t *testing.T) {
 		}
 		return e.Revision()
 	}
-	// Right after a renewal, hold the server's answers; the next renewal is
-	// stored, its answer held past the renewal's timeout.
+	// Between two renewals (due every TTL/4), once this one's answer is in,
+	// hold the server's answers; the next renewal is stored, its answer held
+	// past the renewal's timeout.
 	r0 := rev()
 	waitUntil(t, ctx, "a renewal", func() bool { return rev() > r0 })
+	time.Sleep(ttl / 8)
 	p.Hold(testkit.Down, true)
 	r1 := rev()
 	landed := time.Now().Add(ttl / 2)
