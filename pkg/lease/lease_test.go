@@ -20,7 +20,7 @@ func TestDeadlineCountsFromTheSendOfTheLastStoredWrite(t *testing.T) {
 	}
 	// A renewal sent at 5 s whose answer came at 9 s: the lease runs from 5 s,
 	// the server having stored it somewhere in between.
-	h = h.Sending(at(5 * time.Second)).Stored(8, at(5*time.Second))
+	h = h.Sending(at(5*time.Second)).Stored(8, at(5*time.Second))
 	if got, want := h.Deadline(tm), at(17500*time.Millisecond); !got.Equal(want) {
 		t.Fatalf("after a renewal sent at 5 s: deadline %v, want %v", got, want)
 	}
