@@ -21,6 +21,14 @@
 // lastRenewalStored + bucketTTL, which is later as long as TTL ≤ the bucket's
 // TTL and the two clocks run at the same rate. So two leads never overlap,
 // provided lead returns promptly when its context ends.
+//
+// Liveness under load (docs/decisions.md "Leases that survive load"): until
+// that deadline a holder keeps leading. A renewal that fails is retried every
+// TTL/15, and a renewal refused or unanswered is judged by reading the key
+// back: one of our own renewals stored with its answer lost (the key names
+// this holder and term at a newer revision) continues the term, counted from
+// the first unanswered renewal's sending (pkg/lease). Only a key held by
+// someone else, a key gone, or the deadline ends the term.
 package leader
 
 import (
@@ -34,6 +42,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/lease"
 )
 
 // DefaultTTL is the lease duration when neither Config.TTL nor the bucket
@@ -49,8 +58,9 @@ type Config struct {
 	Key string
 	// ID identifies this candidate in the lease value and in logs.
 	ID string
-	// TTL is the lease: the holder renews every TTL/3 and stops leading when
-	// it could not renew for 4/5 of it. Default: the bucket's TTL; it must
+	// TTL is the lease: the holder renews every TTL/4, retries a renewal
+	// that failed until 4/5 of the TTL after the last stored one was sent,
+	// and stops leading then. Default: the bucket's TTL; it must
 	// not exceed the bucket's TTL, or the server could expire the key while
 	// the holder still thinks it leads.
 	TTL time.Duration
@@ -129,8 +139,8 @@ type election struct {
 	cfg     Config
 	log     *slog.Logger
 	ttl     time.Duration
+	timing  lease.Timing  // TTL and the holder's guard (TTL/5) before the server's expiry
 	renew   time.Duration // renewal period
-	grace   time.Duration // how long before the server's expiry the holder stops
 	poll    time.Duration // standby's retry period when no watch notification comes
 	timeout time.Duration // bound of one KV call
 }
@@ -171,8 +181,8 @@ func newElection(ctx context.Context, cfg Config) (*election, error) {
 		cfg:     cfg,
 		log:     cfg.Log.With("lease", cfg.Key, "candidate", cfg.ID),
 		ttl:     ttl,
-		renew:   ttl / 3,
-		grace:   ttl / 5,
+		timing:  lease.Timing{TTL: ttl, Guard: ttl / 5},
+		renew:   lease.Timing{TTL: ttl}.RenewEvery(),
 		poll:    max(bucketTTL/4, 50*time.Millisecond),
 		timeout: max(ttl/3, 100*time.Millisecond),
 	}, nil
@@ -258,41 +268,58 @@ func (e *election) term(ctx context.Context, rev uint64, acquiredAt time.Time, l
 	done := make(chan error, 1)
 	go func() { done <- lead(leadCtx, epoch) }()
 
-	deadline := acquiredAt.Add(e.ttl - e.grace)
+	held := lease.Held{Rev: rev, Sent: acquiredAt}
 	renewAt := e.cfg.Clock.After(0) // stamp the epoch into the value at once
-	expired := e.cfg.Clock.After(deadline.Sub(e.cfg.Clock.Now()))
+	expired := e.cfg.Clock.After(held.Deadline(e.timing).Sub(e.cfg.Clock.Now()))
 	for {
 		select {
 		case <-renewAt:
 			sent := e.cfg.Clock.Now()
-			rctx, rcancel := context.WithTimeout(ctx, e.timeout)
-			next, err := e.cfg.KV.Update(rctx, e.cfg.Key, e.value(epoch), rev)
+			if held.Expired(e.timing, sent) {
+				// The deadline's own case may not have been chosen yet.
+				log.Warn("lease lost: not renewed in time", "deadline", held.Deadline(e.timing))
+				return e.stepDown(cancel, done, ErrLost)
+			}
+			held = held.Sending(sent)
+			rctx, rcancel := context.WithTimeout(ctx, e.timing.AttemptTimeout(held, sent))
+			next, err := e.cfg.KV.Update(rctx, e.cfg.Key, e.value(epoch), held.Rev)
 			rcancel()
-			switch {
-			case err == nil:
-				rev = next
-				deadline = sent.Add(e.ttl - e.grace)
-				expired = e.cfg.Clock.After(deadline.Sub(e.cfg.Clock.Now()))
-			case ctx.Err() != nil:
-				// Stopping: handled by the ctx.Done case.
-			case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists),
-				errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+			if err == nil {
+				held = held.Stored(next, sent)
+				expired = e.cfg.Clock.After(held.Deadline(e.timing).Sub(e.cfg.Clock.Now()))
+				renewAt = e.cfg.Clock.After(sent.Add(e.renew).Sub(e.cfg.Clock.Now()))
+				continue
+			}
+			if ctx.Err() != nil {
+				continue // stopping: handled by the ctx.Done case
+			}
+			// Refused, or no answer in time: the key read back tells whether
+			// the renewal was stored after all, or someone else holds it.
+			var verdict lease.Verdict
+			held, verdict = held.Judge(e.readBack(ctx, held, epoch))
+			switch verdict {
+			case lease.Adopted:
+				log.Info("lease renewal was stored though its answer was lost; still leading", "err", err)
+				expired = e.cfg.Clock.After(held.Deadline(e.timing).Sub(e.cfg.Clock.Now()))
+				renewAt = e.cfg.Clock.After(held.Sent.Add(e.renew).Sub(e.cfg.Clock.Now()))
+			case lease.Lost:
 				// Someone else wrote the key: our lease expired and was taken,
 				// or was deleted. Stop at once.
 				log.Warn("lease lost: renewal refused", "err", err)
 				return e.stepDown(cancel, done, ErrLost)
 			default:
-				log.Warn("lease renewal failed, retrying until the lease runs out", "err", err, "deadline", deadline)
+				log.Warn("lease renewal failed, retrying until the lease runs out", "err", err,
+					"deadline", held.Deadline(e.timing))
+				renewAt = e.cfg.Clock.After(e.timing.RetryEvery())
 			}
-			renewAt = e.cfg.Clock.After(e.renew)
 		case <-expired:
-			if e.cfg.Clock.Now().Before(deadline) {
+			if !held.Expired(e.timing, e.cfg.Clock.Now()) {
 				continue // a stale timer from before the last renewal
 			}
-			log.Warn("lease lost: not renewed in time", "deadline", deadline)
+			log.Warn("lease lost: not renewed in time", "deadline", held.Deadline(e.timing))
 			return e.stepDown(cancel, done, ErrLost)
 		case err := <-done:
-			e.release(epoch, rev, log)
+			e.release(epoch, held.Rev, log)
 			if err != nil && ctx.Err() == nil {
 				return fmt.Errorf("leader %s (epoch %d): %w", e.cfg.Key, epoch, err)
 			}
@@ -306,10 +333,26 @@ func (e *election) term(ctx context.Context, rev uint64, acquiredAt time.Time, l
 			return nil
 		case <-ctx.Done():
 			_ = e.stepDown(cancel, done, ErrStopped)
-			e.release(epoch, rev, log)
+			e.release(epoch, held.Rev, log)
 			return nil
 		}
 	}
+}
+
+// readBack reads the lease after a renewal that failed, waiting at most
+// until the holder's deadline: a server slow to answer the renewal is slow
+// to answer this too, and what it answers decides (lease.Held.Judge).
+func (e *election) readBack(ctx context.Context, held lease.Held, epoch uint64) lease.ReadBack {
+	rctx, cancel := context.WithTimeout(ctx, held.Deadline(e.timing).Sub(e.cfg.Clock.Now()))
+	defer cancel()
+	cur, err := e.cfg.KV.Get(rctx, e.cfg.Key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return lease.ReadBack{}
+	case err != nil:
+		return lease.ReadBack{Err: err}
+	}
+	return lease.ReadBack{Found: true, Ours: e.ours(cur, epoch), Rev: cur.Revision()}
 }
 
 // stepDown cancels lead and waits for it to return, so a new term (here or

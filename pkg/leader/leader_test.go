@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -368,5 +369,170 @@ func TestConfigValidation(t *testing.T) {
 				t.Fatalf("Run = %v (led=%v), want a configuration error", err, led)
 			}
 		})
+	}
+}
+
+// proxiedCandidate opens the lease bucket through a delay proxy, so the test
+// can slow, stall or cut this candidate's NATS traffic.
+func proxiedCandidate(t *testing.T, n *testkit.NATS) (jetstream.KeyValue, *testkit.DelayProxy) {
+	t.Helper()
+	p := testkit.StartDelayProxy(t, strings.TrimPrefix(n.URL, "nats://"))
+	nc, err := nats.Connect("nats://" + p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(context.Background(), names.LeaseBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv, p
+}
+
+// leadUntilLost runs Run for id with the given TTL until the test ends and
+// reports every term's start and the cause of its end.
+func leadUntilLost(t *testing.T, kv jetstream.KeyValue, id string, ttl time.Duration) (started chan uint64, ended chan error) {
+	t.Helper()
+	started, ended = make(chan uint64, 10), make(chan error, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- leader.Run(ctx, leader.Config{KV: kv, Key: "role", ID: id, TTL: ttl, Clock: clock.Real{}, Log: quiet()},
+			func(ctx context.Context, epoch uint64) error {
+				started <- epoch
+				<-ctx.Done()
+				ended <- context.Cause(ctx)
+				return nil
+			})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return started, ended
+}
+
+// Issue 23 §3: a leader on a saturated process — every core busy, the
+// embedded NATS flooded, its NATS traffic 50–100 ms late each way and its
+// answers stalled for longer than a renewal's timeout every two TTLs —
+// keeps leading for three TTLs. Before, a renewal that timed out left one
+// more attempt before the deadline, and a renewal stored with its answer
+// late made the next one "refused": the term ended.
+func TestLeaderKeepsLeaseOnSaturatedProcess(t *testing.T) {
+	n := testkit.StartNATS(t)
+	const ttl = 6 * time.Second
+	open := leaseBucketTTL(t, n, ttl)
+	_, nc := open()
+	kv, p := proxiedCandidate(t, n)
+	started, ended := leadUntilLost(t, kv, "a", ttl)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("never led")
+	}
+	load := testkit.StartLoad(t, 1, nc, 2)
+	p.SetDelay(testkit.Up, 50*time.Millisecond, 50*time.Millisecond)
+	p.SetDelay(testkit.Down, 50*time.Millisecond, 50*time.Millisecond)
+	stopStalls := p.Stalls(t, testkit.Down, 2*ttl, ttl/3+200*time.Millisecond)
+	select {
+	case cause := <-ended:
+		t.Fatalf("leadership lost under load: %v", cause)
+	case <-time.After(3 * ttl):
+	}
+	stopStalls()
+	load.Stop()
+}
+
+// A renewal stored on the server whose answer comes after the renewal gave
+// up waiting is recognised as ours (the key names this holder and term at
+// a newer revision): the term goes on.
+func TestLeaderRenewalStoredWithoutAnswer(t *testing.T) {
+	n := testkit.StartNATS(t)
+	const ttl = 6 * time.Second
+	open := leaseBucketTTL(t, n, ttl)
+	direct, _ := open()
+	kv, p := proxiedCandidate(t, n)
+	started, ended := leadUntilLost(t, kv, "a", ttl)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("never led")
+	}
+	rev := func() uint64 {
+		e, err := direct.Get(context.Background(), "role")
+		if err != nil {
+			p.Hold(testkit.Down, false)
+			t.Fatalf("lease key: %v (the term ended and released it)", err)
+		}
+		return e.Revision()
+	}
+	waitRev := func(what string, cond func(uint64) bool, within time.Duration) {
+		t.Helper()
+		for until := time.Now().Add(within); !cond(rev()); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(until) {
+				p.Hold(testkit.Down, false)
+				t.Fatalf("no %s within %s", what, within)
+			}
+		}
+	}
+	r0 := rev()
+	waitRev("renewal", func(r uint64) bool { return r > r0 }, ttl)
+	// Between two renewals (due every TTL/4), once this one's answer is in,
+	// hold the server's answers: the next renewal is stored, its answer held
+	// past the renewal's timeout.
+	time.Sleep(ttl / 8)
+	p.Hold(testkit.Down, true)
+	r1 := rev()
+	waitRev("renewal stored while answers are held", func(r uint64) bool { return r > r1 }, ttl/2)
+	time.Sleep(ttl/3 + 200*time.Millisecond)
+	p.Hold(testkit.Down, false)
+	r2 := rev()
+	waitRev("renewals after the held answer", func(r uint64) bool { return r > r2+1 }, 2*ttl)
+	select {
+	case cause := <-ended:
+		t.Fatalf("leadership lost after a renewal stored without its answer: %v", cause)
+	default:
+	}
+}
+
+// A leader cut off from NATS (its connection open, nothing getting through)
+// steps down before its lease can expire on the server, and a standby takes
+// over within 30 s, never while the first still leads.
+func TestLeaderPartitionedStandbyTakesOver(t *testing.T) {
+	n := testkit.StartNATS(t)
+	const ttl = 2 * time.Second
+	open := leaseBucketTTL(t, n, ttl)
+	a := newArena()
+	kvA, p := proxiedCandidate(t, n)
+	ctx, cancel := context.WithCancel(context.Background())
+	doneA := make(chan error, 1)
+	go func() {
+		doneA <- leader.Run(ctx, leader.Config{KV: kvA, Key: "role", ID: "a", TTL: ttl, Clock: clock.Real{}, Log: quiet()}, a.lead("a"))
+	}()
+	t.Cleanup(func() {
+		p.Hold(testkit.Up, false)
+		p.Hold(testkit.Down, false)
+		cancel()
+		<-doneA
+	})
+	if first := a.next(t, 10*time.Second); first.id != "a" {
+		t.Fatalf("first leader %q", first.id)
+	}
+	kvB, ncB := open()
+	start(t, kvB, ncB, "b", a)
+	cut := time.Now()
+	p.Hold(testkit.Up, true)
+	p.Hold(testkit.Down, true)
+	second := a.next(t, 30*time.Second)
+	t.Logf("leader partitioned: standby leads after %s (TTL %s)", second.at.Sub(cut).Round(time.Millisecond), ttl)
+	if second.id != "b" {
+		t.Fatalf("second leader %q", second.id)
+	}
+	if v := a.violations.Load(); v != 0 {
+		t.Fatalf("%d moments with two leaders", v)
 	}
 }

@@ -294,6 +294,7 @@ func (f *Fetcher) loseShard(shard int, reason string) {
 	sr.cancel()
 	sr.wg.Wait()
 	f.m.shards.Dec()
+	f.m.shardReleases.WithLabelValues(releaseLabel(reason)).Inc()
 }
 
 // resumeRelays starts a worker, wanting a connection, for every relay of

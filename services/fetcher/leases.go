@@ -5,27 +5,31 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/lease"
 )
 
 // Shard ownership is a lease per shard in a JetStream KV bucket whose
 // MaxAge is the lease TTL (see docs/decisions.md): a key written by its
-// owner every TTL/3 stays, the key of a replica that died disappears after
+// owner every TTL/4 stays, the key of a replica that died disappears after
 // the TTL and the next replica in line creates it (compare-and-set). Live
 // replicas announce themselves with member keys in the same bucket and
 // split the shards by rendezvous hashing, so shards spread evenly and move
-// only when membership changes. An owner that cannot renew stops serving a
-// shard before its lease can expire on the server, so two replicas never
-// serve one shard (or relay) longer than the TTL.
+// only when membership changes. An owner keeps a shard while its lease is
+// valid: a renewal that fails is retried, and one stored with its answer
+// lost is recognised, until TTL − TTL/6 after the send of the last write
+// known stored; only then, or when another replica holds the key, does it
+// stop serving — before the server can expire the key — so two replicas
+// never serve one shard (or relay) longer than the TTL (docs/decisions.md
+// "Fetcher: shard leases in KV", pkg/lease).
 
 // ShardLeaseConfig configures shard ownership.
 type ShardLeaseConfig struct {
@@ -58,58 +62,119 @@ func RendezvousShards(members []string, me string, shards int) []int {
 	return out
 }
 
-// shardLeases runs the lease protocol for one replica.
+// Why a shard stops being served (lose's reason), and the label each has on
+// grasp_fetcher_shard_releases_total: under load alone only the first two
+// should ever be counted (docs/decisions.md "Leases that survive load").
+const (
+	releaseRebalanced = "rebalanced to another replica"
+	releaseStopping   = "fetcher stopping"
+	releaseTakenOver  = "lease taken over by another replica"
+	releaseGone       = "lease expired or deleted on the server"
+	releaseExpired    = "lease not renewed before it could expire"
+)
+
+// releaseLabel is the metric label of a release reason.
+func releaseLabel(reason string) string {
+	switch reason {
+	case releaseRebalanced:
+		return "rebalanced"
+	case releaseStopping:
+		return "stopping"
+	case releaseTakenOver:
+		return "taken_over"
+	case releaseGone:
+		return "gone"
+	case releaseExpired:
+		return "not_renewed"
+	}
+	return "other"
+}
+
+// shardLeases runs the lease protocol for one replica. Each shard held has
+// a holder goroutine of its own that renews its lease on the lease's own
+// timeline (see hold), so a slow round of membership and claims, or a slow
+// renewal of one shard, never delays another shard's renewal; run's
+// goroutine announces the member, computes the split, claims and hands
+// shards over.
 type shardLeases struct {
 	kv     jetstream.KeyValue
 	id     string
 	cfg    ShardLeaseConfig
+	timing lease.Timing
+	// clock times renewals and deadlines. It must run at real speed
+	// against the NATS server, whose clock expires the keys, so the
+	// fetcher passes clock.Real even where its other timers are faked.
+	clock  clock.Clock
 	log    *slog.Logger
 	gain   func(shard int)
 	lose   func(shard int, reason string)
-	owned  map[int]lease
 	member string
+
+	held map[int]*holder // run's goroutine only
+	gone chan int        // a holder's shard when its holder has ended
 }
 
-type lease struct {
-	rev        uint64
-	renewStart time.Time // before the last successful write: the server's expiry is later
+// holder is run's handle on one shard's holder goroutine.
+type holder struct {
+	release   chan string // the reason to stop serving on purpose (at most one is sent)
+	releasing bool
+	// interrupt cuts short a renewal in progress when release is sent, so a
+	// hand-over is not delayed by a renewal waiting on a silent server.
+	interrupt context.CancelFunc
 }
 
 func newShardLeases(kv jetstream.KeyValue, id string, cfg ShardLeaseConfig, log *slog.Logger,
 	gain func(int), lose func(int, string)) *shardLeases {
 	return &shardLeases{kv: kv, id: id, cfg: cfg, log: log, gain: gain, lose: lose,
-		owned: map[int]lease{}, member: bus.FetcherMemberKey(id)}
+		// The owner stops TTL/6 before the earliest server-side expiry: the
+		// time its relays' connections take to close (docs/decisions.md
+		// "Fetcher: shard leases in KV").
+		timing: lease.Timing{TTL: cfg.TTL, Guard: cfg.TTL / 6},
+		clock:  clock.Real{},
+		held:   map[int]*holder{}, gone: make(chan int, max(cfg.Shards, 1)),
+		member: bus.FetcherMemberKey(id)}
 }
 
 // run keeps the leases until ctx ends, then releases them so another
 // replica takes over at once (a killed replica's leases expire instead).
 func (l *shardLeases) run(ctx context.Context) {
-	tick := l.cfg.TTL / 3
-	t := time.NewTicker(tick)
-	defer t.Stop()
 	for {
 		l.step(ctx)
-		select {
-		case <-ctx.Done():
-			l.releaseAll()
-			return
-		case <-t.C:
+		next := l.clock.After(l.cfg.TTL / 3)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				l.releaseAll()
+				return
+			case s := <-l.gone:
+				delete(l.held, s)
+			case <-next:
+				break wait
+			}
 		}
 	}
 }
 
-// step is one round: announce ourselves, renew or release what we hold,
-// claim what we should hold and is free.
+// step is one round: announce ourselves, hand over what moved to another
+// replica, claim what we should hold and is free. Renewals are the
+// holders' (hold). Every call has its own deadline, so one slow call does
+// not starve the rest of the round.
 func (l *shardLeases) step(ctx context.Context) {
-	octx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
-	defer cancel()
-	if _, err := l.kv.Put(octx, l.member, []byte(l.id)); err != nil && ctx.Err() == nil {
+	pctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
+	_, err := l.kv.Put(pctx, l.member, []byte(l.id))
+	cancel()
+	if err != nil && ctx.Err() == nil {
 		l.log.Warn("fetcher membership not renewed", "err", err)
 	}
 	want := l.cfg.Fixed
 	if len(want) == 0 {
-		members, err := l.members(octx)
+		mctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
+		members, err := l.members(mctx)
+		cancel()
 		if err != nil {
+			// A partial or empty view only makes us want more shards, which
+			// other holders' leases refuse: it never gives one up.
 			l.log.Warn("fetcher members not listed", "err", err)
 			members = nil
 		}
@@ -118,69 +183,139 @@ func (l *shardLeases) step(ctx context.Context) {
 		}
 		want = RendezvousShards(members, l.id, l.cfg.Shards)
 	}
-	var moved []int
-	for s := range l.owned {
-		if !slices.Contains(want, s) {
-			moved = append(moved, s)
-		}
-	}
-	if len(moved) > 0 {
-		// Stop serving first, then free the lease for the new owner.
-		slices.Sort(moved)
-		l.release(moved, "rebalanced to another replica")
-		// Releasing took its time: the rest of the round gets its own.
-		var cancelRest context.CancelFunc
-		octx, cancelRest = context.WithTimeout(ctx, l.cfg.TTL/3)
-		defer cancelRest()
-	}
-	now := time.Now()
-	for s, ls := range l.owned {
-		start := time.Now()
-		rev, err := l.kv.Update(octx, bus.FetcherShardKey(s), []byte(l.id), ls.rev)
-		switch {
-		case err == nil:
-			l.owned[s] = lease{rev: rev, renewStart: start}
-		case isConflict(err):
-			delete(l.owned, s)
-			l.lose(s, "lease taken over by another replica")
-		case now.Sub(ls.renewStart) >= l.cfg.TTL-l.cfg.TTL/6:
-			// Not renewed in time: the lease may expire on the server any
-			// moment; stop before another replica can start.
-			delete(l.owned, s)
-			l.lose(s, fmt.Sprintf("lease not renewed: %v", err))
-		default:
-			l.log.Warn("shard lease renewal failed; retrying", "shard", s, "err", err)
+	for s, h := range l.held {
+		if !slices.Contains(want, s) && !h.releasing {
+			// Stop serving first, then free the lease for the new owner (hold).
+			h.releasing = true
+			h.release <- releaseRebalanced
+			h.interrupt()
 		}
 	}
 	for _, s := range want {
-		if _, ok := l.owned[s]; ok || ctx.Err() != nil {
+		if _, ok := l.held[s]; ok || ctx.Err() != nil {
 			continue
 		}
-		start := time.Now()
-		rev, err := l.kv.Create(octx, bus.FetcherShardKey(s), []byte(l.id))
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			// Ours from before a restart under the same id?
-			e, gerr := l.kv.Get(octx, bus.FetcherShardKey(s))
-			if gerr != nil || string(e.Value()) != l.id {
-				continue
-			}
-			rev, err = l.kv.Update(octx, bus.FetcherShardKey(s), []byte(l.id), e.Revision())
-		}
-		if err != nil {
-			continue
-		}
-		l.owned[s] = lease{rev: rev, renewStart: start}
-		l.gain(s)
+		l.claim(ctx, s)
 	}
 }
 
-func isConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
-		return true
+// claim takes shard s if its lease is free (or ours from before a restart
+// under the same id), then serves it and starts its holder.
+func (l *shardLeases) claim(ctx context.Context, s int) {
+	key := bus.FetcherShardKey(s)
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/3)
+	defer cancel()
+	sent := l.clock.Now()
+	rev, err := l.kv.Create(cctx, key, []byte(l.id))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		// Ours from before a restart under the same id, or from a Create or a
+		// term of ours that ended (its shard stopped since)?
+		e, gerr := l.kv.Get(cctx, key)
+		if gerr != nil || string(e.Value()) != l.id {
+			return
+		}
+		sent = l.clock.Now()
+		rev, err = l.kv.Update(cctx, key, []byte(l.id), e.Revision())
 	}
-	return errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) ||
-		strings.Contains(err.Error(), "wrong last sequence")
+	if err != nil {
+		return
+	}
+	l.gain(s)
+	hctx, interrupt := context.WithCancel(context.Background())
+	h := &holder{release: make(chan string, 1), interrupt: interrupt}
+	l.held[s] = h
+	go l.hold(hctx, s, h, lease.Held{Rev: rev, Sent: sent})
+}
+
+// hold keeps shard s's lease while the shard is served: it renews every
+// TTL/4 from the send of the last stored write, retries a failed renewal
+// every TTL/15 until the lease's deadline, and recognises a renewal stored
+// with its answer lost (pkg/lease). It calls lose only when another holder
+// has the key, the key is gone, or the deadline passed (the server may
+// expire the key from then on: docs/decisions.md "Leases that survive
+// load"). Asked to release, it hands the shard over (handOver). It tells
+// run when it ends.
+func (l *shardLeases) hold(ctx context.Context, s int, h *holder, ls lease.Held) {
+	defer func() { l.gone <- s }()
+	defer h.interrupt()
+	log := l.log.With("shard", s)
+	next := ls.Sent.Add(l.timing.RenewEvery())
+	for {
+		wake := next
+		if d := ls.Deadline(l.timing); d.Before(wake) {
+			wake = d
+		}
+		select {
+		case reason := <-h.release:
+			l.handOver(s, ls, reason)
+			return
+		case <-l.clock.After(wake.Sub(l.clock.Now())):
+		}
+		now := l.clock.Now()
+		if ls.Expired(l.timing, now) {
+			log.Warn("shard lease not renewed before it could expire; releasing the shard",
+				"last_renewal_sent", ls.Sent, "ttl", l.cfg.TTL)
+			l.lose(s, releaseExpired)
+			return
+		}
+		var (
+			v      lease.Verdict
+			reason string
+			err    error
+		)
+		ls, v, reason, err = l.renew(ctx, s, ls, ls.Deadline(l.timing))
+		switch {
+		case err == nil || v == lease.Adopted:
+			if v == lease.Adopted {
+				log.Info("shard lease renewal was stored though its answer was lost; kept", "err", err)
+			}
+			next = ls.Sent.Add(l.timing.RenewEvery())
+		case v == lease.Lost:
+			log.Warn("shard lease lost", "reason", reason, "err", err)
+			l.lose(s, reason)
+			return
+		default:
+			log.Warn("shard lease renewal failed; retrying until the lease could expire", "err", err,
+				"deadline", ls.Deadline(l.timing))
+			next = l.clock.Now().Add(l.timing.RetryEvery())
+		}
+	}
+}
+
+// renew sends one renewal of shard s's lease, waiting at most TTL/3 and
+// not past until for its answer. On failure it reads the key back, waiting
+// until `until` at most, to learn what happened (lease.Held.Judge): the
+// renewal may have been stored with its answer late or lost, or another
+// replica may hold the key. err is the renewal's error (nil: renewed).
+func (l *shardLeases) renew(ctx context.Context, s int, ls lease.Held, until time.Time) (_ lease.Held, _ lease.Verdict, reason string, err error) {
+	key := bus.FetcherShardKey(s)
+	sent := l.clock.Now()
+	ls = ls.Sending(sent)
+	uctx, cancel := context.WithTimeout(ctx, min(l.cfg.TTL/3, until.Sub(sent)))
+	rev, err := l.kv.Update(uctx, key, []byte(l.id), ls.Rev)
+	cancel()
+	if err == nil {
+		return ls.Stored(rev, sent), lease.Retry, "", nil
+	}
+	// The read may use all the time left: a server slow to answer the
+	// renewal is slow to answer this too, and what it answers decides.
+	rctx, cancel := context.WithTimeout(ctx, until.Sub(l.clock.Now()))
+	defer cancel()
+	var rb lease.ReadBack
+	e, gerr := l.kv.Get(rctx, key)
+	switch {
+	case errors.Is(gerr, jetstream.ErrKeyNotFound), errors.Is(gerr, jetstream.ErrKeyDeleted):
+		reason = releaseGone
+	case gerr != nil:
+		rb.Err = gerr
+	default:
+		rb = lease.ReadBack{Found: true, Ours: string(e.Value()) == l.id, Rev: e.Revision()}
+		if !rb.Ours {
+			reason = releaseTakenOver
+		}
+	}
+	next, v := ls.Judge(rb)
+	return next, v, reason, err
 }
 
 func (l *shardLeases) members(ctx context.Context) ([]string, error) {
@@ -199,73 +334,88 @@ func (l *shardLeases) members(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// releaseAll gives up every lease and the membership (graceful stop).
+// releaseAll hands every shard over and gives up the membership (graceful
+// stop): the holders stop their shards concurrently, each freeing its lease
+// once its shard has stopped.
 func (l *shardLeases) releaseAll() {
-	shards := make([]int, 0, len(l.owned))
-	for s := range l.owned {
-		shards = append(shards, s)
+	for _, h := range l.held {
+		if !h.releasing {
+			h.releasing = true
+			h.release <- releaseStopping
+			h.interrupt()
+		}
 	}
-	slices.Sort(shards)
-	l.release(shards, "fetcher stopping")
+	for len(l.held) > 0 {
+		delete(l.held, <-l.gone)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = l.kv.Delete(ctx, l.member)
 }
 
-// releaseRenewMax bounds how long release keeps renewing leases while
-// shards' connections close: a close that hangs longer lets them lapse, so
-// another replica takes the shards over anyway.
+// releaseRenewMax bounds how long handOver keeps renewing a lease while
+// its shard's connections close: a close that hangs longer lets it lapse,
+// so another replica takes the shard over anyway.
 const releaseRenewMax = 30 * time.Second
 
-// release stops serving shards, then deletes their leases so the next
-// owner takes over at once. Stopping a shard waits for its relay
-// connections to close — 2 s for a relay that ignores the close handshake,
-// more under load — which can outlast a lease not renewed meanwhile: the
-// other replica would then connect to a relay ours is still connected to.
-// So every lease still held, these included, is renewed every TTL/3 until
-// their shards are stopped (for at most releaseRenewMax). Shards stop
-// concurrently; each lease goes as soon as its shard has stopped, each
-// delete with its own deadline.
-func (l *shardLeases) release(shards []int, reason string) {
-	stopped := make(chan int, len(shards))
-	for _, s := range shards {
-		go func() {
-			l.lose(s, reason)
-			stopped <- s
-		}()
-	}
-	tick := time.NewTicker(l.cfg.TTL / 3)
-	defer tick.Stop()
-	renewUntil := time.Now().Add(releaseRenewMax)
-	for left := len(shards); left > 0; {
+// handOver stops serving shard s, then deletes its lease so the next owner
+// takes over at once. Stopping a shard waits for its relay connections to
+// close — 2 s for a relay that ignores the close handshake, more under
+// load — which can outlast a lease not renewed meanwhile: the other replica
+// would then connect to a relay ours is still connected to. So the lease is
+// renewed as usual until the shard has stopped (for at most
+// releaseRenewMax); the other shards' holders keep renewing theirs.
+func (l *shardLeases) handOver(s int, ls lease.Held, reason string) {
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		l.lose(s, reason)
+	}()
+	renewUntil := l.clock.Now().Add(releaseRenewMax)
+	next := ls.Sent.Add(l.timing.RenewEvery())
+	held := true
+	for held {
+		var wake <-chan time.Time
+		if next.Before(renewUntil) {
+			wake = l.clock.After(next.Sub(l.clock.Now()))
+		}
 		select {
-		case s := <-stopped:
-			left--
-			ls := l.owned[s]
-			delete(l.owned, s)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = l.kv.Delete(ctx, bus.FetcherShardKey(s), jetstream.LastRevision(ls.rev))
-			cancel()
-		case <-tick.C:
-			if time.Now().Before(renewUntil) {
-				l.renewHeld()
-			}
+		case <-stopped:
+			l.free(s, ls)
+			return
+		case <-wake:
+		}
+		var v lease.Verdict
+		var err error
+		now := l.clock.Now()
+		ls, v, _, err = l.renew(context.Background(), s, ls, now.Add(l.cfg.TTL/3))
+		switch {
+		case err == nil || v == lease.Adopted:
+			next = ls.Sent.Add(l.timing.RenewEvery())
+		case v == lease.Lost:
+			held = false
+		default:
+			l.log.Warn("shard lease not renewed while its connections close", "shard", s, "err", err)
+			next = l.clock.Now().Add(l.timing.RetryEvery())
 		}
 	}
+	<-stopped // the lease is gone: nothing to free
 }
 
-// renewHeld renews every lease held, each write with its own deadline; a
-// lease that cannot be renewed is left to the next step.
-func (l *shardLeases) renewHeld() {
-	for s, ls := range l.owned {
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL/3)
-		rev, err := l.kv.Update(ctx, bus.FetcherShardKey(s), []byte(l.id), ls.rev)
-		cancel()
-		if err != nil {
-			l.log.Warn("shard lease not renewed while its connections close", "shard", s, "err", err)
-			continue
+// free deletes shard s's lease if it is still ours: at the revision last
+// known stored, or — when a renewal was stored with its answer lost — at
+// the revision read back, if it still names us.
+func (l *shardLeases) free(s int, ls lease.Held) {
+	key := bus.FetcherShardKey(s)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := l.kv.Delete(ctx, key, jetstream.LastRevision(ls.Rev))
+	if err != nil {
+		if e, gerr := l.kv.Get(ctx, key); gerr == nil && e.Revision() > ls.Rev && string(e.Value()) == l.id {
+			err = l.kv.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
 		}
-		l.owned[s] = lease{rev: rev, renewStart: start}
+	}
+	if err != nil {
+		l.log.Warn("shard lease not freed; it will expire", "shard", s, "err", err)
 	}
 }

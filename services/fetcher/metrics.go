@@ -28,6 +28,8 @@ type metrics struct {
 	batches       *prometheus.CounterVec
 	subClosed     *prometheus.CounterVec
 	shards        prometheus.Gauge
+	// shardReleases counts shards stopped, by why (releaseLabel).
+	shardReleases *prometheus.CounterVec
 	// crowdedSeconds and incompleteSlices count the one-second slices read
 	// apart in REQ+EOSE history and those that could not be completed
 	// (docs/decisions.md, "History: reading a crowded second completely").
@@ -73,6 +75,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Subscriptions the relay closed (CLOSED), by mode."}, []string{"mode"}),
 		shards: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_fetcher_shards_owned",
 			Help: "Shards this replica holds the lease of."}),
+		shardReleases: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_shard_releases_total",
+			Help: "Shards this replica stopped serving, by reason: rebalanced, stopping, taken_over, gone (lease expired or deleted on the server), not_renewed (no renewal stored before the lease could expire)."}, []string{"reason"}),
 		crowdedSeconds: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_crowded_seconds_total",
 			Help: "One-second slices of REQ+EOSE history read on their own because a capped page fell entirely inside one second."}),
 		incompleteSlices: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_incomplete_slices_total",
@@ -81,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
 			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
-			m.crowdedSeconds, m.incompleteSlices)
+			m.shardReleases, m.crowdedSeconds, m.incompleteSlices)
 	}
 	return m
 }

@@ -1,0 +1,194 @@
+package testkit
+
+import (
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Direction is one way through a DelayProxy.
+type Direction int
+
+const (
+	// Up is client to server.
+	Up Direction = iota
+	// Down is server to client.
+	Down
+)
+
+// DelayProxy is a TCP proxy between clients and one server that delivers
+// bytes late: each chunk read is written on after the delay of its direction
+// at the time it was read (plus up to the jitter), in order, and not at all
+// while its direction is held. It stands for a loaded or partitioned network
+// between a service and its NATS server: a request can be slow, stored with
+// its answer late, or not arrive until the hold ends — what a NATS client
+// sees when its server or the machine is saturated. The connections stay
+// open while held, as they would across a short partition.
+type DelayProxy struct {
+	// Addr is the proxy's host:port on 127.0.0.1.
+	Addr string
+
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	delay   [2]time.Duration
+	jitter  [2]time.Duration
+	held    [2]bool
+	changed chan struct{} // closed and replaced whenever the settings change
+	conns   map[net.Conn]struct{}
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// StartDelayProxy listens on a free loopback port and forwards every
+// connection to target (host:port) until the test ends.
+func StartDelayProxy(t testing.TB, target string) *DelayProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testkit: delay proxy listen: %v", err)
+	}
+	p := &DelayProxy{Addr: ln.Addr().String(), ln: ln, target: target,
+		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.Close)
+	return p
+}
+
+// SetDelay sets the delay of one direction: chunks read from now on are
+// written on base plus up to jitter later (never before an earlier chunk).
+func (p *DelayProxy) SetDelay(dir Direction, base, jitter time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay[dir], p.jitter[dir] = base, jitter
+	p.notifyLocked()
+}
+
+// Hold stops (true) or resumes (false) delivery in one direction; bytes
+// held are delivered, in order, when it resumes.
+func (p *DelayProxy) Hold(dir Direction, hold bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held[dir] = hold
+	p.notifyLocked()
+}
+
+// Close stops the proxy and closes every connection through it.
+func (p *DelayProxy) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	_ = p.ln.Close()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.notifyLocked()
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *DelayProxy) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *DelayProxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			_ = client.Close()
+			_ = server.Close()
+			return
+		}
+		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		p.wg.Add(4)
+		p.mu.Unlock()
+		for _, d := range []struct {
+			dir      Direction
+			src, dst net.Conn
+		}{{Up, client, server}, {Down, server, client}} {
+			chunks := make(chan chunk, 1024) // bounded: a full queue stops the reader, as TCP would
+			go p.read(d.dir, d.src, d.dst, chunks)
+			go p.write(d.dir, d.src, d.dst, chunks)
+		}
+	}
+}
+
+type chunk struct {
+	data []byte
+	due  time.Time
+}
+
+func (p *DelayProxy) read(dir Direction, src, dst net.Conn, out chan<- chunk) {
+	defer p.wg.Done()
+	defer close(out)
+	for {
+		buf := make([]byte, 32*1024)
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			due := time.Now().Add(p.delay[dir])
+			if j := p.jitter[dir]; j > 0 {
+				due = due.Add(rand.N(j))
+			}
+			p.mu.Unlock()
+			out <- chunk{data: buf[:n], due: due}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *DelayProxy) write(dir Direction, src, dst net.Conn, in <-chan chunk) {
+	defer p.wg.Done()
+	defer func() {
+		_ = src.Close()
+		_ = dst.Close()
+		for range in { // let the reader finish
+		}
+	}()
+	for c := range in {
+		for {
+			p.mu.Lock()
+			held, closed, changed := p.held[dir], p.closed, p.changed
+			p.mu.Unlock()
+			if closed {
+				return
+			}
+			wait := time.Until(c.due)
+			if !held && wait <= 0 {
+				break
+			}
+			var timer <-chan time.Time
+			if !held {
+				timer = time.After(wait)
+			}
+			select {
+			case <-changed:
+			case <-timer:
+			}
+		}
+		if _, err := dst.Write(c.data); err != nil {
+			return
+		}
+	}
+}
