@@ -146,7 +146,7 @@ export SOURCE_DATE_EPOCH
 # The Debian version: tag vX.Y.Z gives X.Y.Z; otherwise 0.0.0+git<commit
 # time>.<commit>, which sorts by commit time, so a later commit's package
 # upgrades an earlier one's.
-DEB_VERSION ?= $(shell v='$(VERSION)'; case $$v in v[0-9]*) echo "$${v#v}" | tr - '~';; *) echo "0.0.0+git$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y%m%d%H%M%S).$(COMMIT)";; esac)
+DEB_VERSION ?= $(shell v='$(VERSION)'; if expr "$$v" : 'v[0-9]' >/dev/null; then echo "$${v#v}" | tr - '~'; else echo "0.0.0+git$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y%m%d%H%M%S).$(COMMIT)"; fi)
 DIST_LDFLAGS := -s -w $(LDFLAGS)
 # The C cross compiler per architecture: with it, the libsecp256k1 verifier
 # (cgo); without it, the pure-Go fallback (CGO_ENABLED=0). graspd --version
@@ -184,6 +184,15 @@ dist: dist-tools
 			-o $(DIST_DIR)/grasp-sync_$(DEB_VERSION)_$$arch.deb; \
 	done; \
 	cd $(DIST_DIR) && sha256sum *.tar.gz *.deb > SHA256SUMS && cat SHA256SUMS
+
+# The previous version the upgrade test starts from: the latest tag before
+# HEAD, else the last commit before the package existed.
+DIST_OLD_REF ?= $(shell git describe --tags --abbrev=0 HEAD^ 2>/dev/null || echo 8db4570)
+
+## test-dist: make dist, then test it: the unit (systemd-analyze, hardening), reproducibility, the .deb's contents, the packaged graspd syncing, an upgrade keeping data
+test-dist: dist
+	GO='$(GO)' DIST_DIR='$(DIST_DIR)' DIST_ARCHS='$(DIST_ARCHS)' DIST_OLD_REF='$(DIST_OLD_REF)' GOTAGS='$(GOTAGS)' RACE='$(RACE)' \
+		bash deploy/dist/test-dist.sh
 
 DIST_BIN := $(BIN)/dist
 # The packaging programs, and on a Debian machine where we are root the C

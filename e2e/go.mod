@@ -3,6 +3,7 @@ module github.com/grasp-sync/grasp-sync/e2e
 go 1.26.0
 
 require (
+	github.com/grasp-sync/grasp-sync/deploy/validate v0.0.0
 	github.com/grasp-sync/grasp-sync/pkg v0.0.0
 	github.com/grasp-sync/grasp-sync/services/graspd v0.0.0
 	github.com/nbd-wtf/go-nostr v0.52.3
@@ -106,6 +107,7 @@ require (
 )
 
 replace (
+	github.com/grasp-sync/grasp-sync/deploy/validate => ../deploy/validate
 	github.com/grasp-sync/grasp-sync/pkg => ../pkg
 	github.com/grasp-sync/grasp-sync/proto => ../proto
 	github.com/grasp-sync/grasp-sync/services/discovery => ../services/discovery

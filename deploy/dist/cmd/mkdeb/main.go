@@ -131,6 +131,8 @@ func build(o options) error {
 			"configured by /etc/grasp-sync/graspd.env.",
 		MTime: o.mtime,
 		Overridables: nfpm.Overridables{
+			// The cgo builds (libsecp256k1) link glibc dynamically.
+			Depends:  []string{"libc6"},
 			Contents: contents,
 			Umask:    0o022,
 			Scripts: nfpm.Scripts{
