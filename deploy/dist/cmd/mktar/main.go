@@ -120,7 +120,7 @@ func write(dir, out string, mtime time.Time) error {
 		return err
 	}
 	defer os.Remove(tmp)
-	gz, err := gzip.NewWriterLevel(f, gzip.BestCompression)
+	gz, err := gzip.NewWriterLevel(f, gzip.DefaultCompression)
 	if err != nil {
 		return err
 	}
