@@ -17,6 +17,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== deploy/dist: the unit's hardening, the archive writer"
+if out=$(gofmt -l deploy/dist) && [ -n "$out" ]; then echo "gofmt needed:"; echo "$out"; exit 1; fi
 (cd deploy/dist && GOWORK=off $GO vet ./... && GOWORK=off $GO test -count=1 ./...)
 
 # systemd-analyze comes with Debian's systemd package.
