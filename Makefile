@@ -131,7 +131,83 @@ print-images:
 	@for s in $(IMAGES); do echo $(IMAGE_REPO)/grasp-$$s; done
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(DIST_DIR)
+
+.PHONY: dist dist-tools dist-repro test-dist
+
+# Release archives and .deb packages (docs/deploy.md, "On one host"). Every
+# file time is the commit's time, the builds are -trimpath, the archives
+# sorted with owner 0/0 and a gzip header without time: one commit gives the
+# same bytes (`make dist-repro` checks it).
+DIST_DIR   ?= $(CURDIR)/dist
+DIST_ARCHS ?= amd64 arm64
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+export SOURCE_DATE_EPOCH
+# The Debian version: tag vX.Y.Z gives X.Y.Z; otherwise 0.0.0+git<commit
+# time>.<commit>, which sorts by commit time, so a later commit's package
+# upgrades an earlier one's.
+DEB_VERSION ?= $(shell v='$(VERSION)'; if expr "$$v" : 'v[0-9]' >/dev/null; then echo "$${v#v}" | tr - '~'; else echo "0.0.0+git$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y%m%d%H%M%S).$(COMMIT)"; fi)
+DIST_LDFLAGS := -s -w $(LDFLAGS)
+# The C cross compiler per architecture: with it, the libsecp256k1 verifier
+# (cgo); without it, the pure-Go fallback (CGO_ENABLED=0). graspd --version
+# names the one built.
+DIST_CC_amd64 ?= $(firstword $(CGO_CC))
+DIST_CC_arm64 ?= aarch64-linux-gnu-gcc
+DIST_SERVICES := $(notdir $(wildcard services/*))
+# deploy/dist is its own module outside go.work: nfpm's dependencies must not
+# change the versions the workspace's binaries are built with.
+DIST_GO := cd deploy/dist && GOWORK=off $(GO)
+
+## dist: release archives and .deb packages for linux/amd64 and linux/arm64 into dist/
+dist: dist-tools
+	@set -e; rm -rf $(DIST_DIR); mkdir -p $(DIST_DIR)/build; \
+	$(GO) run ./services/graspd/cmd/configdoc -env -set GRASP_DATA_DIR=/var/lib/grasp-sync . > $(DIST_DIR)/build/graspd.env; \
+	for arch in $(DIST_ARCHS); do \
+		case $$arch in amd64) cc='$(DIST_CC_amd64)';; arm64) cc='$(DIST_CC_arm64)';; *) echo "make dist: no C compiler known for $$arch"; cc=;; esac; \
+		if [ '$(CGO_ON)' = 1 ] && [ -n "$$cc" ] && command -v "$$cc" >/dev/null 2>&1; then \
+			cgo=1; tags='-tags libsecp256k1'; verifier=libsecp256k1; \
+		else \
+			cgo=0; tags=; verifier='pure Go'; echo "== make dist: no C compiler for $$arch ($$cc): the pure-Go verifier"; \
+		fi; \
+		name=grasp-sync_$(DEB_VERSION)_linux_$$arch; stage=$(DIST_DIR)/build/$$name; \
+		echo "== $$name (verifier: $$verifier)"; \
+		mkdir -p $$stage/bin $$stage/docs $$stage/systemd; \
+		for s in $(DIST_SERVICES); do \
+			(cd services/$$s && GOOS=linux GOARCH=$$arch CGO_ENABLED=$$cgo CC="$$cc" \
+				$(GO) build -trimpath -buildvcs=false $$tags -ldflags '$(DIST_LDFLAGS)' -o $$stage/bin/ ./cmd/$$s); \
+		done; \
+		cp docs/*.md $$stage/docs/; cp README.md $$stage/; \
+		cp deploy/dist/graspd.service $(DIST_DIR)/build/graspd.env $$stage/systemd/; \
+		$(DIST_BIN)/mktar -C $$stage -o $(DIST_DIR)/$$name.tar.gz; \
+		$(DIST_BIN)/mkdeb -arch $$arch -version $(DEB_VERSION) -bin $$stage/bin -env $(DIST_DIR)/build/graspd.env \
+			-unit deploy/dist/graspd.service -scripts deploy/dist/debian -docs docs -readme README.md \
+			-o $(DIST_DIR)/grasp-sync_$(DEB_VERSION)_$$arch.deb; \
+	done; \
+	cd $(DIST_DIR) && sha256sum *.tar.gz *.deb > SHA256SUMS && cat SHA256SUMS
+
+# The previous version the upgrade test starts from: the latest tag before
+# HEAD, else the last commit before the package existed.
+DIST_OLD_REF ?= $(shell git describe --tags --abbrev=0 HEAD^ 2>/dev/null || echo 8db4570)
+
+## test-dist: make dist, then test it: the unit (systemd-analyze, hardening), reproducibility, the .deb's contents, the packaged graspd syncing, an upgrade keeping data
+test-dist: dist
+	GO='$(GO)' DIST_DIR='$(DIST_DIR)' DIST_ARCHS='$(DIST_ARCHS)' DIST_OLD_REF='$(DIST_OLD_REF)' GOTAGS='$(GOTAGS)' RACE='$(RACE)' \
+		bash deploy/dist/test-dist.sh
+
+DIST_BIN := $(BIN)/dist
+# The packaging programs, and on a Debian machine where we are root the C
+# cross compiler for arm64 (gcc-aarch64-linux-gnu), so arm64 gets the
+# libsecp256k1 verifier too.
+dist-tools:
+	@mkdir -p $(DIST_BIN)
+	$(DIST_GO) build -o $(DIST_BIN)/ ./cmd/mkdeb ./cmd/mktar
+	@if echo ' $(DIST_ARCHS) ' | grep -q ' arm64 ' && ! command -v $(DIST_CC_arm64) >/dev/null 2>&1 \
+		&& [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "== installing the arm64 C cross compiler (apt-get install gcc-aarch64-linux-gnu)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null; } || \
+		echo "== could not install gcc-aarch64-linux-gnu: arm64 gets the pure-Go verifier"; \
+	fi
 
 .PHONY: e2e e2e-long demo bench
 

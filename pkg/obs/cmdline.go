@@ -5,12 +5,17 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
 // VersionLine is what `<binary> --version` prints: the binary's name, the
-// version and the commit stamped by the build (Makefile LDFLAGS).
+// version and the commit stamped by the build (Makefile LDFLAGS), and the
+// signature verifier the build carries, which the build tags choose
+// (docs/decisions.md, "Signature verification: libsecp256k1 by default, pure
+// Go as fallback"): an operator holding a release binary can tell which it is.
 func VersionLine(name string) string {
-	return fmt.Sprintf("%s %s (commit %s)", name, Version, Commit)
+	return fmt.Sprintf("%s %s (commit %s, verifier %s)", name, Version, Commit, verify.Backend())
 }
 
 // ErrUsage marks a command line the binary does not understand; the

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
 func TestCommandLine(t *testing.T) {
@@ -19,8 +20,8 @@ func TestCommandLine(t *testing.T) {
 		usage  bool
 	}{
 		{"no arguments: run", nil, false, "", false},
-		{"--version", []string{"--version"}, true, "fetcher dev (commit unknown)", false},
-		{"-version", []string{"-version"}, true, "fetcher dev (commit unknown)", false},
+		{"--version", []string{"--version"}, true, "fetcher dev (commit unknown, verifier " + verify.Backend() + ")", false},
+		{"-version", []string{"-version"}, true, "fetcher dev (commit unknown, verifier " + verify.Backend() + ")", false},
 		{"--help", []string{"--help"}, true, "usage: fetcher [--version | --help]", false},
 		{"-h", []string{"-h"}, true, "GRASP_LOG_FORMAT", false},
 		{"unknown flag", []string{"--nats", "nats://x"}, false, "", true},

@@ -44,3 +44,59 @@ func TestGenerateFollowsEmbeddedStructs(t *testing.T) {
 		}
 	}
 }
+
+// The env file lists exactly graspd's variables of the configuration page,
+// each once, commented out at its default unless assigned, and refuses to
+// assign a variable graspd does not read.
+func TestEnvFileListsGraspdVariables(t *testing.T) {
+	root := filepath.Join("..", "..", "..")
+	got, err := configdoc.EnvFile(root, map[string]string{"GRASP_DATA_DIR": "/var/lib/grasp-sync"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := configdoc.Generate(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// graspd's section of the page: from "## graspd" to the next section.
+	section := string(page)[strings.Index(string(page), "## graspd\n"):]
+	section = section[:strings.Index(section[1:], "\n## ")+1]
+	want := map[string]bool{}
+	for _, line := range strings.Split(section, "\n") {
+		if name, ok := strings.CutPrefix(line, "| `GRASP_"); ok {
+			want["GRASP_"+name[:strings.Index(name, "`")]] = true
+		}
+	}
+	if len(want) < 50 {
+		t.Fatalf("found only %d variables in graspd's section of the page", len(want))
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(string(got), "\n") {
+		assign := strings.TrimPrefix(line, "#")
+		name, val, ok := strings.Cut(assign, "=")
+		if !ok || !strings.HasPrefix(name, "GRASP_") || strings.Contains(name, " ") {
+			continue
+		}
+		if seen[name] {
+			t.Errorf("%s appears twice", name)
+		}
+		seen[name] = true
+		if !want[name] {
+			t.Errorf("env file has %s, which graspd's section of the page does not", name)
+		}
+		if commented := strings.HasPrefix(line, "#"); commented == (name == "GRASP_DATA_DIR") {
+			t.Errorf("line %q: only GRASP_DATA_DIR is assigned", line)
+		}
+		if name == "GRASP_DATA_DIR" && val != "/var/lib/grasp-sync" {
+			t.Errorf("GRASP_DATA_DIR=%q", val)
+		}
+	}
+	for name := range want {
+		if !seen[name] {
+			t.Errorf("env file lacks %s", name)
+		}
+	}
+	if _, err := configdoc.EnvFile(root, map[string]string{"GRASP_NO_SUCH": "x"}); err == nil || !strings.Contains(err.Error(), "GRASP_NO_SUCH") {
+		t.Errorf("assigning an unknown variable: err = %v, want one naming it", err)
+	}
+}

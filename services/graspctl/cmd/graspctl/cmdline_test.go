@@ -37,7 +37,7 @@ func TestBuiltCommandLine(t *testing.T) {
 		{[]string{"explain", "--help"}, 0, "usage: graspctl explain", ""},
 		{[]string{"repos", "--help"}, 0, "usage: graspctl repos", ""},
 		{[]string{"--help"}, 0, "usage: graspctl COMMAND", ""},
-		{[]string{"--version"}, 0, "graspctl dev (commit unknown)", ""},
+		{[]string{"--version"}, 0, "graspctl dev (commit unknown, verifier ", ""},
 		{[]string{"status", "--nats", n.URL, "--bogus"}, exitUsage, "", "graspctl: status: unknown flag --bogus"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

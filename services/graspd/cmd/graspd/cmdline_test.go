@@ -17,7 +17,8 @@ import (
 const stamp = "-X github.com/grasp-sync/grasp-sync/pkg/obs.Version=v9.9.9-test -X github.com/grasp-sync/grasp-sync/pkg/obs.Commit=abc1234"
 
 // graspd and a service binary answer --version with the stamped version
-// and commit and --help with their usage, exit 0, and refuse any other
+// and commit and the verifier (pure Go: built here without the
+// libsecp256k1 tag), and --help with their usage, exit 0, and refuse any other
 // argument with one line and exit 2, without starting.
 func TestVersionHelpAndBadArguments(t *testing.T) {
 	dir := t.TempDir()
@@ -35,7 +36,7 @@ func TestVersionHelpAndBadArguments(t *testing.T) {
 			stdout string
 			stderr string
 		}{
-			{[]string{"--version"}, 0, name + " v9.9.9-test (commit abc1234)", ""},
+			{[]string{"--version"}, 0, name + " v9.9.9-test (commit abc1234, verifier pure Go)", ""},
 			{[]string{"--help"}, 0, "usage: " + name, ""},
 			{[]string{"-h"}, 0, "GRASP_LOG_FORMAT=text|json", ""},
 			{[]string{"--nats", "nats://127.0.0.1:1"}, 2, "", name + `: usage: unexpected argument "--nats"`},
