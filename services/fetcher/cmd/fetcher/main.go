@@ -41,9 +41,13 @@ func main() {
 		}
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return refused.Run(ctx, kv) })
-		g.Go(func() error {
-			return fetcher.New(c.Config, env.Bus, clock.Real{}, env.Log, env.Registry).WithLocalSet(local).WithReplicas(env.Options.Replicas).Run(ctx)
-		})
+		f := fetcher.New(c.Config, env.Bus, clock.Real{}, env.Log, env.Registry).WithReplicas(env.Options.Replicas)
+		if c.StoreURL != "" {
+			f.WithLocalSet(local)
+		} else {
+			f.WithRefusalsLocalSet(local)
+		}
+		g.Go(func() error { return f.Run(ctx) })
 		return g.Wait()
 	})
 }
