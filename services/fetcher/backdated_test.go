@@ -113,8 +113,9 @@ func TestCatchUpSinceBoundsOnlyREQ(t *testing.T) {
 }
 
 // A daily resync's batch counts the events it publishes that the local set
-// lacked (BatchDone.missed), whether it reconciles or pages with REQ;
-// other batches and a fetcher that cannot tell report none.
+// lacked (BatchDone.missed), each once however many of its filters return
+// it, whether it reconciles or pages with REQ; other batches and a fetcher
+// that cannot tell report none.
 func TestResyncBatchCountsMissedEvents(t *testing.T) {
 	for _, c := range []struct {
 		name         string
@@ -142,7 +143,9 @@ func TestResyncBatchCountsMissedEvents(t *testing.T) {
 				}
 			})
 			s := e.connectRelay(r.URL)
-			e.addBatch(r.URL, s, "resync", kind1, 0, c.resync)
+			// Two filters returning the same events: each is counted once.
+			both := append([]nostr.Filter{{Kinds: []int{1}, Authors: []string{w.held[0].PubKey}}}, kind1...)
+			e.addBatch(r.URL, s, "resync", both, 0, c.resync)
 			done := e.batchDone(r.URL, "resync")
 			if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
 				t.Fatalf("batch done %v", done)

@@ -31,9 +31,12 @@ type batchRun struct {
 	// since is a catch-up's bound, for REQ reads only (part).
 	since *nostr.Timestamp
 	// countMissed: a resync batch whose events the local set lacked are
-	// counted in missed (BatchDone.missed).
+	// counted in missed (BatchDone.missed), each once (counted): several
+	// filters of a batch can return one event before the stream's
+	// acknowledgement of its first copy arrives.
 	countMissed bool
 	missed      uint64
+	counted     map[string]struct{}
 }
 
 // batchSpec is one AddFilters' historic part as runBatch needs it.
@@ -437,7 +440,13 @@ func (b *batchRun) emit(evt *nostr.Event, fs nostr.Filters, missed bool) error {
 		published, err = b.w.publish(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic")
 	}
 	if published && missed {
-		b.missed++
+		if _, dup := b.counted[evt.ID]; !dup {
+			if b.counted == nil {
+				b.counted = map[string]struct{}{}
+			}
+			b.counted[evt.ID] = struct{}{}
+			b.missed++
+		}
 	}
 	return err
 }
