@@ -90,6 +90,7 @@ func TestCatchUpSinceBoundsOnlyREQ(t *testing.T) {
 			if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != c.wantMethod {
 				t.Fatalf("batch done %v", done)
 			}
+			t.Logf("%s: %d events, %d bytes, %d pages", c.name, done.GetEventsReceived(), done.GetBytesReceived(), done.GetPages())
 			e.waitEvents(w.recent)
 			want := len(w.recent)
 			if c.wantBackdated {
