@@ -18,7 +18,8 @@ type config struct {
 	fetcher.Config
 	// StoreURL is the shared event store (PostgreSQL) read for the local set
 	// of NIP-77 reconciliation; empty: the local set is only what the policy
-	// refused, so NIP-77 saves little.
+	// refused, so NIP-77 saves little, catch-ups keep their since on NIP-77
+	// relays and the daily resync's misses are not counted.
 	StoreURL string `envconfig:"STORE_URL"`
 }
 
