@@ -69,6 +69,13 @@ type Relay struct {
 	IncompleteBatches int    `json:"incomplete_batches,omitempty"`
 	LastIncomplete    string `json:"last_incomplete,omitempty"`
 
+	// ResyncMissed counts the events daily resyncs found on this relay that
+	// live subscriptions and catch-ups had missed: each waited up to a day
+	// (docs/sync.md, "Counting what the daily resync finds").
+	// LastMissedAt is when a resync last found one.
+	ResyncMissed uint64    `json:"resync_missed"`
+	LastMissedAt time.Time `json:"last_missed_at,omitzero"`
+
 	state *graspv1.RelayState
 }
 
@@ -164,6 +171,7 @@ func FromRelayState(st *graspv1.RelayState) Relay {
 		state:            st,
 	}
 	r.IncompleteBatches, r.LastIncomplete = int(st.GetIncompleteBatches()), st.GetLastIncomplete()
+	r.ResyncMissed, r.LastMissedAt = st.GetResyncMissed(), unix(st.GetLastMissedAt())
 	return r
 }
 

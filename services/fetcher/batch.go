@@ -28,6 +28,23 @@ type batchRun struct {
 	// refetching: the part being read is a refetch filter, whose events
 	// are published past the events stream's duplicate window.
 	refetching bool
+	// since is a catch-up's bound, for REQ reads only (part).
+	since *nostr.Timestamp
+	// countMissed: a resync batch whose events the local set lacked are
+	// counted in missed (BatchDone.missed), each once (counted): several
+	// filters of a batch can return one event before the stream's
+	// acknowledgement of its first copy arrives.
+	countMissed bool
+	missed      uint64
+	counted     map[string]struct{}
+}
+
+// batchSpec is one AddFilters' historic part as runBatch needs it.
+type batchSpec struct {
+	id            string
+	hist, refetch []nostr.Filter
+	since         *nostr.Timestamp
+	resync        bool
 }
 
 // errNoIDs means a relay answered an id fetch with none of the ids its
@@ -38,14 +55,16 @@ var errNoIDs = errors.New("id fetch returned none of the ids asked for")
 // reports it done. refetch filters are read with REQ+EOSE whatever the local
 // set holds (see AddFilters.refetch_filters). A batch whose session ends
 // first dies with it, unreported: the planner redoes it for the next session.
-func (w *relayWorker) runBatch(s *session, batch string, hist, refetch []nostr.Filter) {
+func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 	select {
 	case s.histSem <- struct{}{}:
 		defer func() { <-s.histSem }()
 	case <-s.ctx.Done():
 		return
 	}
-	b := &batchRun{w: w, s: s, id: batch, pub: w.f.newWindowPublisher()}
+	batch, hist, refetch := spec.id, spec.hist, spec.refetch
+	b := &batchRun{w: w, s: s, id: batch, pub: w.f.newWindowPublisher(), since: spec.since,
+		countMissed: spec.resync && w.f.local != nil && w.f.localHoldsStore}
 	var err error
 	var incomplete []*history.IncompleteError
 	for _, f := range hist {
@@ -82,6 +101,9 @@ func (w *relayWorker) runBatch(s *session, batch string, hist, refetch []nostr.F
 	}
 	done := &graspv1.BatchDone{BatchId: batch, Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_OK, Method: method,
 		EventsReceived: b.received, BytesReceived: b.bytes, Pages: uint32(b.pages), FallbackReason: s.fallbackReason()}
+	if b.countMissed {
+		done.Missed = &b.missed
+	}
 	switch {
 	case err != nil:
 		done.Outcome = graspv1.BatchOutcome_BATCH_OUTCOME_FAILED
@@ -100,7 +122,7 @@ func (w *relayWorker) runBatch(s *session, batch string, hist, refetch []nostr.F
 	w.f.m.pages.Observe(float64(b.pages))
 	w.f.m.batches.WithLabelValues(strings.TrimPrefix(done.Outcome.String(), "BATCH_OUTCOME_"), strings.TrimPrefix(method.String(), "SYNC_METHOD_")).Inc()
 	w.log.Info("batch done", "session", s.id, "batch", batch, "outcome", done.Outcome.String(), "method", method.String(),
-		"events", b.received, "bytes", b.bytes, "pages", b.pages, "err", err)
+		"events", b.received, "bytes", b.bytes, "pages", b.pages, "missed", done.GetMissed(), "err", err)
 	w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_BatchDone{BatchDone: done}})
 }
 
@@ -112,14 +134,29 @@ func (w *relayWorker) runBatch(s *session, batch string, hist, refetch []nostr.F
 // instead of a reconciliation and id fetches, and NIP-77 is used only if
 // REQ cannot read a crowded second completely (docs/decisions.md, "Initial
 // sync: REQ when the local set is empty").
+//
+// A catch-up's since bounds REQ reads only: NIP-77 reconciles the whole
+// filter, which costs bytes in proportion to the differences and finds
+// events published during the gap with an older created_at, which since
+// cannot (docs/sync.md, "Catch-ups and back-dated events"). Not when the
+// local set holds refusals only: every stored event would be a difference.
 func (b *batchRun) part(f nostr.Filter) error {
 	w := b.w
+	reqF := f
+	if b.since != nil {
+		reqF.Since = b.since
+	}
 	if !w.f.cfg.DisableNegentropy && b.s.useNegentropy() {
+		if !w.f.localHoldsStore {
+			f = reqF
+		}
 		local, err := b.localSet(f)
 		if err != nil {
 			return err
 		}
 		if len(local) == 0 && !b.s.looseTags.Load() {
+			// Nothing held for the whole filter: all the relay has for it
+			// is a difference, read without since as NIP-77 would.
 			err := b.req(f)
 			var inc *history.IncompleteError
 			if !errors.As(err, &inc) {
@@ -155,7 +192,7 @@ func (b *batchRun) part(f nostr.Filter) error {
 		}
 	}
 	b.usedReq = true
-	return b.req(f)
+	return b.req(reqF)
 }
 
 func fallbackClass(err error) string {
@@ -216,7 +253,10 @@ func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) error {
 	// not held are fetched like any other, so a copy the ingester refused
 	// (a forged signature) costs only the delay.
 	deferred := b.deferPublished(missing)
-	if err := b.fetchIDs(missing); err != nil {
+	// What is still missing now the local set lacked and no other copy is
+	// on its way: on a resync batch, each is an event live and catch-up
+	// missed (the deferred ones are not: another copy was just taken).
+	if err := b.fetchIDs(missing, b.countMissed); err != nil {
 		return err
 	}
 	if len(deferred) == 0 {
@@ -227,7 +267,7 @@ func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) error {
 		return err
 	}
 	w.f.m.deferredHeld.Add(float64(asked - len(deferred)))
-	return b.fetchIDs(deferred)
+	return b.fetchIDs(deferred, false)
 }
 
 // deferPublished moves from missing to the map it returns the ids whose
@@ -252,8 +292,8 @@ func (b *batchRun) deferPublished(missing map[string]struct{}) map[string]struct
 }
 
 // fetchIDs fetches the missing ids by id, re-requesting those still missing
-// while the relay makes progress.
-func (b *batchRun) fetchIDs(missing map[string]struct{}) error {
+// while the relay makes progress; count: each one published counts as missed.
+func (b *batchRun) fetchIDs(missing map[string]struct{}, count bool) error {
 	w := b.w
 	for len(missing) > 0 {
 		ids := make([]string, 0, len(missing))
@@ -274,7 +314,7 @@ func (b *batchRun) fetchIDs(missing map[string]struct{}) error {
 				if _, want := missing[evt.ID]; !want {
 					continue
 				}
-				if err := b.emit(evt, nostr.Filters{idf}); err != nil {
+				if err := b.emit(evt, nostr.Filters{idf}, count); err != nil {
 					return err
 				}
 				delete(missing, evt.ID)
@@ -341,11 +381,18 @@ func (b *batchRun) req(f nostr.Filter) error {
 		Cap:           &b.s.relayCap,
 	}
 	st, err := rd.Read(b.s.ctx, f, func(evts []*nostr.Event) error {
+		var lacked map[string]bool
+		if b.countMissed && !b.refetching {
+			var err error
+			if lacked, err = b.lacked(evts); err != nil {
+				return err
+			}
+		}
 		for _, evt := range evts {
 			if !b.s.looseTags.Load() && !matchesIgnoringLimit(nostr.Filters{f}, evt) {
 				b.s.looseTags.Store(true)
 			}
-			if err := b.emit(evt, nostr.Filters{f}); err != nil {
+			if err := b.emit(evt, nostr.Filters{f}, lacked[evt.ID]); err != nil {
 				return err
 			}
 		}
@@ -361,13 +408,47 @@ func (b *batchRun) req(f nostr.Filter) error {
 	return err
 }
 
-// emit publishes one historic event.
-func (b *batchRun) emit(evt *nostr.Event, fs nostr.Filters) error {
-	b.received++
-	if b.refetching {
-		return b.w.publishAs(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic", bus.EventMsgID(evt.ID, evt.Sig)+":refetch:"+b.id)
+// lacked returns the ids of a REQ page's events that a resync batch counts
+// as missed: those the local set lacks whose ids the events stream has not
+// just taken (another copy, live or from another relay, is on its way to
+// the store), as the NIP-77 path decides with dropHeld and deferPublished.
+func (b *batchRun) lacked(evts []*nostr.Event) (map[string]bool, error) {
+	missing := make(map[string]struct{}, len(evts))
+	for _, evt := range evts {
+		missing[evt.ID] = struct{}{}
 	}
-	return b.w.publish(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic")
+	if err := b.dropHeld(missing); err != nil {
+		return nil, err
+	}
+	b.deferPublished(missing)
+	out := make(map[string]bool, len(missing))
+	for id := range missing {
+		out[id] = true
+	}
+	return out, nil
+}
+
+// emit publishes one historic event; missed: count it as missed if it is
+// published.
+func (b *batchRun) emit(evt *nostr.Event, fs nostr.Filters, missed bool) error {
+	b.received++
+	var published bool
+	var err error
+	if b.refetching {
+		published, err = b.w.publishAs(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic", bus.EventMsgID(evt.ID, evt.Sig)+":refetch:"+b.id)
+	} else {
+		published, err = b.w.publish(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic")
+	}
+	if published && missed {
+		if _, dup := b.counted[evt.ID]; !dup {
+			if b.counted == nil {
+				b.counted = map[string]struct{}{}
+			}
+			b.counted[evt.ID] = struct{}{}
+			b.missed++
+		}
+	}
+	return err
 }
 
 // page sends one REQ and returns what the relay sends before EOSE and the

@@ -151,6 +151,11 @@ type Fetcher struct {
 	m       *metrics
 	local   LocalSet
 	authKey string
+
+	// localHoldsStore: local holds the store's ids, not only refusals, so
+	// a NIP-77 catch-up can reconcile its whole filters (batchRun.part).
+	localHoldsStore bool
+
 	// recent is the acknowledged publishes, shared by every relay worker;
 	// recentByID the same by event id alone (batchRun.deferPublished).
 	recent, recentByID *recentIDs
@@ -204,7 +209,19 @@ func (f *Fetcher) WithReplicas(n int) *Fetcher {
 // ids), the local side of NIP-77. Without it the local set is empty and
 // reconciliation costs the relay's full id list.
 func (f *Fetcher) WithLocalSet(ls LocalSet) *Fetcher {
-	f.local = ls
+	f.local, f.localHoldsStore = ls, true
+	return f
+}
+
+// WithRefusalsLocalSet sets a local set that holds only the ids the policy
+// refused, not the store's (a fetcher run without GRASP_STORE_URL). NIP-77
+// still skips refused events, but a catch-up keeps its since on NIP-77
+// relays too: reconciling whole filters against refusals alone would
+// download everything the relay holds for them at every reconnect. Nor are
+// a daily resync's missed events counted: nothing tells which we lacked
+// (docs/sync.md, "Catch-ups and back-dated events").
+func (f *Fetcher) WithRefusalsLocalSet(ls LocalSet) *Fetcher {
+	f.local, f.localHoldsStore = ls, false
 	return f
 }
 

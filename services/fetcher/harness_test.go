@@ -108,13 +108,20 @@ type runningFetcher struct {
 
 // start runs a fetcher on its own NATS connection until the test ends.
 func (e *env) start(cfg fetcher.Config, local fetcher.LocalSet) *runningFetcher {
+	return e.startWith(cfg, func(f *fetcher.Fetcher) {
+		if local != nil {
+			f.WithLocalSet(local)
+		}
+	})
+}
+
+// startWith is start with the fetcher set up by setup before it runs.
+func (e *env) startWith(cfg fetcher.Config, setup func(*fetcher.Fetcher)) *runningFetcher {
 	reg := prometheus.NewRegistry()
 	b := e.connect(cfg.ID)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	f := fetcher.New(cfg, b, e.clock, log, reg)
-	if local != nil {
-		f.WithLocalSet(local)
-	}
+	setup(f)
 	ctx, cancel := context.WithCancel(e.ctx)
 	rf := &runningFetcher{Fetcher: f, reg: reg, bus: b, cancel: cancel, done: make(chan struct{})}
 	go func() {

@@ -217,7 +217,7 @@ func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, su
 			eose = nil
 			g.markLive()
 		case evt := <-sub.Events():
-			if err := w.publish(ctx, pub, evt, g.filters, s.id, "", "live"); err != nil && ctx.Err() == nil {
+			if _, err := w.publish(ctx, pub, evt, g.filters, s.id, "", "live"); err != nil && ctx.Err() == nil {
 				w.log.Warn("live event not published", "session", s.id, "id", evt.ID, "err", err)
 			}
 		case reason := <-sub.Closed():
@@ -238,14 +238,15 @@ func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, su
 // publish checks an event and publishes it for the ingesters: subject
 // grasp.events.<shard>, Nats-Msg-Id = bus.EventMsgID (the same event from
 // many relays is ingested once, a forged copy cannot shadow it), headers naming relay, session, batch and mode.
-// It returns false for an event dropped by the checks.
-func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode string) error {
+// It returns false for an event dropped by the checks or skipped as one the
+// stream holds already.
+func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode string) (bool, error) {
 	return w.publishAs(ctx, pub, evt, fs, session, batch, mode, bus.EventMsgID(evt.ID, evt.Sig))
 }
 
 // publishAs is publish with an explicit Nats-Msg-Id: a refetched event must
 // not be dropped as a duplicate of the copy refused moments ago.
-func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode, msgID string) error {
+func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode, msgID string) (bool, error) {
 	w.f.m.events.WithLabelValues(w.url, mode).Inc()
 	key := recentKeyOf(msgID)
 	if pub.published(key) {
@@ -253,16 +254,16 @@ func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *
 		// relay's copy, moments ago) and would drop it as a duplicate:
 		// skip the checks, the encoding and the publish.
 		w.f.m.skippedPublished.Inc()
-		return nil
+		return false, nil
 	}
 	if reason := CheckEvent(evt, fs); reason != "" {
 		w.f.m.dropped.WithLabelValues(reason).Inc()
 		w.log.Debug("event dropped", "id", evt.ID, "reason", reason, "session", session, "batch", batch)
-		return nil
+		return false, nil
 	}
 	data, err := evt.MarshalJSON()
 	if err != nil {
-		return fmt.Errorf("encode event %s: %w", evt.ID, err)
+		return false, fmt.Errorf("encode event %s: %w", evt.ID, err)
 	}
 	msg := nats.NewMsg(w.f.bus.Names.EventsSubject(w.shard))
 	msg.Data = data
@@ -273,5 +274,8 @@ func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *
 	if batch != "" {
 		msg.Header.Set(bus.HeaderBatch, batch)
 	}
-	return pub.publishKey(ctx, msg, key, recentKeyOf(evt.ID), true)
+	if err := pub.publishKey(ctx, msg, key, recentKeyOf(evt.ID), true); err != nil {
+		return false, err
+	}
+	return true, nil
 }

@@ -340,8 +340,12 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 		return
 	}
 	hist := filters.FromProtos(c.GetHistoricFilters())
+	// since is applied per part (batchRun.part): REQ reads obey it, a
+	// NIP-77 reconciliation covers the whole filter.
+	var since *nostr.Timestamp
 	if c.Since != nil {
-		hist = filters.Since(hist, nostr.Timestamp(c.GetSince()))
+		ts := nostr.Timestamp(c.GetSince())
+		since = &ts
 	}
 	s := w.sess
 	select {
@@ -356,7 +360,8 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	go func() {
 		defer w.tasks.Done()
 		defer func() { <-s.pending }()
-		w.runBatch(s, c.GetBatchId(), hist, filters.FromProtos(c.GetRefetchFilters()))
+		w.runBatch(s, batchSpec{id: c.GetBatchId(), hist: hist, refetch: filters.FromProtos(c.GetRefetchFilters()),
+			since: since, resync: c.GetResync()})
 	}()
 }
 

@@ -101,18 +101,18 @@ func WriteStatus(out io.Writer, s *syncstatus.Snapshot) error {
 	}
 	fmt.Fprintf(out, "leaders %s\n\n", strings.Join(leases, ", "))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RELAY\tSTATUS\tHEALTH\tREPOS\tCONFIRMED\tPENDING\tROOTS OK\tROOTS PENDING\tBATCHES\tINCOMPLETE\tLIVE FILTERS\tLAST CONNECTED\tLAST ERROR")
+	fmt.Fprintln(tw, "RELAY\tSTATUS\tHEALTH\tREPOS\tCONFIRMED\tPENDING\tROOTS OK\tROOTS PENDING\tBATCHES\tINCOMPLETE\tMISSED\tLIVE FILTERS\tLAST CONNECTED\tLAST ERROR")
 	for _, r := range s.Relays {
 		url := r.URL
 		if r.Bootstrap {
 			url += " (bootstrap)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", url, r.Status, dash(r.Health),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", url, r.Status, dash(r.Health),
 			r.ListedRepos, r.ConfirmedRepos, r.PendingRepos, r.ConfirmedRoots, r.PendingRoots, r.PendingBatches,
-			r.IncompleteBatches, r.LiveFilters, ago(r.LastConnected, s.Taken), dash(r.LastError))
+			r.IncompleteBatches, r.ResyncMissed, r.LiveFilters, ago(r.LastConnected, s.Taken), dash(r.LastError))
 	}
 	if len(s.Relays) == 0 {
-		fmt.Fprintln(tw, "(no remote relay tracked yet: is the planner running?)\t\t\t\t\t\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "(no remote relay tracked yet: is the planner running?)\t\t\t\t\t\t\t\t\t\t\t\t\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -122,6 +122,14 @@ func WriteStatus(out io.Writer, s *syncstatus.Snapshot) error {
 	for _, r := range s.Relays {
 		if r.IncompleteBatches > 0 {
 			fmt.Fprintf(out, "\nincomplete %s (%d batches): %s\n", r.URL, r.IncompleteBatches, r.LastIncomplete)
+		}
+	}
+	// MISSED: events only a daily resync found, so each reached us up to a
+	// day late (docs/sync.md, "Counting what the daily resync finds").
+	for _, r := range s.Relays {
+		if r.ResyncMissed > 0 {
+			fmt.Fprintf(out, "\nmissed %s: %d events found only by a daily resync (missed by live and catch-up), the last %s\n",
+				r.URL, r.ResyncMissed, ago(r.LastMissedAt, s.Taken))
 		}
 	}
 	return nil

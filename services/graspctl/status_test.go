@@ -3,6 +3,7 @@ package graspctl_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
@@ -57,5 +58,55 @@ func TestWriteStatusShowsIncompleteBatches(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "incomplete wss://fine.example") {
 		t.Errorf("a relay without incomplete batches is listed as incomplete")
+	}
+}
+
+// graspctl status shows per relay how many events only a daily resync
+// found (MISSED), and when the last one was, below the table.
+func TestWriteStatusShowsResyncMissed(t *testing.T) {
+	taken := time.Unix(1_700_000_000, 0).UTC()
+	snap := &syncstatus.Snapshot{Taken: taken, Relays: []syncstatus.Relay{
+		syncstatus.FromRelayState(&graspv1.RelayState{RelayUrl: "wss://reqonly.example", Status: graspv1.RelayStatus_RELAY_STATUS_CONNECTED,
+			ResyncMissed: 9, LastMissedAt: taken.Add(-2 * time.Hour).Unix()}),
+		syncstatus.FromRelayState(&graspv1.RelayState{RelayUrl: "wss://fine.example", Status: graspv1.RelayStatus_RELAY_STATUS_CONNECTED}),
+	}}
+	var out strings.Builder
+	if err := graspctl.WriteStatus(&out, snap); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(out.String())
+	lines := strings.Split(out.String(), "\n")
+	col := -1
+	for _, l := range lines {
+		if strings.HasPrefix(l, "RELAY") {
+			for i, f := range strings.Fields(strings.NewReplacer("ROOTS OK", "ROOTS_OK", "ROOTS PENDING", "ROOTS_PENDING", "LIVE FILTERS", "LIVE_FILTERS").Replace(l)) {
+				if f == "MISSED" {
+					col = i
+				}
+			}
+		}
+	}
+	if col < 0 {
+		t.Fatal("no MISSED column")
+	}
+	for url, want := range map[string]string{"wss://reqonly.example": "9", "wss://fine.example": "0"} {
+		found := false
+		for _, l := range lines {
+			if f := strings.Fields(l); len(f) > col && f[0] == url {
+				found = true
+				if f[col] != want {
+					t.Errorf("%s MISSED = %s, want %s", url, f[col], want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no row for %s", url)
+		}
+	}
+	if !strings.Contains(out.String(), "missed wss://reqonly.example: 9 events found only by a daily resync (missed by live and catch-up), the last 2h0m0s ago") {
+		t.Error("the relay's misses are not explained below the table")
+	}
+	if strings.Contains(out.String(), "missed wss://fine.example") {
+		t.Error("a relay without misses is listed")
 	}
 }

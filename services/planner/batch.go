@@ -111,11 +111,12 @@ func (m *Machine) hexOrder(roots []RootID) []RootID {
 }
 
 // startBatch sends one AddFilters: live (limit 0) unless the live set was
-// just replaced, plus the historic part tracked as a PendingBatch.
-func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items []BatchItem, since int64, withLive bool) {
+// just replaced, plus the historic part tracked as a PendingBatch. resync
+// marks a daily resync's re-read of what was confirmed (PendingBatch.Resync).
+func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items []BatchItem, since int64, withLive, resync bool) {
 	m.seq++
 	b := &PendingBatch{ID: strconv.FormatUint(m.epoch, 10) + "-" + strconv.FormatUint(m.seq, 10), Session: s.Session, Kind: kind, Items: items, Since: since, Started: now,
-		catchUpGen: s.catchUpGen}
+		Resync: resync, catchUpGen: s.catchUpGen}
 	var fs []nostr.Filter
 	refs, idents, roots := m.itemValues(items)
 	hexes := m.hexes(m.hexOrder(roots))
@@ -135,7 +136,7 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 	default:
 		fs = filters.Items(refs, idents, hexes)
 	}
-	add := &graspv1.AddFilters{BatchId: b.ID, HistoricFilters: filters.ToProtos(fs), Layer1: kind == BatchLayer1}
+	add := &graspv1.AddFilters{BatchId: b.ID, HistoricFilters: filters.ToProtos(fs), Layer1: kind == BatchLayer1, Resync: resync}
 	if kind == BatchItems {
 		add.RefetchFilters = filters.ToProtos(m.refetchFilters(items))
 	}
@@ -193,7 +194,7 @@ func (m *Machine) startCatchUp(now time.Time, s *RelayState, items []BatchItem, 
 		parts = [][]BatchItem{nil} // layer 1 alone
 	}
 	for _, p := range parts {
-		m.startBatch(now, s, BatchCatchUp, p, since, withLive)
+		m.startBatch(now, s, BatchCatchUp, p, since, withLive, false)
 	}
 }
 

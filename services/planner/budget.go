@@ -20,10 +20,18 @@ import (
 // anyway, and building ~1 MB of filters per relay would make the discovery
 // batch's recompute pay for relays it barely touched.
 func (m *Machine) emitItems(now time.Time, s *RelayState, items []BatchItem) {
+	m.emitItemBatches(now, s, items, nil, items)
+}
+
+// emitItemBatches is emitItems with items divided in two: redo, a daily
+// resync's re-read of what was confirmed, go in batches of their own marked
+// Resync, then the rest.
+func (m *Machine) emitItemBatches(now time.Time, s *RelayState, items, redo, rest []BatchItem) {
 	if len(items) == 0 {
 		return
 	}
-	batches := m.split(items)
+	redoBatches := m.split(redo)
+	batches := append(redoBatches, m.split(rest)...)
 	n := 0
 	for _, b := range batches {
 		n += m.countItems(b)
@@ -49,8 +57,8 @@ func (m *Machine) emitItems(now time.Time, s *RelayState, items []BatchItem) {
 			}
 		}
 	}
-	for _, b := range batches {
-		m.startBatch(now, s, BatchItems, b, 0, withLive)
+	for i, b := range batches {
+		m.startBatch(now, s, BatchItems, b, 0, withLive, i < len(redoBatches))
 	}
 }
 

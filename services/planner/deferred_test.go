@@ -140,10 +140,12 @@ func TestDeferredConsolidationNotNeededAfterRemoval(t *testing.T) {
 	h.done(relayA, "s1", "1-5")
 	h.repo("r1", []string{relayB}, "x", "y", "z")
 	expect(t, "A no longer listed", h.recompute(), "drop wss://a.example")
+	// z was still pending on B: its batch is a first read, not a resync.
 	expect(t, "B's daily resync replaces its live set", h.advance(24*time.Hour),
-		"add wss://b.example s2 1-7 L1 hist=[k30617,10317]",
+		"add wss://b.example s2 1-7 L1 resync hist=[k30617,10317]",
 		"replace wss://b.example s2 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,z,yL0 #E=x,z,yL0 #q=x,z,yL0]",
-		"add wss://b.example s2 1-8 repos=r1 roots=x,z,y hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,z,y #E=x,z,y #q=x,z,y]")
+		"add wss://b.example s2 1-8 resync repos=r1 roots=x,y hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]",
+		"add wss://b.example s2 1-9 roots=z hist=[#e=z #E=z #q=z]")
 	expect(t, "nothing left to consolidate", h.advance(time.Second))
 	if h.m.DeferredConsolidations() != 0 {
 		t.Fatalf("%d queued", h.m.DeferredConsolidations())

@@ -171,6 +171,9 @@ func (h *harness) render(c *graspv1.FetchCommand) string {
 		if a.GetLayer1() {
 			b.WriteString(" L1")
 		}
+		if a.GetResync() {
+			b.WriteString(" resync")
+		}
 		if len(a.GetRepoRefs()) > 0 {
 			b.WriteString(" repos=" + h.names(a.GetRepoRefs()))
 		}

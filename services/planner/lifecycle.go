@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"maps"
 	"slices"
 	"time"
 	"unicode/utf8"
@@ -207,7 +208,7 @@ func (m *Machine) onConnected(now time.Time, s *RelayState, session string) {
 	// covers what the outage missed. The base live filter opens with
 	// whichever comes first.
 	if !s.AnnouncementsSynced {
-		m.startBatch(now, s, BatchLayer1, nil, 0, !s.liveStale)
+		m.startBatch(now, s, BatchLayer1, nil, 0, !s.liveStale, false)
 	}
 	if items := m.liveItems(s, nil); since != 0 && (s.AnnouncementsSynced || len(items) > 0) {
 		s.CatchUpSince = since
@@ -222,9 +223,12 @@ func (m *Machine) onConnected(now time.Time, s *RelayState, session string) {
 
 // dailyResync is a fresh start on the running session: confirmed state is
 // cleared and everything is fetched again; the live subscriptions are
-// replaced with one consolidated set. Not counted as a disconnect.
+// replaced with one consolidated set. Not counted as a disconnect. The
+// batches re-reading what was confirmed are marked Resync: what they find
+// that we lacked, live subscriptions and catch-ups missed.
 func (m *Machine) dailyResync(now time.Time, s *RelayState) {
 	m.obs.Reconnected(s.URL, KindDaily)
+	was, announced := maps.Clone(s.Pairs), s.AnnouncementsSynced
 	m.clearPending(s)
 	m.clearConfirmed(s)
 	s.Status = graspv1.RelayStatus_RELAY_STATUS_SYNCING
@@ -233,9 +237,32 @@ func (m *Machine) dailyResync(now time.Time, s *RelayState) {
 	s.NextResync = now.Add(m.resyncInterval())
 	s.liveStale = true
 	m.dirty[s.ID] = true
-	m.startBatch(now, s, BatchLayer1, nil, 0, false)
-	m.emitItems(now, s, MissingItems(m.idx, s))
+	m.startBatch(now, s, BatchLayer1, nil, 0, false, announced)
+	items := MissingItems(m.idx, s)
+	redo, rest := splitConfirmed(items, was)
+	m.emitItemBatches(now, s, items, redo, rest)
 	m.finish(now, s)
+}
+
+// splitConfirmed divides items into the part confirmed in was (a relay's
+// pairs before a resync cleared them) and the rest.
+func splitConfirmed(items []BatchItem, was map[RepoID]*PairState) (redo, rest []BatchItem) {
+	for _, it := range items {
+		p := was[it.Repo]
+		if p == nil {
+			rest = append(rest, it)
+			continue
+		}
+		r := BatchItem{Repo: it.Repo, NeedRepo: it.NeedRepo && p.RepoConfirmed, Roots: intersect(it.Roots, p.Confirmed)}
+		n := BatchItem{Repo: it.Repo, NeedRepo: it.NeedRepo && !p.RepoConfirmed, Roots: minus(it.Roots, p.Confirmed)}
+		if r.NeedRepo || len(r.Roots) > 0 {
+			redo = append(redo, r)
+		}
+		if n.NeedRepo || len(n.Roots) > 0 {
+			rest = append(rest, n)
+		}
+	}
+	return redo, rest
 }
 
 func (m *Machine) resyncInterval() time.Duration {
@@ -261,6 +288,13 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 	}
 	m.obs.BatchFinished(s.URL, b.Kind, ok, now.Sub(b.Started))
 	m.dirty[s.ID] = true
+	if b.Resync && done.GetMissed() > 0 {
+		// Whatever the outcome: what it published is stored, and a retry
+		// would find it held.
+		s.ResyncMissed += done.GetMissed()
+		s.LastMissedAt = now
+		m.obs.ResyncMissed(s.URL, done.GetMissed())
+	}
 	switch {
 	case !ok:
 		s.Failures++

@@ -117,9 +117,9 @@ func TestDailyResync(t *testing.T) {
 	// jitter 0.5: 23 h + 0.5 × 2 h = 24 h after the connect.
 	expect(t, "before", h.advance(24*time.Hour-time.Minute))
 	expect(t, "daily resync on the running session", h.advance(time.Minute),
-		"add wss://a.example s1 1-3 L1 hist=[k30617,10317]",
+		"add wss://a.example s1 1-3 L1 resync hist=[k30617,10317]",
 		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,yL0 #E=x,yL0 #q=x,yL0]",
-		"add wss://a.example s1 1-4 repos=r1 roots=x,y hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
+		"add wss://a.example s1 1-4 resync repos=r1 roots=x,y hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]")
 	if h.status(relayA) != "SYNCING" || h.confirmed(relayA) != "" {
 		t.Fatalf("status %s confirmed %q", h.status(relayA), h.confirmed(relayA))
 	}
@@ -131,6 +131,44 @@ func TestDailyResync(t *testing.T) {
 	}
 	if next := h.relay(relayA).NextResync.Sub(h.now); next < 23*time.Hour-2*time.Minute || next > 25*time.Hour {
 		t.Fatalf("next resync in %s", next)
+	}
+}
+
+// The daily resync re-reads what the relay had confirmed in batches marked
+// resync, apart from items that were not confirmed yet (their history is
+// read for the first time, so what it brings was not missed); the events a
+// resync batch reports missed add up in the relay's record, persisted and
+// restored, whatever the batch's outcome, and nothing else counts.
+func TestDailyResyncCountsMissedEvents(t *testing.T) {
+	h := synced(t, testRules())
+	h.advance(24*time.Hour - 2*time.Minute)
+	h.repo("r1", []string{relayA}, "x", "y", "z")
+	h.repo("r2", []string{relayA}, "w")
+	expect(t, "new items just before the resync", h.recompute(),
+		"add wss://a.example s1 1-3 repos=r2 roots=w,z live=[#a=r2L0 #A=r2L0 #q=r2L0 k30618#d=r2L0 #e=w,zL0 #E=w,zL0 #q=w,zL0] hist=[#a=r2 #A=r2 #q=r2 k30618#d=r2 #e=w,z #E=w,z #q=w,z]")
+	expect(t, "daily resync", h.advance(2*time.Minute),
+		"add wss://a.example s1 1-4 L1 resync hist=[k30617,10317]",
+		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1,r2L0 #A=r1,r2L0 #q=r1,r2L0 k30618#d=r1,r2L0 #e=x,w,z,yL0 #E=x,w,z,yL0 #q=x,w,z,yL0]",
+		"add wss://a.example s1 1-5 resync repos=r1 roots=x,y hist=[#a=r1 #A=r1 #q=r1 k30618#d=r1 #e=x,y #E=x,y #q=x,y]",
+		"add wss://a.example s1 1-6 repos=r2 roots=w,z hist=[#a=r2 #A=r2 #q=r2 k30618#d=r2 #e=w,z #E=w,z #q=w,z]")
+	missed := func(n uint64) *uint64 { return &n }
+	h.report(relayA, "s1", &graspv1.BatchDone{BatchId: "1-4", Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_OK, Missed: missed(1)})
+	h.now = h.now.Add(time.Second)
+	h.report(relayA, "s1", &graspv1.BatchDone{BatchId: "1-5", Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_FAILED, Error: "boom", Missed: missed(2)})
+	// Not a resync batch: what it finds is a first read, never a miss.
+	h.report(relayA, "s1", &graspv1.BatchDone{BatchId: "1-6", Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_OK, Missed: missed(7)})
+	s := h.relay(relayA)
+	if s.ResyncMissed != 3 || !s.LastMissedAt.Equal(h.now) {
+		t.Fatalf("resync missed %d at %v, want 3 at %v", s.ResyncMissed, s.LastMissedAt, h.now)
+	}
+	st := h.m.Snapshot(s, h.now)
+	if st.GetResyncMissed() != 3 || st.GetLastMissedAt() != h.now.Unix() {
+		t.Fatalf("persisted %d at %d", st.GetResyncMissed(), st.GetLastMissedAt())
+	}
+	m2 := NewMachine(testRules(), h.m.Index(), 2, func() float64 { return 0.5 }, nil)
+	m2.Restore([]*graspv1.RelayState{st})
+	if got := m2.Relays()[s.ID]; got.ResyncMissed != 3 || !got.LastMissedAt.Equal(h.now) {
+		t.Fatalf("restored %d at %v", got.ResyncMissed, got.LastMissedAt)
 	}
 }
 

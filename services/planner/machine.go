@@ -298,7 +298,7 @@ func (m *Machine) finish(now time.Time, s *RelayState) {
 	}
 	if !now.Before(s.HoldUntil) {
 		if !s.AnnouncementsSynced && !s.hasBatch(BatchLayer1) {
-			m.startBatch(now, s, BatchLayer1, nil, 0, false)
+			m.startBatch(now, s, BatchLayer1, nil, 0, false, false)
 		}
 		if s.CatchUpSince != 0 && !s.hasBatch(BatchCatchUp) {
 			// Confirmed and pending items: a pending item's live

@@ -20,6 +20,7 @@ type Metrics struct {
 	consolidation prometheus.Counter
 	deferred      prometheus.Gauge
 	reconnects    *prometheus.CounterVec
+	resyncMissed  prometheus.Counter
 	relays        *prometheus.GaugeVec
 	recompute     prometheus.Histogram
 	indexUpdates  prometheus.Counter
@@ -63,6 +64,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grasp_planner_reconnects_total", Help: "Relay sessions started, by kind: fresh, quick, long, daily, resume.",
 		}, []string{"kind"}),
+		resyncMissed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "grasp_planner_resync_missed_events_total",
+			Help: "Events daily resyncs found that live subscriptions and catch-ups had missed (each waited for the resync); per relay in graspctl status.",
+		}),
 		relays: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "grasp_planner_relays", Help: "Relays tracked, connected and dead.",
 		}, []string{"state"}),
@@ -82,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.commands, m.status, m.repos, m.roots, m.batches, m.incomplete, m.batchDuration,
-			m.consolidation, m.deferred, m.reconnects, m.relays, m.recompute, m.indexUpdates, m.leader, m.epoch)
+			m.consolidation, m.deferred, m.reconnects, m.resyncMissed, m.relays, m.recompute, m.indexUpdates, m.leader, m.epoch)
 	}
 	return m
 }
@@ -119,6 +124,9 @@ func (m *Metrics) Consolidated(string) { m.consolidation.Inc() }
 func (m *Metrics) Reconnected(_ string, kind ReconnectKind) {
 	m.reconnects.WithLabelValues(string(kind)).Inc()
 }
+
+// ResyncMissed implements Observer.
+func (m *Metrics) ResyncMissed(_ string, n uint64) { m.resyncMissed.Add(float64(n)) }
 
 // relayChanged updates the per-relay gauges of one relay.
 func (m *Metrics) relayChanged(s *RelayState) {

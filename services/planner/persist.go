@@ -43,6 +43,8 @@ func (m *Machine) Snapshot(s *RelayState, now time.Time) *graspv1.RelayState {
 		HistoricFailures:    uint32(s.Failures),
 		IncompleteBatches:   uint32(s.Incomplete),
 		LastIncomplete:      s.LastIncomplete,
+		ResyncMissed:        s.ResyncMissed,
+		LastMissedAt:        unixOrZero(s.LastMissedAt),
 		PendingBatches:      uint32(len(s.Batches)),
 		PendingRepos:        uint32(pendRepos),
 		PendingRoots:        uint32(pendRoots),
@@ -110,6 +112,7 @@ func (m *Machine) Restore(states []*graspv1.RelayState) (mismatched int) {
 		s.NextResync = timeOrZero(st.GetNextResync())
 		s.Failures = int(st.GetHistoricFailures())
 		s.Incomplete, s.LastIncomplete = int(st.GetIncompleteBatches()), st.GetLastIncomplete()
+		s.ResyncMissed, s.LastMissedAt = st.GetResyncMissed(), timeOrZero(st.GetLastMissedAt())
 		s.restored = true
 		s.resumeSession = st.GetSessionId()
 		// The moment the live stream was (or may have been) lost: when the

@@ -69,6 +69,11 @@ type PendingBatch struct {
 	Items   []BatchItem
 	Since   int64
 	Started time.Time
+	// Resync: a daily resync's re-read of what the relay had confirmed
+	// before it; the events it finds that we lacked were missed by live
+	// subscriptions and catch-ups (docs/sync.md, "Counting what the daily
+	// resync finds").
+	Resync bool
 	// catchUpGen is the relay's catch-up generation a catch-up was issued
 	// for; only that generation's completion ends the catch-up.
 	catchUpGen int
@@ -113,6 +118,12 @@ type RelayState struct {
 	// the last one's report.
 	Incomplete     int
 	LastIncomplete string
+
+	// ResyncMissed counts the events daily resyncs found on the relay that
+	// live subscriptions and catch-ups had missed; LastMissedAt is when
+	// one last did. Kept across sessions and resyncs.
+	ResyncMissed uint64
+	LastMissedAt time.Time
 
 	// restored: loaded from grasp_relay_state by a new planner; the first
 	// Connected decides between resume (same session) and reconnect.

@@ -31,6 +31,10 @@ type simRelay struct {
 	// closedLive: the relay closed a live subscription during this
 	// session; live coverage is then restored by a catch-up, not checked.
 	closedLive bool
+	// neg: the relay reconciles with NIP-77, so the fetcher reads a
+	// catch-up's items whole and since bounds nothing (docs/sync.md,
+	// "Catch-ups and back-dated events"); without it since bounds the read.
+	neg bool
 }
 
 type simReopen struct {
@@ -59,6 +63,8 @@ type simEvent struct {
 	item      string
 	createdAt int64
 	delivered bool
+	// backdated: published with a created_at an hour or more in the past.
+	backdated bool
 }
 
 // sim is a model world: the planner's Machine, a fetcher that executes its
@@ -134,7 +140,8 @@ func newSim(t *testing.T, seed uint64) *sim {
 func (s *sim) relay(url string) *simRelay {
 	r := s.relays[url]
 	if r == nil {
-		r = &simRelay{url: url, batches: map[string]simBatch{}}
+		// Half the relays reconcile with NIP-77.
+		r = &simRelay{url: url, batches: map[string]simBatch{}, neg: slices.Index(s.relayURL, url)%2 == 0}
 		s.relays[url] = r
 	}
 	return r
@@ -295,20 +302,26 @@ func (s *sim) finishBatch(r *simRelay, id string, ok bool) {
 }
 
 // deliverHistory delivers a batch's history: the relay's events for its
-// items created at or after its since, up to now.
+// items created at or after its since (whatever their created_at on a
+// NIP-77 relay), up to now.
 func (s *sim) deliverHistory(r *simRelay, b simBatch) {
 	for i := range r.events {
 		e := &r.events[i]
-		if slices.Contains(b.items, e.item) && e.createdAt >= b.since {
+		if slices.Contains(b.items, e.item) && (r.neg || e.createdAt >= b.since) {
 			e.delivered = true
 		}
 	}
 }
 
-// publish creates an event on a relay; an open live subscription of the
-// current session covering its item delivers it at once.
-func (s *sim) publish(r *simRelay, item string) {
+// publish creates an event on a relay, back-dated by an hour or more when
+// asked (history republished by another syncer); an open live
+// subscription of the current session covering its item delivers it at
+// once, whatever its created_at.
+func (s *sim) publish(r *simRelay, item string, backdated bool) {
 	e := simEvent{item: item, createdAt: s.now.Unix()}
+	if backdated {
+		e.createdAt, e.backdated = s.now.Add(-time.Hour).Unix()-s.rng.Int64N(3600), true
+	}
 	defer func() {
 		s.logf("event %s %s delivered=%v live=%d", r.url, item, r.events[len(r.events)-1].delivered, len(r.live))
 	}()
@@ -465,15 +478,8 @@ func (s *sim) step() {
 		}
 	case op < 90: // events appear on the relays
 		if r := pick(); r != nil {
-			items := []string{"L1"}
-			for _, needs := range s.index {
-				items = append(items, "repo:"+needs.GetRepoRef())
-				for _, root := range needs.GetRootEventIds() {
-					items = append(items, "root:"+root)
-				}
-			}
-			slices.Sort(items)
-			s.publish(r, items[s.rng.IntN(len(items))])
+			items := s.items()
+			s.publish(r, items[s.rng.IntN(len(items))], s.rng.IntN(4) == 0)
 		}
 	case op < 92: // the relay closes a live subscription
 		if r := pick(); r != nil && r.session != "" && len(r.live) > 0 {
@@ -505,6 +511,47 @@ func (s *sim) step() {
 	s.checkNoPendingWhileDisconnected()
 	s.checkLiveCovers()
 	s.checkLiveEqualsPlanned()
+}
+
+// items are the sync items of the whole index, sorted.
+func (s *sim) items() []string {
+	items := []string{"L1"}
+	for _, needs := range s.index {
+		items = append(items, "repo:"+needs.GetRepoRef())
+		for _, root := range needs.GetRootEventIds() {
+			items = append(items, "root:"+root)
+		}
+	}
+	slices.Sort(items)
+	return items
+}
+
+// backdatedGap has every connected relay close all its live subscriptions
+// (reopened by the fetcher 30 s later) and publishes on it, meanwhile, a
+// back-dated event for every item: the catch-ups that follow must bring
+// those of NIP-77 relays (checkDelivered). A closed subscription rather
+// than a lost connection, whose catch-up is the same: a quick reconnect's
+// catch-up opens its live filters part by part, which can exceed the live
+// budget a consolidated set fits, and checkLive would stop there.
+func (s *sim) backdatedGap() {
+	for _, r := range s.sortedRelays() {
+		if r.session == "" || len(r.live) == 0 {
+			continue
+		}
+		at := s.now.Add(30 * time.Second)
+		for _, sub := range r.live {
+			r.reopen = append(r.reopen, simReopen{at: at, session: r.session, sub: sub})
+			s.reports = append(s.reports, &graspv1.FetchReport{RelayUrl: r.url, SessionId: r.session, At: s.now.UnixMilli(),
+				Report: &graspv1.FetchReport_SubscriptionClosed{SubscriptionClosed: &graspv1.SubscriptionClosed{
+					Live: true, Reason: "closed by relay", RetryAt: at.UnixMilli()}}})
+		}
+		r.live, r.closedLive = nil, true
+		for _, item := range s.items() {
+			s.publish(r, item, true)
+		}
+	}
+	s.deliverReports()
+	s.advance(time.Minute)
 }
 
 // quiesce lets everything finish without failures or disconnects.

@@ -57,6 +57,12 @@ func TestPropertyRandomInterleavings(t *testing.T) {
 		}
 		s.quiesce()
 		s.checkQuiescent()
+		// Then every relay loses its session while back-dated events are
+		// published on it: after the quick reconnects, those of NIP-77
+		// relays must have arrived with the catch-ups.
+		s.backdatedGap()
+		s.quiesce()
+		s.checkDelivered()
 		deferred += s.deferred
 		drained += s.drained
 	}
@@ -233,8 +239,18 @@ func (s *sim) checkQuiescent() {
 		if budget := s.m.LiveBudget(st); liveCount[url] > budget {
 			s.fail("relay %s has %d live filters open at quiescence, budget %d", url, liveCount[url], budget)
 		}
-		// No event lost: every event on the relay for an item it is now
-		// synced for has been delivered, live or from history.
+	}
+	s.checkDelivered()
+}
+
+// checkDelivered checks at quiescence that no event is lost: every event
+// on a target relay for an item it is now synced for has been delivered,
+// live or from history.
+func (s *sim) checkDelivered() {
+	idx := s.m.Index()
+	for _, id := range idx.TargetRelays() {
+		url := idx.RelayURL(id)
+		targets := idx.TargetRepos(id)
 		r := s.relays[url]
 		want := map[string]bool{"L1": true}
 		for repo := range targets {
@@ -244,7 +260,10 @@ func (s *sim) checkQuiescent() {
 			}
 		}
 		for _, e := range r.events {
-			if want[e.item] && !e.delivered {
+			// A back-dated event published in a gap of a relay without
+			// NIP-77 is beyond its catch-up's since: the daily resync
+			// brings it (docs/sync.md, "Catch-ups and back-dated events").
+			if want[e.item] && !e.delivered && (r.neg || !e.backdated) {
 				s.fail("relay %s: event for %s created at %d never delivered", url, e.item, e.createdAt-t0.Unix())
 			}
 		}

@@ -93,6 +93,9 @@ type Observer interface {
 	BatchIncomplete(relay string, kind BatchKind)
 	Consolidated(relay string)
 	Reconnected(relay string, kind ReconnectKind)
+	// ResyncMissed is n events a daily resync found on the relay that live
+	// subscriptions and catch-ups had missed.
+	ResyncMissed(relay string, n uint64)
 }
 
 type nopObserver struct{}
@@ -103,6 +106,7 @@ func (nopObserver) BatchAbandoned(string, BatchKind)                     {}
 func (nopObserver) BatchIncomplete(string, BatchKind)                    {}
 func (nopObserver) Consolidated(string)                                  {}
 func (nopObserver) Reconnected(string, ReconnectKind)                    {}
+func (nopObserver) ResyncMissed(string, uint64)                          {}
 
 // failureHold is the wait after the nth failed batch since the relay was
 // last fully synced: FailureRetry, doubled for each failure before, at

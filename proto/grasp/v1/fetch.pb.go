@@ -236,7 +236,13 @@ type AddFilters struct {
 	// historic_filters are fetched until exhausted (negentropy or REQ+EOSE
 	// with until pagination); the batch is done when all of them are.
 	HistoricFilters []*Filter `protobuf:"bytes,5,rep,name=historic_filters,json=historicFilters,proto3" json:"historic_filters,omitempty"`
-	// since, when set, bounds the historic part (quick reconnect).
+	// since, when set, is a catch-up's bound (quick reconnect, resume, a live
+	// subscription the relay closed): a part the fetcher reads with REQ asks
+	// only for events created since then. A part it reconciles with NIP-77
+	// ignores it when its local set holds the store: reconciliation costs
+	// bytes in proportion to the differences whatever the history's age, and
+	// it finds events published during the gap with an older created_at,
+	// which since cannot (docs/sync.md, "Catch-ups and back-dated events").
 	Since *int64 `protobuf:"varint,6,opt,name=since,proto3,oneof" json:"since,omitempty"`
 	// layer1 marks the per-connection layer-1 batch.
 	Layer1 bool `protobuf:"varint,7,opt,name=layer1,proto3" json:"layer1,omitempty"`
@@ -252,7 +258,13 @@ type AddFilters struct {
 	// (the planner uses the batch id, or its own sequence for live-only
 	// commands). Several commands may open parts of one named set. Empty:
 	// unnamed, closed only by ReplaceLive and DropRelay.
-	LiveId        string `protobuf:"bytes,9,opt,name=live_id,json=liveId,proto3" json:"live_id,omitempty"`
+	LiveId string `protobuf:"bytes,9,opt,name=live_id,json=liveId,proto3" json:"live_id,omitempty"`
+	// resync marks a daily-resync batch over what the relay had confirmed
+	// before the resync (layer 1, repositories, roots): every event it finds
+	// that we lacked is one live subscriptions and catch-ups missed. The
+	// fetcher counts them in BatchDone.missed (docs/sync.md, "Counting what
+	// the daily resync finds").
+	Resync        bool `protobuf:"varint,10,opt,name=resync,proto3" json:"resync,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -348,6 +360,13 @@ func (x *AddFilters) GetLiveId() string {
 		return x.LiveId
 	}
 	return ""
+}
+
+func (x *AddFilters) GetResync() bool {
+	if x != nil {
+		return x.Resync
+	}
+	return false
 }
 
 // ReplaceLive closes every live subscription on the relay, named or not, and
@@ -532,7 +551,7 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\n" +
 	"close_live\x18\x0e \x01(\v2\x13.grasp.v1.CloseLiveH\x00R\tcloseLiveB\t\n" +
 	"\acommand\"\x11\n" +
-	"\x0fEnsureConnected\"\xed\x02\n" +
+	"\x0fEnsureConnected\"\x85\x03\n" +
 	"\n" +
 	"AddFilters\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x12\x1b\n" +
@@ -543,7 +562,9 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\x05since\x18\x06 \x01(\x03H\x00R\x05since\x88\x01\x01\x12\x16\n" +
 	"\x06layer1\x18\a \x01(\bR\x06layer1\x129\n" +
 	"\x0frefetch_filters\x18\b \x03(\v2\x10.grasp.v1.FilterR\x0erefetchFilters\x12\x17\n" +
-	"\alive_id\x18\t \x01(\tR\x06liveIdB\b\n" +
+	"\alive_id\x18\t \x01(\tR\x06liveId\x12\x16\n" +
+	"\x06resync\x18\n" +
+	" \x01(\bR\x06resyncB\b\n" +
 	"\x06_since\"[\n" +
 	"\vReplaceLive\x123\n" +
 	"\flive_filters\x18\x01 \x03(\v2\x10.grasp.v1.FilterR\vliveFilters\x12\x17\n" +

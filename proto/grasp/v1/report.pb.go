@@ -511,8 +511,14 @@ type BatchDone struct {
 	// incomplete_slices counts the one-second slices that could not be read
 	// completely (outcome INCOMPLETE); error names the first few.
 	IncompleteSlices uint32 `protobuf:"varint,9,opt,name=incomplete_slices,json=incompleteSlices,proto3" json:"incomplete_slices,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// missed, set for a batch of AddFilters.resync, counts the events it
+	// published that the local set (stored and remembered refusals) lacked
+	// and whose ids the events stream had not just taken from another copy:
+	// events live subscriptions and catch-ups missed. Unset when the fetcher
+	// cannot tell (its local set holds refusals only).
+	Missed        *uint64 `protobuf:"varint,10,opt,name=missed,proto3,oneof" json:"missed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchDone) Reset() {
@@ -604,6 +610,13 @@ func (x *BatchDone) GetPages() uint32 {
 func (x *BatchDone) GetIncompleteSlices() uint32 {
 	if x != nil {
 		return x.IncompleteSlices
+	}
+	return 0
+}
+
+func (x *BatchDone) GetMissed() uint64 {
+	if x != nil && x.Missed != nil {
+		return *x.Missed
 	}
 	return 0
 }
@@ -925,7 +938,7 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\x13previous_fetcher_id\x18\x03 \x01(\tR\x11previousFetcherId\"K\n" +
 	"\fDisconnected\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12#\n" +
-	"\rfailure_class\x18\x02 \x01(\tR\ffailureClass\"\xd8\x02\n" +
+	"\rfailure_class\x18\x02 \x01(\tR\ffailureClass\"\x80\x03\n" +
 	"\tBatchDone\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x120\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x16.grasp.v1.BatchOutcomeR\aoutcome\x12,\n" +
@@ -935,7 +948,10 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12'\n" +
 	"\x0ffallback_reason\x18\a \x01(\tR\x0efallbackReason\x12\x14\n" +
 	"\x05pages\x18\b \x01(\rR\x05pages\x12+\n" +
-	"\x11incomplete_slices\x18\t \x01(\rR\x10incompleteSlices\"=\n" +
+	"\x11incomplete_slices\x18\t \x01(\rR\x10incompleteSlices\x12\x1b\n" +
+	"\x06missed\x18\n" +
+	" \x01(\x04H\x00R\x06missed\x88\x01\x01B\t\n" +
+	"\a_missed\"=\n" +
 	"\vRateLimited\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x14\n" +
 	"\x05until\x18\x02 \x01(\x03R\x05until\"\xcf\x01\n" +
@@ -1033,6 +1049,7 @@ func file_grasp_v1_report_proto_init() {
 		(*FetchReport_Health)(nil),
 		(*FetchReport_SubscriptionClosed)(nil),
 	}
+	file_grasp_v1_report_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

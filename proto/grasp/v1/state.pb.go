@@ -138,8 +138,16 @@ type RelayState struct {
 	// read.
 	IncompleteBatches uint32 `protobuf:"varint,22,opt,name=incomplete_batches,json=incompleteBatches,proto3" json:"incomplete_batches,omitempty"`
 	LastIncomplete    string `protobuf:"bytes,23,opt,name=last_incomplete,json=lastIncomplete,proto3" json:"last_incomplete,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// resync_missed counts the events the daily resyncs of this relay found
+	// that live subscriptions and catch-ups had missed (BatchDone.missed),
+	// since the planner first tracked the relay; last_missed_at is when a
+	// resync last found one (unix seconds, 0 never). They say how often an
+	// event waited for the daily resync (docs/sync.md, "Counting what the
+	// daily resync finds").
+	ResyncMissed  uint64 `protobuf:"varint,24,opt,name=resync_missed,json=resyncMissed,proto3" json:"resync_missed,omitempty"`
+	LastMissedAt  int64  `protobuf:"varint,25,opt,name=last_missed_at,json=lastMissedAt,proto3" json:"last_missed_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RelayState) Reset() {
@@ -333,6 +341,20 @@ func (x *RelayState) GetLastIncomplete() string {
 	return ""
 }
 
+func (x *RelayState) GetResyncMissed() uint64 {
+	if x != nil {
+		return x.ResyncMissed
+	}
+	return 0
+}
+
+func (x *RelayState) GetLastMissedAt() int64 {
+	if x != nil {
+		return x.LastMissedAt
+	}
+	return 0
+}
+
 // ConfirmedRepo is the confirmed state of one repository on one relay, in a
 // form small enough for 25 M relay x root pairs.
 type ConfirmedRepo struct {
@@ -484,7 +506,7 @@ var File_grasp_v1_state_proto protoreflect.FileDescriptor
 
 const file_grasp_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x14grasp/v1/state.proto\x12\bgrasp.v1\"\x9e\a\n" +
+	"\x14grasp/v1/state.proto\x12\bgrasp.v1\"\xe9\a\n" +
 	"\n" +
 	"RelayState\x12\x1b\n" +
 	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x12-\n" +
@@ -513,7 +535,9 @@ const file_grasp_v1_state_proto_rawDesc = "" +
 	"updated_at\x18\x14 \x01(\x03R\tupdatedAt\x12\x14\n" +
 	"\x05epoch\x18\x15 \x01(\x04R\x05epoch\x12-\n" +
 	"\x12incomplete_batches\x18\x16 \x01(\rR\x11incompleteBatches\x12'\n" +
-	"\x0flast_incomplete\x18\x17 \x01(\tR\x0elastIncomplete\"\xd5\x01\n" +
+	"\x0flast_incomplete\x18\x17 \x01(\tR\x0elastIncomplete\x12#\n" +
+	"\rresync_missed\x18\x18 \x01(\x04R\fresyncMissed\x12$\n" +
+	"\x0elast_missed_at\x18\x19 \x01(\x03R\flastMissedAt\"\xd5\x01\n" +
 	"\rConfirmedRepo\x12\x19\n" +
 	"\brepo_ref\x18\x01 \x01(\tR\arepoRef\x12%\n" +
 	"\x0erepo_confirmed\x18\x02 \x01(\bR\rrepoConfirmed\x12\x1b\n" +

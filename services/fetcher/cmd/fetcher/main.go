@@ -18,7 +18,8 @@ type config struct {
 	fetcher.Config
 	// StoreURL is the shared event store (PostgreSQL) read for the local set
 	// of NIP-77 reconciliation; empty: the local set is only what the policy
-	// refused, so NIP-77 saves little.
+	// refused, so NIP-77 saves little, catch-ups keep their since on NIP-77
+	// relays and the daily resync's misses are not counted.
 	StoreURL string `envconfig:"STORE_URL"`
 }
 
@@ -41,9 +42,13 @@ func main() {
 		}
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return refused.Run(ctx, kv) })
-		g.Go(func() error {
-			return fetcher.New(c.Config, env.Bus, clock.Real{}, env.Log, env.Registry).WithLocalSet(local).WithReplicas(env.Options.Replicas).Run(ctx)
-		})
+		f := fetcher.New(c.Config, env.Bus, clock.Real{}, env.Log, env.Registry).WithReplicas(env.Options.Replicas)
+		if c.StoreURL != "" {
+			f.WithLocalSet(local)
+		} else {
+			f.WithRefusalsLocalSet(local)
+		}
+		g.Go(func() error { return f.Run(ctx) })
 		return g.Wait()
 	})
 }
