@@ -37,6 +37,8 @@ type relayWorker struct {
 	// cooldown outlives sessions: a relay that asked us to slow down is
 	// not hammered again by a reconnect.
 	cooldown *Cooldown
+	// nip77 is what the relay answered to NEG-OPEN, across sessions.
+	nip77 nip77Support
 	// previous is the session another replica held before this one took
 	// the shard over (reported once with the first Connected).
 	previous *graspv1.FetcherRelay
