@@ -296,7 +296,7 @@ func (b *batchRun) fetchIDs(missing map[string]struct{}) error {
 				if _, want := missing[evt.ID]; !want {
 					continue
 				}
-				if err := b.emit(evt, nostr.Filters{idf}); err != nil {
+				if err := b.emit(evt, reqFilters{idf}); err != nil {
 					return err
 				}
 				delete(missing, evt.ID)
@@ -367,7 +367,7 @@ func (b *batchRun) req(f nostr.Filter) error {
 			if !b.s.looseTags.Load() && !matchesIgnoringLimit(nostr.Filters{f}, evt) {
 				b.s.looseTags.Store(true)
 			}
-			if err := b.emit(evt, nostr.Filters{f}); err != nil {
+			if err := b.emit(evt, reqFilters{f}); err != nil {
 				return err
 			}
 		}
@@ -384,7 +384,7 @@ func (b *batchRun) req(f nostr.Filter) error {
 }
 
 // emit publishes one historic event.
-func (b *batchRun) emit(evt *nostr.Event, fs nostr.Filters) error {
+func (b *batchRun) emit(evt *nostr.Event, fs reqFilters) error {
 	b.received++
 	if b.refetching {
 		return b.w.publishAs(b.s.ctx, b.pub, evt, fs, b.s.id, b.id, "historic", bus.EventMsgID(evt.ID, evt.Sig)+":refetch:"+b.id)
