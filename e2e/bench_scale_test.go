@@ -131,7 +131,11 @@ type scaleResult struct {
 	LogErrors   int            `json:"log_errors"`
 	LogWarnings int            `json:"log_warnings"`
 	LogTop      map[string]int `json:"log_top"`
-	Note        string         `json:"note,omitempty"`
+	// ShardLosses counts log lines (any level) of a fetcher giving up a
+	// shard or a leader its lease; Disconnects the fetcher's lost sessions.
+	ShardLosses int    `json:"shard_losses"`
+	Disconnects int    `json:"disconnects"`
+	Note        string `json:"note,omitempty"`
 }
 
 // farmTotals sums the farm's counters over its relays (a difference of two
@@ -247,7 +251,11 @@ func TestBenchScale(t *testing.T) {
 		if u := os.Getenv("GRASP_TEST_POSTGRES_URL"); u == "" {
 			fmt.Println("bench row: multi-process on PostgreSQL, target world: not run (GRASP_TEST_POSTGRES_URL unset; make bench-scale sets it)")
 		} else {
-			res := runScaleWorld(t, scaleWorlds[0], graspd, farm, out, &DeploymentOptions{PostgresURL: u, Auth: true})
+			mw := os.Getenv("GRASP_BENCH_SCALE_MULTIPROC_WORLD")
+			if mw == "" {
+				mw = "target"
+			}
+			res := runScaleWorld(t, pickWorlds(t, mw)[0], graspd, farm, out, &DeploymentOptions{PostgresURL: u, Auth: true})
 			results = append(results, res)
 			saveScaleResult(t, out, res)
 			printWorldRows(res, results)
@@ -618,7 +626,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	}
 	t.Logf("[%s %s] idle %s: CPU %.1f%% of a core, RSS %d MB, %0.f goroutines, heap in use %.0f MB; farm during idle: %+v",
 		sw.Name, res.Mode, idle, 100*res.IdleCPU/res.IdleSecs, res.IdleRSS>>20, res.Goroutines, res.HeapInuse/(1<<20), res.Idle)
-	res.LogErrors, res.LogWarnings, res.LogTop = scanLogs(tgt.logs)
+	res.LogErrors, res.LogWarnings, res.LogTop, res.ShardLosses, res.Disconnects = scanLogs(tgt.logs)
 	tgt.stop()
 
 	// One daily resync with nothing new: a fresh planner (new NATS state,
@@ -682,7 +690,7 @@ type logLine struct {
 
 // scanLogs counts ERROR and WARN lines and the most frequent messages of
 // both (JSON logs: graspd logs JSON when stderr is not a terminal).
-func scanLogs(paths []string) (errs, warns int, top map[string]int) {
+func scanLogs(paths []string) (errs, warns int, top map[string]int, losses, disconnects int) {
 	counts := map[string]int{}
 	for _, p := range paths {
 		f, err := os.Open(p)
@@ -695,6 +703,12 @@ func scanLogs(paths []string) (errs, warns int, top map[string]int) {
 			var l logLine
 			if json.Unmarshal(sc.Bytes(), &l) != nil {
 				continue
+			}
+			if isShardLoss(l.Msg) {
+				losses++
+			}
+			if strings.Contains(l.Msg, "disconnected") {
+				disconnects++
 			}
 			switch l.Level {
 			case "ERROR":
@@ -717,7 +731,13 @@ func scanLogs(paths []string) (errs, warns int, top map[string]int) {
 	for _, k := range keys[:min(8, len(keys))] {
 		top[k] = counts[k]
 	}
-	return errs, warns, top
+	return errs, warns, top, losses, disconnects
+}
+
+// isShardLoss reports a log message of a shard given up or a lease lost
+// (issue 23 §2: zero while the process lives).
+func isShardLoss(msg string) bool {
+	return strings.Contains(msg, "shard released") || strings.Contains(msg, "lease lost")
 }
 
 // met renders a verdict.
@@ -726,18 +746,6 @@ func met(ok bool) string {
 		return "met"
 	}
 	return "NOT MET"
-}
-
-// shardLosses counts the log lines of a fetcher giving up shards or a
-// leader its lease (issue 23 §2: zero while the process lives).
-func shardLosses(r scaleResult) int {
-	n := 0
-	for k, v := range r.LogTop {
-		if strings.Contains(k, "shard released") || strings.Contains(k, "lease lost") || strings.Contains(k, "renewal failed") {
-			n += v
-		}
-	}
-	return n
 }
 
 // printWorldRows prints a world's targets as "bench row:" lines (the
@@ -760,7 +768,7 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 	}
 	switch {
 	case r.Mode == "multi":
-		if s := single("target"); s != nil {
+		if s := single(r.World); s != nil {
 			row("events/s vs the single process", fmt.Sprintf("%.0f vs %.0f = %.2f×", r.EventsPS, s.EventsPS, r.EventsPS/s.EventsPS), "≥ 0.8×", r.EventsPS >= 0.8*s.EventsPS)
 		} else {
 			row("events/s", fmt.Sprintf("%.0f", r.EventsPS), "≥ 0.8× the single process (not run in this invocation)", false)
@@ -781,7 +789,7 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		row("idle RSS", fmt.Sprintf("%d MB", r.IdleRSS>>20), "≤ 200 MB", r.IdleRSS <= 200<<20)
 	}
 	row("connections opened", fmt.Sprintf("%d for %d relays (at most %d to one)", r.Sync.WSOpened, r.Relays, r.Sync.MaxWSOpenedPerRelay), "one per relay", r.Sync.WSOpened == int64(r.Relays) && r.Sync.MaxWSOpenedPerRelay == 1)
-	row("shard or lease losses (log)", strconv.Itoa(shardLosses(r)), "0", shardLosses(r) == 0)
+	row("shard or lease losses (log)", fmt.Sprintf("%d (and %d lost relay sessions)", r.ShardLosses, r.Disconnects), "0", r.ShardLosses == 0)
 	if strings.HasPrefix(r.World, "g") || r.World == "upper" {
 		var base *scaleResult
 		for i := range all {
@@ -803,7 +811,7 @@ func renderScaleTable(rs []scaleResult) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "Machine: %s, %d CPUs, %s, %s UTC.\n\n", host, runtime.NumCPU(), runtime.Version(), time.Now().UTC().Format("2006-01-02 15:04"))
-	fmt.Fprintf(&b, "| world | mode | events | complete | first / 50 %% / 90 %% / all (s) | events/s | peak RSS | CPU s per 1,000 events | connections (max per relay) | REQs per relay | NEG-OPEN per relay (to relays without NIP-77) | NIP-77 sessions per NIP-77 relay | events sent / copies held (NIP-77, REQ-only) | bytes to graspd / from graspd | idle CPU | idle RSS | goroutines | resync: s, CPU s, bytes to / from graspd | log ERROR / WARN | load start → end |\n")
+	fmt.Fprintf(&b, "| world | mode | events | complete | first / 50 %% / 90 %% / all (s) | events/s | peak RSS | CPU s per 1,000 events | connections (max per relay) | REQs per relay | NEG-OPEN per relay (to relays without NIP-77) | NIP-77 sessions per NIP-77 relay | events sent / copies held (NIP-77, REQ-only) | bytes to graspd / from graspd | idle CPU | idle RSS | goroutines | resync: s, CPU s, bytes to / from graspd | log ERROR / WARN, shard losses, lost sessions | load start → end |\n")
 	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
 		s := r.Sync
@@ -821,12 +829,12 @@ func renderScaleTable(rs []scaleResult) string {
 		if r.IdleSecs > 0 {
 			idle = fmt.Sprintf("%.1f %%", 100*r.IdleCPU/r.IdleSecs)
 		}
-		fmt.Fprintf(&b, "| %s %d×%d | %s | %d | %v | %.0f / %.0f / %.0f / %.0f | %.0f | %d MB | %.2f | %d (%d) | %.1f | %.1f (%d) | %.1f | %s, %s | %.0f MB / %.0f MB | %s | %d MB | %.0f | %s | %d / %d | %s → %s |\n",
+		fmt.Fprintf(&b, "| %s %d×%d | %s | %d | %v | %.0f / %.0f / %.0f / %.0f | %.0f | %d MB | %.2f | %d (%d) | %.1f | %.1f (%d) | %.1f | %s, %s | %.0f MB / %.0f MB | %s | %d MB | %.0f | %s | %d / %d, %d, %d | %s → %s |\n",
 			r.World, r.Repos, r.Relays, r.Mode, r.Events, r.Complete, r.FirstSecs, r.P50Secs, r.P90Secs, r.AllSecs, r.EventsPS, r.PeakRSS>>20,
 			1000*r.SyncCPU/float64(max(r.Events, 1)), s.WSOpened, s.MaxWSOpenedPerRelay, float64(s.REQs)/float64(max(r.Relays, 1)),
 			float64(s.NegOpens)/float64(max(r.Relays, 1)), s.NegOpensNoNIP77, float64(s.NegSessions)/float64(max(s.RelaysNIP77, 1)),
 			ratio(s.EventsSentNIP77, s.StoredNIP77), ratio(s.EventsSentREQ, s.StoredREQ),
-			float64(s.BytesOut)/1e6, float64(s.BytesIn)/1e6, idle, r.IdleRSS>>20, r.Goroutines, resync, r.LogErrors, r.LogWarnings, r.Load, r.LoadEnd)
+			float64(s.BytesOut)/1e6, float64(s.BytesIn)/1e6, idle, r.IdleRSS>>20, r.Goroutines, resync, r.LogErrors, r.LogWarnings, r.ShardLosses, r.Disconnects, r.Load, r.LoadEnd)
 	}
 	b.WriteString("\nMost frequent ERROR/WARN log messages per world:\n\n")
 	for _, r := range rs {
