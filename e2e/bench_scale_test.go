@@ -116,12 +116,17 @@ type scaleResult struct {
 	// Farm counts during the sync.
 	Sync farmTotals `json:"sync_farm"`
 	// Idle after the sync.
-	IdleSecs   float64    `json:"idle_s"`
-	IdleCPU    float64    `json:"idle_cpu_s"`
-	IdleRSS    int64      `json:"idle_rss"`
-	Goroutines float64    `json:"goroutines"`
-	HeapInuse  float64    `json:"heap_inuse"`
-	Idle       farmTotals `json:"idle_farm"`
+	IdleSecs   float64 `json:"idle_s"`
+	IdleCPU    float64 `json:"idle_cpu_s"`
+	IdleRSS    int64   `json:"idle_rss"`
+	Goroutines float64 `json:"goroutines"`
+	HeapInuse  float64 `json:"heap_inuse"`
+	// LiveSubs, ReposIndexed and RootsIndexed at idle: what memory per
+	// subscription and per index entry is derived from.
+	LiveSubs     float64    `json:"live_subscriptions"`
+	ReposIndexed float64    `json:"repos_indexed"`
+	RootsIndexed float64    `json:"roots_indexed"`
+	Idle         farmTotals `json:"idle_farm"`
 	// Resync: a fresh planner over the complete store.
 	ResyncDone bool       `json:"resync_done"`
 	ResyncSecs float64    `json:"resync_s"`
@@ -623,6 +628,9 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	if m, err := tgt.metrics(ctx); err == nil {
 		res.Goroutines = MetricSum(m, "go_goroutines")
 		res.HeapInuse = MetricSum(m, "go_memstats_heap_inuse_bytes")
+		res.LiveSubs = MetricSum(m, "grasp_fetcher_live_subscriptions")
+		res.ReposIndexed = MetricSum(m, "grasp_discovery_repos_indexed")
+		res.RootsIndexed = MetricSum(m, "grasp_discovery_root_events_indexed")
 	}
 	t.Logf("[%s %s] idle %s: CPU %.1f%% of a core, RSS %d MB, %0.f goroutines, heap in use %.0f MB; farm during idle: %+v",
 		sw.Name, res.Mode, idle, 100*res.IdleCPU/res.IdleSecs, res.IdleRSS>>20, res.Goroutines, res.HeapInuse/(1<<20), res.Idle)
