@@ -32,24 +32,22 @@ type MemorySample struct {
 	Live int64
 	// Other is the memory the soft limit counts besides heap objects:
 	// /memory/classes/total less the heap's objects, free and released
-	// pages (stacks, runtime metadata, fragmentation in spans in use).
+	// pages (goroutine stacks, runtime metadata, fragmentation in spans in
+	// use).
 	Other int64
-	// GOGC is the collector's percent (/gc/gogc); 0 when off.
-	GOGC int64
 }
 
 // GuardedMemoryLimit is the soft limit GuardMemoryLimit keeps for a base
-// limit: the base, or, when more, what the runtime's memory would be at the
-// collector's own goal (live heap grown by GOGC percent, at least 100) times
-// boost (≥ 1), plus the memory besides heap objects. The limit then never
-// makes the collector run before GOGC would: a limit under that goal runs a
-// collection each time the heap grows by the little left below it, and at
-// rest (a live heap of 130 MB under a 180 MB limit, docs/decisions.md) that
-// was 83 % of the process's CPU.
+// limit: the base, or, when more, the memory besides heap objects plus
+// half as much again as the live heap, times boost (≥ 1). The heap may then
+// always grow by at least half of what is live before a collection — at
+// most about twice the collections of GOGC=100. The memory besides heap
+// objects must be counted because the soft limit counts it: without it, at
+// rest with 1,500 goroutines, the heap could grow by almost nothing and the
+// collector took 83 % of graspd's CPU (docs/decisions.md, "A default soft
+// memory limit for graspd").
 func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
-	pct := max(s.GOGC, 100)
-	goal := float64(s.Live) * (1 + float64(pct)/100) * max(boost, 1)
-	want := float64(s.Other) + goal
+	want := float64(s.Other) + float64(s.Live)*1.5*max(boost, 1)
 	if want >= math.MaxInt64/2 {
 		return math.MaxInt64 / 2
 	}
@@ -86,7 +84,6 @@ var guardMetrics = []string{
 	"/memory/classes/heap/objects:bytes",
 	"/memory/classes/heap/free:bytes",
 	"/memory/classes/heap/released:bytes",
-	"/gc/gogc:percent",
 	"/cpu/classes/gc/total:cpu-seconds",
 	"/cpu/classes/total:cpu-seconds",
 }
@@ -95,20 +92,20 @@ var guardMetrics = []string{
 // false on a runtime without one of the metrics.
 func readGuardMetrics(samples []metrics.Sample) (s MemorySample, gcCPU, allCPU float64, ok bool) {
 	metrics.Read(samples)
-	u := make([]int64, 6)
-	for i := range 6 {
+	u := make([]int64, 5)
+	for i := range 5 {
 		if samples[i].Value.Kind() != metrics.KindUint64 {
 			return s, 0, 0, false
 		}
 		u[i] = int64(samples[i].Value.Uint64())
 	}
-	for i := 6; i < 8; i++ {
+	for i := 5; i < 7; i++ {
 		if samples[i].Value.Kind() != metrics.KindFloat64 {
 			return s, 0, 0, false
 		}
 	}
-	s = MemorySample{Live: u[0], Other: max(u[1]-u[2]-u[3]-u[4], 0), GOGC: u[5]}
-	return s, samples[6].Value.Float64(), samples[7].Value.Float64(), true
+	s = MemorySample{Live: u[0], Other: max(u[1]-u[2]-u[3]-u[4], 0)}
+	return s, samples[5].Value.Float64(), samples[6].Value.Float64(), true
 }
 
 // GuardMemoryLimit keeps the runtime's soft limit at GuardedMemoryLimit,
