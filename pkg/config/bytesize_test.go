@@ -243,12 +243,13 @@ func TestGuardedMemoryLimit(t *testing.T) {
 
 func TestNextBoost(t *testing.T) {
 	tests := []struct{ boost, share, want float64 }{
-		{1, 0.30, 2},
+		{1, 0.60, 2},
 		{4, 0.30, 8},
 		{8, 0.50, 8},
+		{1, 0.15, 1}, // a busy sync's collector is not thrash
 		{8, 0.01, 4},
 		{1, 0.01, 1},
-		{4, 0.05, 4},
+		{4, 0.10, 4},
 	}
 	for _, tc := range tests {
 		if got := config.NextBoost(tc.boost, tc.share); got != tc.want {

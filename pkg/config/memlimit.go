@@ -55,19 +55,23 @@ func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
 }
 
 // Collector CPU shares (of GOMAXPROCS × wall time) at which the guard backs
-// off (doubles its boost) and relaxes (halves it): the runtime's own limiter
-// lets a collector bound by the soft limit take up to 50 %.
+// off (doubles its boost) and relaxes (halves it). 25 % is what the
+// collector's dedicated workers take while a collection runs: more, over a
+// whole second, means collections back to back with allocations assisting
+// them — thrash, not a busy sync (a first try at 10 % lifted the limit
+// during a sync and let the heap reach 333 MB; docs/performance.md).
 const (
-	gcBackOffShare = 0.10
-	gcRelaxShare   = 0.02
+	gcBackOffShare = 0.25
+	gcRelaxShare   = 0.05
 	maxBoost       = 8
 )
 
 // NextBoost is the guard's boost after an interval in which the collector
 // used gcShare of the CPU available: doubled (up to 8) when the collector
-// took more than 10 %, halved (down to 1) when it took less than 2 %, so a
-// limit that still makes the collector busy (memory besides the heap grew
-// faster than measured) is lifted within seconds, and returns when quiet.
+// took more than 25 %, halved (down to 1) when it took less than 5 %, so a
+// limit that still makes the collector run back to back (memory besides the
+// heap grew faster than measured) is lifted within seconds, and returns
+// when quiet.
 func NextBoost(boost, gcShare float64) float64 {
 	switch {
 	case gcShare > gcBackOffShare:
