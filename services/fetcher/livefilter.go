@@ -32,7 +32,7 @@ type liveTag struct {
 
 // compactFilter keeps f as a liveFilter.
 func compactFilter(f nostr.Filter) liveFilter {
-	lf := liveFilter{base: f}
+	lf := liveFilter{base: f, tags: make([]liveTag, 0, len(f.Tags))}
 	lf.base.Tags = nil
 	names := make([]string, 0, len(f.Tags))
 	for name, vs := range f.Tags {
@@ -42,7 +42,18 @@ func compactFilter(f nostr.Filter) liveFilter {
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		t := liveTag{name: name}
+		// Sized exactly: the group keeps these for its whole life, so no
+		// growth slack (append's doubling would keep up to twice the size).
+		nhex := 0
+		for _, v := range f.Tags[name] {
+			if _, ok := hex32(v); ok {
+				nhex++
+			}
+		}
+		t := liveTag{name: name, hexes: make([][32]byte, 0, nhex)}
+		if n := len(f.Tags[name]) - nhex; n > 0 {
+			t.others = make([]string, 0, n)
+		}
 		for _, v := range f.Tags[name] {
 			if b, ok := hex32(v); ok {
 				t.hexes = append(t.hexes, b)
@@ -51,8 +62,7 @@ func compactFilter(f nostr.Filter) liveFilter {
 			}
 		}
 		slices.SortFunc(t.hexes, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
-		t.hexes = slices.Clip(slices.Compact(t.hexes))
-		t.others = slices.Clip(t.others)
+		t.hexes = slices.Compact(t.hexes)
 		lf.tags = append(lf.tags, t)
 	}
 	return lf
