@@ -209,7 +209,7 @@ dist-tools:
 		echo "== could not install gcc-aarch64-linux-gnu: arm64 gets the pure-Go verifier"; \
 	fi
 
-.PHONY: e2e e2e-long demo bench
+.PHONY: e2e e2e-long demo bench bench-scale
 
 ## e2e: the end-to-end scenarios (graspd against real remote relays), -race
 e2e:
@@ -247,6 +247,18 @@ bench:
 	cd pkg && GRASP_STORE_BENCH_1M=1 GRASP_STORE_BENCH_DIR=$(CURDIR)/bin/bench-kv1m $(GO) test $(TAGFLAGS) -run '^$$' -bench 'BenchmarkStore1M/kv\+pebble$$' -benchtime 1x -timeout 1h ./store/
 	cd pkg && GRASP_STORE_BENCH_DIR=$(CURDIR)/bin/bench-kv1m $(GO) test $(TAGFLAGS) -run '^$$' -bench BenchmarkStoreSteady -benchtime 1x -timeout 1h ./store/
 	rm -rf $(CURDIR)/bin/bench-kv1m
+
+## bench-scale: graspd (make build, its defaults) at the design's scale against a relay farm in its own process (issue 23)
+# Every world by default (about an hour and a half on 2 cores); GRASP_BENCH_SCALE_WORLDS=target,upper,g1000x100,…
+# or RxN:roots:comments picks some, GRASP_BENCH_SCALE_IDLE=10s shortens the idle window, GRASP_BENCH_SCALE_MULTIPROC=0
+# skips the multi-process row (PostgreSQL at GRASP_TEST_POSTGRES_URL). Prints "bench row:" lines; the growth table
+# and each world's results and logs go to bin/bench-scale (docs/performance.md, "Design scale").
+GRASP_TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+bench-scale: build
+	cd e2e && $(GO) build $(TAGFLAGS) -o $(BIN)/ ./cmd/relayfarm
+	cd e2e && GRASP_BENCH_SCALE=1 GRASP_BENCH_SCALE_GRASPD=$(BIN)/graspd GRASP_BENCH_SCALE_FARM=$(BIN)/relayfarm \
+		GRASP_BENCH_SCALE_OUT=$(BIN)/bench-scale GRASP_TEST_POSTGRES_URL='$(GRASP_TEST_POSTGRES_URL)' \
+		$(GO) test $(TAGFLAGS) -count=1 -timeout 6h -run '^TestBenchScale$$' -v .
 
 .PHONY: interop
 

@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"math"
 	"os"
 	"runtime/debug"
 	"runtime/metrics"
@@ -24,22 +25,106 @@ func ApplyDefaultMemoryLimit(ctx context.Context, limit, def ByteSize) (inForce 
 	return int64(def), "default"
 }
 
-// GuardedMemoryLimit is the soft limit GuardMemoryLimit keeps for a base
-// limit and a live heap: the base, or half as much again as the live heap
-// when that is more. Between collections the heap may then always grow by
-// at least half of what is live, so the collector runs at most about twice
-// as often as without a limit (GOGC=100 lets it grow by all of it), instead
-// of continuously once the live heap reaches the base.
-func GuardedMemoryLimit(base, live int64) int64 {
-	return max(base, live+live/2)
+// MemorySample is what GuardedMemoryLimit needs of the runtime, from
+// runtime/metrics.
+type MemorySample struct {
+	// Live is the live heap as of the last collection (/gc/heap/live).
+	Live int64
+	// Other is the memory the soft limit counts besides heap objects:
+	// /memory/classes/total less the heap's objects, free and released
+	// pages (goroutine stacks, runtime metadata, fragmentation in spans in
+	// use).
+	Other int64
 }
 
-// GuardMemoryLimit keeps the runtime's soft limit at
-// GuardedMemoryLimit(base, live heap), reading the live heap (as of the
-// last collection) every interval until ctx is done.
+// GuardedMemoryLimit is the soft limit GuardMemoryLimit keeps for a base
+// limit: the base, or, when more, the memory besides heap objects plus
+// half as much again as the live heap, times boost (≥ 1). The heap may then
+// always grow by at least half of what is live before a collection — at
+// most about twice the collections of GOGC=100. The memory besides heap
+// objects must be counted because the soft limit counts it: without it, at
+// rest with 1,500 goroutines, the heap could grow by almost nothing and the
+// collector took 83 % of graspd's CPU (docs/decisions.md, "A default soft
+// memory limit for graspd").
+func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
+	want := float64(s.Other) + float64(s.Live)*1.5*max(boost, 1)
+	if want >= math.MaxInt64/2 {
+		return math.MaxInt64 / 2
+	}
+	return max(base, int64(want))
+}
+
+// Collector CPU shares (of GOMAXPROCS × wall time) at which the guard backs
+// off (doubles its boost) and relaxes (halves it). 25 % is what the
+// collector's dedicated workers take while a collection runs: more, over a
+// whole second, means collections back to back with allocations assisting
+// them — thrash, not a busy sync (a first try at 10 % lifted the limit
+// during a sync and let the heap reach 333 MB; docs/performance.md).
+const (
+	gcBackOffShare = 0.25
+	gcRelaxShare   = 0.05
+	maxBoost       = 8
+)
+
+// NextBoost is the guard's boost after an interval in which the collector
+// used gcShare of the CPU available: doubled (up to 8) when the collector
+// took more than 25 %, halved (down to 1) when it took less than 5 %, so a
+// limit that still makes the collector run back to back (memory besides the
+// heap grew faster than measured) is lifted within seconds, and returns
+// when quiet.
+func NextBoost(boost, gcShare float64) float64 {
+	switch {
+	case gcShare > gcBackOffShare:
+		return min(max(boost, 1)*2, maxBoost)
+	case gcShare < gcRelaxShare:
+		return max(boost/2, 1)
+	}
+	return max(boost, 1)
+}
+
+var guardMetrics = []string{
+	"/gc/heap/live:bytes",
+	"/memory/classes/total:bytes",
+	"/memory/classes/heap/objects:bytes",
+	"/memory/classes/heap/free:bytes",
+	"/memory/classes/heap/released:bytes",
+	"/cpu/classes/gc/total:cpu-seconds",
+	"/cpu/classes/total:cpu-seconds",
+}
+
+// readGuardMetrics reads the runtime's memory and collector CPU; ok is
+// false on a runtime without one of the metrics.
+func readGuardMetrics(samples []metrics.Sample) (s MemorySample, gcCPU, allCPU float64, ok bool) {
+	metrics.Read(samples)
+	u := make([]int64, 5)
+	for i := range 5 {
+		if samples[i].Value.Kind() != metrics.KindUint64 {
+			return s, 0, 0, false
+		}
+		u[i] = int64(samples[i].Value.Uint64())
+	}
+	for i := 5; i < 7; i++ {
+		if samples[i].Value.Kind() != metrics.KindFloat64 {
+			return s, 0, 0, false
+		}
+	}
+	s = MemorySample{Live: u[0], Other: max(u[1]-u[2]-u[3]-u[4], 0)}
+	return s, samples[5].Value.Float64(), samples[6].Value.Float64(), true
+}
+
+// GuardMemoryLimit keeps the runtime's soft limit at GuardedMemoryLimit,
+// reading the runtime's memory and the collector's CPU every interval until
+// ctx is done.
 func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
-	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	cur := base
+	samples := make([]metrics.Sample, len(guardMetrics))
+	for i, n := range guardMetrics {
+		samples[i].Name = n
+	}
+	cur, boost := base, 1.0
+	_, gc0, all0, ok := readGuardMetrics(samples)
+	if !ok {
+		return // a runtime without the metrics: keep the base
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -48,11 +133,14 @@ func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 			return
 		case <-t.C:
 		}
-		metrics.Read(sample)
-		if sample[0].Value.Kind() != metrics.KindUint64 {
-			return // a runtime without the metric: keep the base
+		s, gc1, all1, _ := readGuardMetrics(samples)
+		if all1 > all0 {
+			boost = NextBoost(boost, (gc1-gc0)/(all1-all0))
 		}
-		if want := GuardedMemoryLimit(base, int64(sample[0].Value.Uint64())); want != cur {
+		gc0, all0 = gc1, all1
+		// A change of less than 1/16 is not worth a new limit: the
+		// estimate moves with every allocation.
+		if want := GuardedMemoryLimit(base, s, boost); want > cur || want < cur-cur/16 {
 			debug.SetMemoryLimit(want)
 			cur = want
 		}

@@ -169,16 +169,30 @@ func (b *batchRun) part(f nostr.Filter) error {
 			// stream's duplicate window.
 			w.log.Info("REQ could not read a crowded second; reconciling with NIP-77", "session", b.s.id, "batch", b.id, "err", err)
 		}
-		err = b.negentropy(f, local)
+		// A relay that refused NIP-77 before (any session) is sent no
+		// NEG-OPEN; one not known yet is probed by one batch at a time
+		// (docs/decisions.md, "NEG-OPEN only to relays that answered it").
+		try, probe, refused := w.nip77.begin(b.s.ctx, w.f.clock.Now)
+		if !try {
+			if refused == "" {
+				return context.Cause(b.s.ctx) // the session ended while waiting
+			}
+			b.s.fallBack("remembered: " + refused)
+			b.usedReq = true
+			return b.req(f)
+		}
+		rounds, err := b.negentropy(f, local)
 		if err != nil && strings.Contains(err.Error(), "auth-required:") && b.s.auth.sk != "" {
 			// Asked before our NIP-42 answer was accepted: once more.
 			actx, cancel := context.WithTimeout(b.s.ctx, w.f.cfg.NegentropyTimeout)
 			ok := b.s.auth.wait(actx)
 			cancel()
 			if ok {
-				err = b.negentropy(f, local)
+				rounds, err = b.negentropy(f, local)
 			}
 		}
+		answered, refusal := nip77Verdict(rounds, err)
+		w.nip77.settle(probe, answered, refusal, w.f.clock.Now())
 		if err == nil {
 			return nil
 		}
@@ -226,10 +240,12 @@ func (b *batchRun) localSet(f nostr.Filter) ([]negsync.Item, error) {
 // negentropy reconciles f with local, the local set for f, and fetches
 // what we lack by id, re-requesting missing ids while the relay makes
 // progress.
-func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) error {
+//
+// rounds counts the relay's NEG-MSG answers: whether it speaks NIP-77.
+func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) (rounds int, err error) {
 	w := b.w
 	if err := w.cooldown.Wait(b.s.ctx); err != nil {
-		return err
+		return 0, err
 	}
 	nf := f
 	nf.Limit, nf.LimitZero = 0, false
@@ -238,10 +254,16 @@ func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) error {
 	b.bytes += res.BytesIn
 	w.f.m.historicBytes.WithLabelValues("negentropy").Add(float64(res.BytesIn))
 	if err != nil {
-		return err
+		return res.Rounds, err
 	}
+	return res.Rounds, b.fetchNeeded(res.Need)
+}
+
+// fetchNeeded fetches by id what a reconciliation found we lack.
+func (b *batchRun) fetchNeeded(need []string) error {
+	w := b.w
 	missing := map[string]struct{}{}
-	for _, id := range res.Need {
+	for _, id := range need {
 		missing[id] = struct{}{}
 	}
 	if err := b.dropHeld(missing); err != nil {
@@ -314,7 +336,7 @@ func (b *batchRun) fetchIDs(missing map[string]struct{}, count bool) error {
 				if _, want := missing[evt.ID]; !want {
 					continue
 				}
-				if err := b.emit(evt, nostr.Filters{idf}, count); err != nil {
+				if err := b.emit(evt, reqFilters{idf}, count); err != nil {
 					return err
 				}
 				delete(missing, evt.ID)
@@ -392,7 +414,7 @@ func (b *batchRun) req(f nostr.Filter) error {
 			if !b.s.looseTags.Load() && !matchesIgnoringLimit(nostr.Filters{f}, evt) {
 				b.s.looseTags.Store(true)
 			}
-			if err := b.emit(evt, nostr.Filters{f}, lacked[evt.ID]); err != nil {
+			if err := b.emit(evt, reqFilters{f}, lacked[evt.ID]); err != nil {
 				return err
 			}
 		}
@@ -430,7 +452,7 @@ func (b *batchRun) lacked(evts []*nostr.Event) (map[string]bool, error) {
 
 // emit publishes one historic event; missed: count it as missed if it is
 // published.
-func (b *batchRun) emit(evt *nostr.Event, fs nostr.Filters, missed bool) error {
+func (b *batchRun) emit(evt *nostr.Event, fs reqFilters, missed bool) error {
 	b.received++
 	var published bool
 	var err error

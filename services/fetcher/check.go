@@ -27,6 +27,28 @@ const (
 // signature is the ingester's job (expensive, and it must check anyway).
 // It returns "" for a good event, else the drop reason.
 func CheckEvent(evt *nostr.Event, fs nostr.Filters) string {
+	var m eventMatcher
+	if len(fs) > 0 {
+		m = reqFilters(fs)
+	}
+	return checkEvent(evt, m)
+}
+
+// eventMatcher is what an event was asked for with: a batch's filters
+// (reqFilters) or a live group's compact ones (liveFilters).
+type eventMatcher interface {
+	matches(*nostr.Event) bool
+}
+
+// reqFilters are filters as sent.
+type reqFilters nostr.Filters
+
+func (fs reqFilters) matches(evt *nostr.Event) bool {
+	return matchesIgnoringLimit(nostr.Filters(fs), evt)
+}
+
+// checkEvent is CheckEvent with any matcher (nil: no match check).
+func checkEvent(evt *nostr.Event, m eventMatcher) string {
 	if !nip34.IsEventID(evt.ID) || !nip34.IsPubKey(evt.PubKey) || !nip34.IsSignature(evt.Sig) || evt.Kind < 0 || evt.Kind > 65535 {
 		return DropShape
 	}
@@ -38,7 +60,7 @@ func CheckEvent(evt *nostr.Event, fs nostr.Filters) string {
 	if !evt.CheckID() {
 		return DropBadID
 	}
-	if len(fs) > 0 && !matchesIgnoringLimit(fs, evt) {
+	if m != nil && !m.matches(evt) {
 		return DropNoMatch
 	}
 	return ""

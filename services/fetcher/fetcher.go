@@ -160,8 +160,12 @@ type Fetcher struct {
 	// recentByID the same by event id alone (batchRun.deferPublished).
 	recent, recentByID *recentIDs
 
-	mu       sync.Mutex
-	relays   map[string]*relayWorker
+	mu     sync.Mutex
+	relays map[string]*relayWorker
+	// nip77 is what each relay answered to NEG-OPEN: it outlives the
+	// relay's worker, which ends with a lost shard; a dropped relay's
+	// entry is deleted, so it holds at most the relays assigned to us.
+	nip77    map[string]*nip77Support
 	shards   map[int]*shardRun
 	epoch    uint64
 	relaysKV jetstream.KeyValue
@@ -192,6 +196,7 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 		recent:     newRecentIDs(cfg.RecentIDs, recentTTL),
 		recentByID: newRecentIDs(cfg.RecentIDs, recentTTL),
 		relays:     map[string]*relayWorker{},
+		nip77:      map[string]*nip77Support{},
 		shards:     map[int]*shardRun{},
 	}
 }
@@ -376,6 +381,10 @@ func (f *Fetcher) worker(sr *shardRun, url string, create bool) *relayWorker {
 		return nil
 	}
 	w := newRelayWorker(f, url, sr.shard)
+	if f.nip77[url] == nil {
+		f.nip77[url] = &nip77Support{}
+	}
+	w.nip77 = f.nip77[url]
 	f.relays[url] = w
 	sr.wg.Add(1)
 	go func() {

@@ -25,8 +25,9 @@ import (
 type liveGroup struct {
 	// id is the planner's name for the set the group belongs to
 	// (AddFilters.live_id, ReplaceLive.live_id); "" unnamed.
-	id      string
-	filters nostr.Filters
+	id string
+	// filters are kept compact for the group's life (liveFilter).
+	filters liveFilters
 	cancel  context.CancelFunc
 	done    chan struct{}
 	// live is closed once the relay has registered the subscription (its
@@ -56,7 +57,7 @@ func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
 			chunk = append(chunk, f)
 		}
 		ctx, cancel := context.WithCancel(w.sess.ctx)
-		g := &liveGroup{id: id, filters: chunk, cancel: cancel, done: make(chan struct{}), live: make(chan struct{})}
+		g := &liveGroup{id: id, filters: compactFilters(chunk), cancel: cancel, done: make(chan struct{}), live: make(chan struct{})}
 		w.live[g] = struct{}{}
 		s := w.sess
 		w.tasks.Add(1)
@@ -162,7 +163,7 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
 		if err := w.cooldown.Wait(ctx); err != nil {
 			return
 		}
-		sub, err := s.conn.Subscribe(ctx, g.filters)
+		sub, err := s.conn.Subscribe(ctx, g.filters.filters())
 		if err != nil {
 			return // the connection is gone: the session ends
 		}
@@ -240,13 +241,13 @@ func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, su
 // many relays is ingested once, a forged copy cannot shadow it), headers naming relay, session, batch and mode.
 // It returns false for an event dropped by the checks or skipped as one the
 // stream holds already.
-func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode string) (bool, error) {
+func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs eventMatcher, session, batch, mode string) (bool, error) {
 	return w.publishAs(ctx, pub, evt, fs, session, batch, mode, bus.EventMsgID(evt.ID, evt.Sig))
 }
 
 // publishAs is publish with an explicit Nats-Msg-Id: a refetched event must
 // not be dropped as a duplicate of the copy refused moments ago.
-func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs nostr.Filters, session, batch, mode, msgID string) (bool, error) {
+func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs eventMatcher, session, batch, mode, msgID string) (bool, error) {
 	w.f.m.events.WithLabelValues(w.url, mode).Inc()
 	key := recentKeyOf(msgID)
 	if pub.published(key) {
@@ -256,7 +257,7 @@ func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *
 		w.f.m.skippedPublished.Inc()
 		return false, nil
 	}
-	if reason := CheckEvent(evt, fs); reason != "" {
+	if reason := checkEvent(evt, fs); reason != "" {
 		w.f.m.dropped.WithLabelValues(reason).Inc()
 		w.log.Debug("event dropped", "id", evt.ID, "reason", reason, "session", session, "batch", batch)
 		return false, nil

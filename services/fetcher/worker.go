@@ -37,6 +37,9 @@ type relayWorker struct {
 	// cooldown outlives sessions: a relay that asked us to slow down is
 	// not hammered again by a reconnect.
 	cooldown *Cooldown
+	// nip77 is what the relay answered to NEG-OPEN, across sessions and
+	// workers (Fetcher.nip77).
+	nip77 *nip77Support
 	// previous is the session another replica held before this one took
 	// the shard over (reported once with the first Connected).
 	previous *graspv1.FetcherRelay
@@ -120,6 +123,7 @@ func newRelayWorker(f *Fetcher, url string, shard int) *relayWorker {
 			DeadAfter: f.cfg.DeadAfter, DeadRetry: f.cfg.DeadRetry, StableAfter: time.Minute}},
 		logLimit: logLimiter{window: 12 * time.Hour},
 		live:     map[*liveGroup]struct{}{},
+		nip77:    &nip77Support{},
 	}
 }
 
@@ -181,6 +185,9 @@ func (w *relayWorker) run(ctx context.Context) {
 				w.log.Info("relay dropped", "reason", c.DropRelay.GetReason())
 				w.endSession("dropped: "+c.DropRelay.GetReason(), "", true)
 				w.f.recordRelay(w.shard, w.url, nil)
+				w.f.mu.Lock()
+				delete(w.f.nip77, w.url)
+				w.f.mu.Unlock()
 				return
 			}
 		}

@@ -1,0 +1,865 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+)
+
+// `make bench-scale` (issue 23 §1, §2, §5): graspd at the design's scale.
+// A relay farm (e2e/cmd/relayfarm: many khatru relays in a process of its
+// own, NIP-77 on half, 500 events per REQ filter) holds a generated world
+// of R repositories over N relays (5 listed per repository, every event on
+// 2–3 of them); graspd runs as shipped (the `make build` binary, its
+// defaults, only ports, data directory and the loopback allowlist set) in
+// its own process; the repositories are announced to it as a user would.
+// Per world it measures the sync (time to the first, 50/90/100 % of the
+// events, events/s), graspd's peak RSS and CPU, what the farm saw
+// (connections, REQs, NIP-77 sessions, events and bytes per relay), a
+// minute of idle after the sync, and one daily resync. It prints each
+// target as a "bench row:" line and writes the growth table and every
+// world's results (JSON) to GRASP_BENCH_SCALE_OUT (default
+// ../bin/bench-scale). docs/performance.md, "Design scale", records runs.
+//
+// GRASP_BENCH_SCALE=1 enables it. GRASP_BENCH_SCALE_WORLDS picks worlds
+// (comma-separated names of scaleWorlds, or RxN:roots:comments; default
+// all); GRASP_BENCH_SCALE_MULTIPROC=0 skips the multi-process row;
+// GRASP_BENCH_SCALE_IDLE (default 1m) is the idle window,
+// GRASP_BENCH_SCALE_TIMEOUT (default 30m) a world's sync deadline,
+// GRASP_BENCH_SCALE_RESYNC=0 skips the resync; GRASP_BENCH_SCALE_GRASPD and
+// GRASP_BENCH_SCALE_FARM name prebuilt binaries (make bench-scale passes
+// bin/graspd and bin/relayfarm; otherwise they are built).
+
+// scaleWorld is one world of the benchmark.
+type scaleWorld struct {
+	Name string
+	Spec testkit.WorldSpec
+}
+
+// scaleWorlds are issue 23's worlds: the reference target, the upper
+// bounds, and the growth series (5 roots per repository, no comments, so
+// the upper bounds world is its 10,000 × 500 point).
+var scaleWorlds = []scaleWorld{
+	{"target", testkit.WorldSpec{Repos: 1000, Relays: 100, RootsPerRepo: 50, CommentsPerRoot: 1}},
+	{"g1000x100", testkit.WorldSpec{Repos: 1000, Relays: 100, RootsPerRepo: 5}},
+	{"g2500x250", testkit.WorldSpec{Repos: 2500, Relays: 250, RootsPerRepo: 5}},
+	{"g5000x500", testkit.WorldSpec{Repos: 5000, Relays: 500, RootsPerRepo: 5}},
+	{"upper", testkit.WorldSpec{Repos: 10000, Relays: 500, RootsPerRepo: 5}},
+	{"g20000x1000", testkit.WorldSpec{Repos: 20000, Relays: 1000, RootsPerRepo: 5}},
+}
+
+// scaleSeed makes every run sign the same worlds.
+const scaleSeed = 23
+
+// pickWorlds parses GRASP_BENCH_SCALE_WORLDS.
+func pickWorlds(t *testing.T, v string) []scaleWorld {
+	if v == "" || v == "all" {
+		return scaleWorlds
+	}
+	custom := regexp.MustCompile(`^(\d+)x(\d+):(\d+):(\d+)$`)
+	var out []scaleWorld
+	for _, name := range strings.Split(v, ",") {
+		name = strings.TrimSpace(name)
+		if i := slices.IndexFunc(scaleWorlds, func(w scaleWorld) bool { return w.Name == name }); i >= 0 {
+			out = append(out, scaleWorlds[i])
+			continue
+		}
+		m := custom.FindStringSubmatch(name)
+		if m == nil {
+			t.Fatalf("GRASP_BENCH_SCALE_WORLDS: %q is neither a world name (target, upper, g1000x100 …) nor RxN:roots:comments", name)
+		}
+		n := func(s string) int { i, _ := strconv.Atoi(s); return i }
+		out = append(out, scaleWorld{name, testkit.WorldSpec{Repos: n(m[1]), Relays: n(m[2]), RootsPerRepo: n(m[3]), CommentsPerRoot: n(m[4])}})
+	}
+	return out
+}
+
+// scaleResult is what one world's run measured (JSON in the out directory).
+type scaleResult struct {
+	World     string `json:"world"`
+	Mode      string `json:"mode"` // "single" (graspd) or "multi" (five services on PostgreSQL)
+	Repos     int    `json:"repos"`
+	Relays    int    `json:"relays"`
+	Events    int    `json:"events"`     // to sync: states, roots, comments
+	OnRelays  int    `json:"on_relays"`  // copies the farm holds
+	Load      string `json:"load_start"` // 1-minute load average when the world began
+	LoadEnd   string `json:"load_end"`
+	GenSecs   float64
+	Complete  bool    `json:"complete"`
+	Stored    int     `json:"stored"`
+	FirstSecs float64 `json:"first_s"`
+	P50Secs   float64 `json:"p50_s"`
+	P90Secs   float64 `json:"p90_s"`
+	AllSecs   float64 `json:"all_s"`
+	EventsPS  float64 `json:"events_per_s"`
+	PeakRSS   int64   `json:"peak_rss"`
+	SyncCPU   float64 `json:"sync_cpu_s"`
+	// Farm counts during the sync.
+	Sync farmTotals `json:"sync_farm"`
+	// Idle after the sync.
+	IdleSecs   float64 `json:"idle_s"`
+	IdleCPU    float64 `json:"idle_cpu_s"`
+	IdleRSS    int64   `json:"idle_rss"`
+	Goroutines float64 `json:"goroutines"`
+	HeapInuse  float64 `json:"heap_inuse"`
+	// LiveSubs, ReposIndexed and RootsIndexed at idle: what memory per
+	// subscription and per index entry is derived from.
+	LiveSubs     float64    `json:"live_subscriptions"`
+	ReposIndexed float64    `json:"repos_indexed"`
+	RootsIndexed float64    `json:"roots_indexed"`
+	Idle         farmTotals `json:"idle_farm"`
+	// Resync: a fresh planner over the complete store.
+	ResyncDone bool       `json:"resync_done"`
+	ResyncSecs float64    `json:"resync_s"`
+	ResyncCPU  float64    `json:"resync_cpu_s"`
+	Resync     farmTotals `json:"resync_farm"`
+	// Log lines of graspd (all processes in multi mode) during sync and idle.
+	LogErrors   int            `json:"log_errors"`
+	LogWarnings int            `json:"log_warnings"`
+	LogTop      map[string]int `json:"log_top"`
+	// ShardLosses counts log lines (any level) of a fetcher giving up a
+	// shard or a leader its lease; Disconnects the fetcher's lost sessions.
+	ShardLosses int    `json:"shard_losses"`
+	Disconnects int    `json:"disconnects"`
+	Note        string `json:"note,omitempty"`
+}
+
+// farmTotals sums the farm's counters over its relays (a difference of two
+// readings).
+type farmTotals struct {
+	WSOpened, MaxWSOpenedPerRelay    int64
+	RelaysConnected                  int
+	REQs, REQFilters, NegOpens       int64
+	NegOpensNoNIP77, NegSessions     int64
+	EventsSent, BytesIn, BytesOut    int64
+	EventsSentNIP77, EventsSentREQ   int64
+	StoredNIP77, StoredREQ, Notices  int64
+	RelaysNIP77, RelaysREQ           int
+	MaxREQsPerRelay, MaxNegsPerRelay int64
+}
+
+// totals is b − a summed over relays.
+func totals(a, b []testkit.RelayStats) farmTotals {
+	var t farmTotals
+	for i, r := range b {
+		var p testkit.RelayStats
+		if a != nil {
+			p = a[i]
+		}
+		opened := r.WSOpened - p.WSOpened
+		t.WSOpened += opened
+		t.MaxWSOpenedPerRelay = max(t.MaxWSOpenedPerRelay, opened)
+		if opened > 0 {
+			t.RelaysConnected++
+		}
+		t.REQs += r.REQs - p.REQs
+		t.MaxREQsPerRelay = max(t.MaxREQsPerRelay, r.REQs-p.REQs)
+		t.REQFilters += r.REQFilters - p.REQFilters
+		t.NegOpens += r.NegOpens - p.NegOpens
+		t.MaxNegsPerRelay = max(t.MaxNegsPerRelay, r.NegOpens-p.NegOpens)
+		t.NegSessions += r.NegSessions - p.NegSessions
+		t.EventsSent += r.EventsSent - p.EventsSent
+		t.BytesIn += r.BytesIn - p.BytesIn
+		t.BytesOut += r.BytesOut - p.BytesOut
+		t.Notices += r.Notices - p.Notices
+		if r.Negentropy {
+			t.RelaysNIP77++
+			t.EventsSentNIP77 += r.EventsSent - p.EventsSent
+			t.StoredNIP77 += int64(r.Stored)
+		} else {
+			t.RelaysREQ++
+			t.NegOpensNoNIP77 += r.NegOpens - p.NegOpens
+			t.EventsSentREQ += r.EventsSent - p.EventsSent
+			t.StoredREQ += int64(r.Stored)
+		}
+	}
+	return t
+}
+
+// scaleBin is a prebuilt binary named by env, or one built now.
+func scaleBin(t *testing.T, env, name string) string {
+	if p := os.Getenv(env); p != "" {
+		return p
+	}
+	if name == "relayfarm" {
+		dir := t.TempDir()
+		out, err := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "./cmd/relayfarm").CombinedOutput()
+		if err != nil {
+			t.Fatalf("build relayfarm: %v\n%s", err, out)
+		}
+		return filepath.Join(dir, "relayfarm")
+	}
+	bin, err := BuildBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(bin, name)
+}
+
+// benchDuration reads a duration variable with a default.
+func benchDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return d
+	}
+	return def
+}
+
+func loadAvg() string {
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		return strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return "unknown"
+}
+
+// TestBenchScale is `make bench-scale`.
+func TestBenchScale(t *testing.T) {
+	if os.Getenv("GRASP_BENCH_SCALE") == "" {
+		t.Skip("SKIP: design-scale benchmark; run with GRASP_BENCH_SCALE=1 (make bench-scale)")
+	}
+	worlds := pickWorlds(t, os.Getenv("GRASP_BENCH_SCALE_WORLDS"))
+	out := os.Getenv("GRASP_BENCH_SCALE_OUT")
+	if out == "" {
+		out = filepath.Join("..", "bin", "bench-scale")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	graspd, farm := scaleBin(t, "GRASP_BENCH_SCALE_GRASPD", "graspd"), scaleBin(t, "GRASP_BENCH_SCALE_FARM", "relayfarm")
+	t.Logf("graspd %s, relayfarm %s, results in %s; machine %d CPUs, load %s", graspd, farm, out, runtime.NumCPU(), loadAvg())
+	var results []scaleResult
+	for _, w := range worlds {
+		res := runScaleWorld(t, w, graspd, farm, out, nil)
+		results = append(results, res)
+		saveScaleResult(t, out, res)
+		printWorldRows(res, results)
+	}
+	if os.Getenv("GRASP_BENCH_SCALE_MULTIPROC") != "0" {
+		if u := os.Getenv("GRASP_TEST_POSTGRES_URL"); u == "" {
+			fmt.Println("bench row: multi-process on PostgreSQL, target world: not run (GRASP_TEST_POSTGRES_URL unset; make bench-scale sets it)")
+		} else {
+			mw := os.Getenv("GRASP_BENCH_SCALE_MULTIPROC_WORLD")
+			if mw == "" {
+				mw = "target"
+			}
+			res := runScaleWorld(t, pickWorlds(t, mw)[0], graspd, farm, out, &DeploymentOptions{PostgresURL: u, Auth: true})
+			results = append(results, res)
+			saveScaleResult(t, out, res)
+			printWorldRows(res, results)
+		}
+	}
+	table := renderScaleTable(results)
+	t.Log("\n" + table)
+	if err := os.WriteFile(filepath.Join(out, "table.md"), []byte(table), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func saveScaleResult(t *testing.T, dir string, r scaleResult) {
+	b, _ := json.MarshalIndent(r, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%s.json", r.World, r.Mode)), b, 0o644); err != nil {
+		t.Errorf("save result: %v", err)
+	}
+}
+
+// farmProc is the relay farm's process.
+type farmProc struct {
+	cmd     *exec.Cmd
+	control string
+	urls    []string
+}
+
+func startFarm(t *testing.T, bin string, relays int, logPath string) *farmProc {
+	cmd := exec.Command(bin, "-relays", strconv.Itoa(relays), "-nip77", "0.5", "-max-limit", "500")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f := &farmProc{cmd: cmd}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = logf.Close()
+	})
+	var ready struct {
+		Control string   `json:"control"`
+		Relays  []string `json:"relays"`
+	}
+	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	if err != nil || json.Unmarshal(line, &ready) != nil {
+		t.Fatalf("relayfarm did not start (%v): %s; log: %s", err, line, Tail(logPath, 10))
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }() // the final stats line
+	f.control, f.urls = ready.Control, ready.Relays
+	return f
+}
+
+func (f *farmProc) stats(t *testing.T) []testkit.RelayStats {
+	resp, err := http.Get(f.control + "/stats")
+	if err != nil {
+		t.Fatalf("farm stats: %v", err)
+	}
+	defer resp.Body.Close()
+	var st []testkit.RelayStats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("farm stats: %v", err)
+	}
+	return st
+}
+
+// seed stores the world's events and announcements on the farm.
+func (f *farmProc) seed(t *testing.T, w *testkit.World, anns []*nostr.Event) int {
+	pr, pw := io.Pipe()
+	go func() {
+		enc := json.NewEncoder(pw)
+		for _, e := range w.Events {
+			if err := enc.Encode(testkit.FarmSeed{Relays: e.Relays, Event: e.Event}); err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+		}
+		// Announcements are on the relays too, as in the wild: on two of
+		// those each lists.
+		for r, a := range anns {
+			if err := enc.Encode(testkit.FarmSeed{Relays: w.RepoRelays[r][:min(2, len(w.RepoRelays[r]))], Event: a}); err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+		}
+		pw.Close()
+	}()
+	resp, err := http.Post(f.control+"/seed", "application/x-ndjson", pr)
+	if err != nil {
+		t.Fatalf("seed farm: %v", err)
+	}
+	defer resp.Body.Close()
+	var got struct{ Seeded int }
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &got) != nil {
+		t.Fatalf("seed farm: %s %s", resp.Status, body)
+	}
+	n := 0
+	for _, e := range w.Events {
+		n += len(e.Relays)
+	}
+	return n
+}
+
+// procCPU is a process's user+system CPU seconds (0 if gone).
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ is 100 on Linux
+}
+
+// scaleTarget is what runScaleWorld measures: graspd alone, or a
+// multi-process deployment (every service summed).
+type scaleTarget struct {
+	procs   []*Proc
+	relay   string
+	metrics func(ctx context.Context) (map[string]float64, error)
+	logs    []string
+	stop    func()
+}
+
+func (s *scaleTarget) cpu() float64 {
+	var c float64
+	for _, p := range s.procs {
+		c += procCPU(p.Pid())
+	}
+	return c
+}
+
+func (s *scaleTarget) status(field string) int64 {
+	var n int64
+	for _, p := range s.procs {
+		n += procStatusOf(p.Pid(), field)
+	}
+	return n
+}
+
+// startSingle starts graspd as shipped: only ports, data directory, the
+// loopback allowlist and (optionally) an existing store are set. relayAddr
+// (empty: a free one) must be the first run's when the store is reused:
+// the announcements list it, and only they make graspd host a repository.
+func startSingle(t *testing.T, bin, dataDir, storeURL, logPath, relayAddr string) *scaleTarget {
+	metricsAddr := freeAddr(t)
+	if relayAddr == "" {
+		relayAddr = freeAddr(t)
+	}
+	env := Env{
+		"GRASP_DATA_DIR":        dataDir,
+		"GRASP_RELAY_ADDR":      relayAddr,
+		"GRASP_METRICS_ADDR":    metricsAddr,
+		"GRASP_NATS_LISTEN":     "", // the default port (4233) may be another run's
+		"GRASP_RELAY_ALLOWLIST": "127.0.0.1",
+	}
+	if storeURL != "" {
+		env["GRASP_STORE_URL"] = storeURL
+	}
+	p := &Proc{Name: "graspd", Log: logPath, HealthURL: "http://" + metricsAddr + "/readyz", MetricsAddr: metricsAddr, bin: bin, env: processEnv(env, nil)}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := p.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &scaleTarget{
+		procs: []*Proc{p}, relay: "ws://" + relayAddr, logs: []string{logPath},
+		metrics: func(ctx context.Context) (map[string]float64, error) {
+			m := map[string]float64{}
+			return m, scrapeInto(ctx, metricsAddr, m)
+		},
+		stop: func() { stopGracefully(p) },
+	}
+}
+
+// stopGracefully sends SIGTERM and waits up to 30 s before SIGKILL, so the
+// store is closed cleanly for the resync run that reopens it.
+func stopGracefully(p *Proc) {
+	if pid := p.Pid(); pid > 0 && p.Running() {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		for range 300 {
+			if !p.Running() {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	_ = p.Kill()
+}
+
+// shippedTimings are the documented defaults of the settings BaseEnv
+// shortens for scenario tests: a deployment measured at scale runs on the
+// defaults (docs/configuration.md).
+var shippedTimings = Env{
+	"GRASP_DISCOVERY_BATCH_WINDOW":    "5s",
+	"GRASP_SHARDS":                    "16",
+	"GRASP_PLANNER_QUIET_PERIOD":      "6s",
+	"GRASP_PLANNER_RECOMPUTE_DELAY":   "250ms",
+	"GRASP_PLANNER_FAILURE_RETRY":     "5m",
+	"GRASP_PLANNER_FAILURE_RETRY_MAX": "1h",
+	"GRASP_FETCHER_BACKOFF_BASE":      "5s",
+	"GRASP_FETCHER_BACKOFF_MAX":       "1h",
+	"GRASP_FETCHER_LEASE_TTL":         "15s",
+	"GRASP_DISCOVERY_BACKOFF_BASE":    "1s",
+	"GRASP_DISCOVERY_BACKOFF_MAX":     "1m",
+	"GRASP_LOG_LEVEL":                 "info",
+}
+
+// startMultiScale starts the five services as separate processes, each its
+// own NATS user under the shipped auth.conf, over a fresh PostgreSQL
+// database, on the shipped timings.
+func startMultiScale(t *testing.T, o DeploymentOptions) *scaleTarget {
+	o.Env = shippedTimings
+	d := StartDeployment(t, o)
+	var logs []string
+	for _, p := range d.Procs() {
+		logs = append(logs, p.Log)
+	}
+	return &scaleTarget{procs: d.Services(), relay: d.RelayURL(), logs: logs, metrics: d.Metrics, stop: func() {}}
+}
+
+// runScaleWorld runs one world end to end (multi set: on a multi-process
+// deployment, without the resync).
+func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir string, multi *DeploymentOptions) scaleResult {
+	spec := sw.Spec
+	spec.Seed = scaleSeed
+	res := scaleResult{World: sw.Name, Mode: "single", Repos: spec.Repos, Relays: spec.Relays, Load: loadAvg()}
+	if multi != nil {
+		res.Mode = "multi"
+	}
+	dir := filepath.Join(outDir, sw.Name+"-"+res.Mode)
+	_ = os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	w := testkit.GenerateWorld(spec)
+	res.GenSecs = time.Since(began).Seconds()
+	res.Events = len(w.Events)
+	t.Logf("[%s %s] world %s: %d events signed in %.1fs (load %s)", sw.Name, res.Mode, spec, res.Events, res.GenSecs, res.Load)
+
+	farm := startFarm(t, farmBin, spec.Relays, filepath.Join(dir, "relayfarm.log"))
+	var tgt *scaleTarget
+	dataDir := filepath.Join(dir, "graspd-data")
+	if multi != nil {
+		tgt = startMultiScale(t, *multi)
+	} else {
+		tgt = startSingle(t, graspdBin, dataDir, "", filepath.Join(dir, "graspd.log"), "")
+	}
+	defer tgt.stop()
+	anns := w.Announcements(tgt.relay, farm.urls)
+	res.OnRelays = farm.seed(t, w, anns)
+	t.Logf("[%s %s] farm of %d relays seeded with %d copies", sw.Name, res.Mode, spec.Relays, res.OnRelays)
+	before := farm.stats(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), benchDuration("GRASP_BENCH_SCALE_TIMEOUT", 30*time.Minute))
+	defer cancel()
+	cpu0 := tgt.cpu()
+	began = time.Now()
+	if err := testkit.Publish(ctx, tgt.relay, anns...); err != nil {
+		t.Fatalf("publish announcements: %v", err)
+	}
+	t.Logf("[%s %s] %d announcements published in %.1fs", sw.Name, res.Mode, len(anns), time.Since(began).Seconds())
+	// Progress: the ingesters' stored counter (the announcements went to
+	// the relay directly; remote copies of them are duplicates).
+	want := float64(res.Events)
+	var lastMove time.Time
+	var last float64
+	var peak int64
+	for {
+		m, err := tgt.metrics(ctx)
+		stored := MetricSum(m, "grasp_ingester_stored_total")
+		el := time.Since(began).Seconds()
+		if err == nil {
+			if stored != last {
+				last, lastMove = stored, time.Now()
+			}
+			if res.FirstSecs == 0 && stored > 0 {
+				res.FirstSecs = el
+			}
+			if res.P50Secs == 0 && stored >= want/2 {
+				res.P50Secs = el
+			}
+			if res.P90Secs == 0 && stored >= want*0.9 {
+				res.P90Secs = el
+			}
+		}
+		if multi != nil {
+			peak = max(peak, tgt.status("VmRSS")) // services' sum at one moment
+		}
+		if stored >= want {
+			res.AllSecs, res.Complete = el, true
+			break
+		}
+		if ctx.Err() != nil || (!lastMove.IsZero() && time.Since(lastMove) > 5*time.Minute) {
+			res.Note = fmt.Sprintf("incomplete: %.0f of %.0f stored after %.0fs (no progress for %s)", stored, want, el, time.Since(lastMove).Round(time.Second))
+			res.AllSecs = el
+			break
+		}
+		for _, p := range tgt.procs {
+			if !p.Running() {
+				t.Fatalf("[%s] %s exited during the sync; log ends:\n%s", sw.Name, p.Name, Tail(p.Log, 20))
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	res.SyncCPU = tgt.cpu() - cpu0
+	if multi != nil {
+		res.PeakRSS = max(peak, tgt.status("VmRSS"))
+	} else {
+		res.PeakRSS = tgt.status("VmHWM")
+	}
+	m, _ := tgt.metrics(ctx)
+	res.Stored = int(MetricSum(m, "grasp_ingester_stored_total"))
+	if res.AllSecs > 0 {
+		res.EventsPS = float64(res.Stored) / res.AllSecs
+	}
+	afterSync := farm.stats(t)
+	res.Sync = totals(before, afterSync)
+	if res.Complete {
+		// The counter is the ingesters'; ask the relay for every id once.
+		ids := make([]string, len(w.Events))
+		for i, e := range w.Events {
+			ids[i] = e.Event.ID
+		}
+		vctx, vcancel := context.WithTimeout(ctx, 5*time.Minute)
+		if err := waitAllOnRelay(vctx, tgt.relay, ids); err != nil {
+			res.Complete = false
+			res.Note = "stored counter reached the world's size but the relay lacks events: " + err.Error()
+		}
+		vcancel()
+	}
+	t.Logf("[%s %s] sync: %d/%d stored, first %.1fs, 50%% %.1fs, 90%% %.1fs, all %.1fs, %.0f events/s, peak RSS %d MB, CPU %.1fs; farm: %+v",
+		sw.Name, res.Mode, res.Stored, res.Events, res.FirstSecs, res.P50Secs, res.P90Secs, res.AllSecs, res.EventsPS, res.PeakRSS>>20, res.SyncCPU, res.Sync)
+
+	// Idle: a window after the sync (and the check above) settled.
+	idle := benchDuration("GRASP_BENCH_SCALE_IDLE", time.Minute)
+	time.Sleep(5 * time.Second)
+	idle0, cpuI := farm.stats(t), tgt.cpu()
+	time.Sleep(idle)
+	res.IdleSecs = idle.Seconds()
+	res.IdleCPU = tgt.cpu() - cpuI
+	res.IdleRSS = tgt.status("VmRSS")
+	res.Idle = totals(idle0, farm.stats(t))
+	if m, err := tgt.metrics(ctx); err == nil {
+		res.Goroutines = MetricSum(m, "go_goroutines")
+		res.HeapInuse = MetricSum(m, "go_memstats_heap_inuse_bytes")
+		res.LiveSubs = MetricSum(m, "grasp_fetcher_live_subscriptions")
+		res.ReposIndexed = MetricSum(m, "grasp_discovery_repos_indexed")
+		res.RootsIndexed = MetricSum(m, "grasp_discovery_root_events_indexed")
+	}
+	t.Logf("[%s %s] idle %s: CPU %.1f%% of a core, RSS %d MB, %0.f goroutines, heap in use %.0f MB; farm during idle: %+v",
+		sw.Name, res.Mode, idle, 100*res.IdleCPU/res.IdleSecs, res.IdleRSS>>20, res.Goroutines, res.HeapInuse/(1<<20), res.Idle)
+	res.LogErrors, res.LogWarnings, res.LogTop, res.ShardLosses, res.Disconnects = scanLogs(tgt.logs)
+	tgt.stop()
+
+	// One daily resync with nothing new: a fresh planner (new NATS state,
+	// every relay synced from scratch: what dailyResync does to a relay)
+	// over the complete store. Only for graspd alone.
+	if multi == nil && res.Complete && os.Getenv("GRASP_BENCH_SCALE_RESYNC") != "0" {
+		r0 := farm.stats(t)
+		re := startSingle(t, graspdBin, filepath.Join(dir, "resync-data"), filepath.Join(dataDir, "events"), filepath.Join(dir, "graspd-resync.log"),
+			strings.TrimPrefix(tgt.relay, "ws://"))
+		began := time.Now()
+		c0 := re.cpu()
+		rctx, rcancel := context.WithTimeout(ctx, benchDuration("GRASP_BENCH_SCALE_RESYNC_TIMEOUT", 15*time.Minute))
+		err := waitQuiet(rctx, re.metrics, farm.urls, 3*time.Second)
+		rcancel()
+		res.ResyncSecs = time.Since(began).Seconds() - 3
+		res.ResyncCPU = re.cpu() - c0
+		res.Resync = totals(r0, farm.stats(t))
+		res.ResyncDone = err == nil
+		if err != nil {
+			res.Note = strings.TrimSpace(res.Note + " resync not quiescent: " + err.Error())
+		}
+		re.stop()
+		t.Logf("[%s] resync: %.1fs, CPU %.1fs, farm: %+v", sw.Name, res.ResyncSecs, res.ResyncCPU, res.Resync)
+	}
+	res.LoadEnd = loadAvg()
+	return res
+}
+
+// waitQuiet polls metrics until Quiescent has held for hold, or ctx ends.
+func waitQuiet(ctx context.Context, metrics func(context.Context) (map[string]float64, error), urls []string, hold time.Duration) error {
+	var since time.Time
+	var last map[string]float64
+	for {
+		m, err := metrics(ctx)
+		if err == nil {
+			last = m
+		}
+		if err == nil && Quiescent(m, urls) {
+			if since.IsZero() {
+				since = time.Now()
+			} else if time.Since(since) >= hold {
+				return nil
+			}
+		} else {
+			since = time.Time{}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not quiescent: %w (batches started %v, ended %v)", ctx.Err(),
+				MetricSum(last, "grasp_planner_batches_total", `event="started"`), batchesEnded(last))
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// logLine is the part of a JSON log line scanLogs reads.
+type logLine struct {
+	Level string `json:"level"`
+	Msg   string `json:"msg"`
+}
+
+// scanLogs counts ERROR and WARN lines and the most frequent messages of
+// both (JSON logs: graspd logs JSON when stderr is not a terminal).
+func scanLogs(paths []string) (errs, warns int, top map[string]int, losses, disconnects int) {
+	counts := map[string]int{}
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			var l logLine
+			if json.Unmarshal(sc.Bytes(), &l) != nil {
+				continue
+			}
+			if isShardLoss(l.Msg) {
+				losses++
+			}
+			if strings.Contains(l.Msg, "disconnected") {
+				disconnects++
+			}
+			switch l.Level {
+			case "ERROR":
+				errs++
+			case "WARN":
+				warns++
+			default:
+				continue
+			}
+			counts[l.Level+" "+l.Msg]++
+		}
+		f.Close()
+	}
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] })
+	top = map[string]int{}
+	for _, k := range keys[:min(8, len(keys))] {
+		top[k] = counts[k]
+	}
+	return errs, warns, top, losses, disconnects
+}
+
+// isShardLoss reports a log message of a shard given up or a lease lost
+// (issue 23 §2: zero while the process lives).
+func isShardLoss(msg string) bool {
+	return strings.Contains(msg, "shard released") || strings.Contains(msg, "lease lost")
+}
+
+// met renders a verdict.
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT MET"
+}
+
+// printWorldRows prints a world's targets as "bench row:" lines (the
+// format of `make bench`).
+func printWorldRows(r scaleResult, all []scaleResult) {
+	name := fmt.Sprintf("%s %d×%d (%d events, %s)", r.World, r.Repos, r.Relays, r.Events, r.Mode)
+	row := func(what, measured, target string, ok bool) {
+		fmt.Printf("bench row: %s: %s: %s (target %s) — %s\n", name, what, measured, target, met(ok))
+	}
+	if !r.Complete {
+		fmt.Printf("bench row: %s: sync NOT COMPLETE: %s — NOT MET\n", name, r.Note)
+	}
+	single := func(world string) *scaleResult {
+		for i := range all {
+			if all[i].World == world && all[i].Mode == "single" && all[i].Complete {
+				return &all[i]
+			}
+		}
+		return nil
+	}
+	switch {
+	case r.Mode == "multi":
+		if s := single(r.World); s != nil {
+			row("events/s vs the single process", fmt.Sprintf("%.0f vs %.0f = %.2f×", r.EventsPS, s.EventsPS, r.EventsPS/s.EventsPS), "≥ 0.8×", r.EventsPS >= 0.8*s.EventsPS)
+		} else {
+			row("events/s", fmt.Sprintf("%.0f", r.EventsPS), "≥ 0.8× the single process (not run in this invocation)", false)
+		}
+	case r.World == "target":
+		row("events/s", fmt.Sprintf("%.0f (all in %.0fs)", r.EventsPS, r.AllSecs), "≥ 3,000", r.EventsPS >= 3000)
+		row("peak RSS", fmt.Sprintf("%d MB", r.PeakRSS>>20), "≤ 256 MB", r.PeakRSS <= 256<<20)
+	case r.World == "upper":
+		row("complete", fmt.Sprintf("%d of %d in %.0fs", r.Stored, r.Events, r.AllSecs), "complete", r.Complete)
+		row("peak RSS", fmt.Sprintf("%d MB", r.PeakRSS>>20), "≤ 512 MB", r.PeakRSS <= 512<<20)
+		if s := single("target"); s != nil {
+			row("events/s vs the target world", fmt.Sprintf("%.0f vs %.0f", r.EventsPS, s.EventsPS), "within 2×", r.EventsPS*2 >= s.EventsPS)
+		}
+	}
+	if r.IdleSecs > 0 {
+		pct := 100 * r.IdleCPU / r.IdleSecs
+		row("idle CPU", fmt.Sprintf("%.1f%% of a core over %.0fs", pct, r.IdleSecs), "≤ 2 %", pct <= 2)
+		row("idle RSS", fmt.Sprintf("%d MB", r.IdleRSS>>20), "≤ 200 MB", r.IdleRSS <= 200<<20)
+	}
+	row("connections opened", fmt.Sprintf("%d for %d relays (at most %d to one)", r.Sync.WSOpened, r.Relays, r.Sync.MaxWSOpenedPerRelay), "one per relay", r.Sync.WSOpened == int64(r.Relays) && r.Sync.MaxWSOpenedPerRelay == 1)
+	row("shard or lease losses (log)", fmt.Sprintf("%d (and %d lost relay sessions)", r.ShardLosses, r.Disconnects), "0", r.ShardLosses == 0)
+	if strings.HasPrefix(r.World, "g") || r.World == "upper" {
+		var base *scaleResult
+		for i := range all {
+			if (strings.HasPrefix(all[i].World, "g") || all[i].World == "upper") && all[i].Mode == "single" && all[i].Complete {
+				base = &all[i]
+				break
+			}
+		}
+		if base != nil && base.World != r.World && r.Complete {
+			a, b := 1000*base.SyncCPU/float64(base.Events), 1000*r.SyncCPU/float64(r.Events)
+			row("CPU per 1,000 events vs "+base.World, fmt.Sprintf("%.2fs vs %.2fs = %.2f×", b, a, b/a), "flat (≤ 1.25×)", b <= 1.25*a)
+		}
+	}
+}
+
+// renderScaleTable renders the growth table of docs/performance.md,
+// "Design scale".
+func renderScaleTable(rs []scaleResult) string {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	fmt.Fprintf(&b, "Machine: %s, %d CPUs, %s, %s UTC.\n\n", host, runtime.NumCPU(), runtime.Version(), time.Now().UTC().Format("2006-01-02 15:04"))
+	fmt.Fprintf(&b, "| world | mode | events | complete | first / 50 %% / 90 %% / all (s) | events/s | peak RSS | CPU s per 1,000 events | connections (max per relay) | REQs per relay | NEG-OPEN per relay (to relays without NIP-77) | NIP-77 sessions per NIP-77 relay | events sent / copies held (NIP-77, REQ-only) | bytes to graspd / from graspd | idle CPU | idle RSS | goroutines | resync: s, CPU s, bytes to / from graspd | log ERROR / WARN, shard losses, lost sessions | load start → end |\n")
+	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range rs {
+		s := r.Sync
+		ratio := func(sent, held int64) string {
+			if held == 0 {
+				return "–"
+			}
+			return fmt.Sprintf("%.2f", float64(sent)/float64(held))
+		}
+		resync := "–"
+		if r.ResyncSecs > 0 {
+			resync = fmt.Sprintf("%.0f, %.1f, %.1f MB / %.1f MB%s", r.ResyncSecs, r.ResyncCPU, float64(r.Resync.BytesOut)/1e6, float64(r.Resync.BytesIn)/1e6, map[bool]string{true: "", false: " (not quiescent)"}[r.ResyncDone])
+		}
+		idle := "–"
+		if r.IdleSecs > 0 {
+			idle = fmt.Sprintf("%.1f %%", 100*r.IdleCPU/r.IdleSecs)
+		}
+		fmt.Fprintf(&b, "| %s %d×%d | %s | %d | %v | %.0f / %.0f / %.0f / %.0f | %.0f | %d MB | %.2f | %d (%d) | %.1f | %.1f (%d) | %.1f | %s, %s | %.0f MB / %.0f MB | %s | %d MB | %.0f | %s | %d / %d, %d, %d | %s → %s |\n",
+			r.World, r.Repos, r.Relays, r.Mode, r.Events, r.Complete, r.FirstSecs, r.P50Secs, r.P90Secs, r.AllSecs, r.EventsPS, r.PeakRSS>>20,
+			1000*r.SyncCPU/float64(max(r.Events, 1)), s.WSOpened, s.MaxWSOpenedPerRelay, float64(s.REQs)/float64(max(r.Relays, 1)),
+			float64(s.NegOpens)/float64(max(r.Relays, 1)), s.NegOpensNoNIP77, float64(s.NegSessions)/float64(max(s.RelaysNIP77, 1)),
+			ratio(s.EventsSentNIP77, s.StoredNIP77), ratio(s.EventsSentREQ, s.StoredREQ),
+			float64(s.BytesOut)/1e6, float64(s.BytesIn)/1e6, idle, r.IdleRSS>>20, r.Goroutines, resync, r.LogErrors, r.LogWarnings, r.ShardLosses, r.Disconnects, r.Load, r.LoadEnd)
+	}
+	b.WriteString("\nMost frequent ERROR/WARN log messages per world:\n\n")
+	for _, r := range rs {
+		keys := make([]string, 0, len(r.LogTop))
+		for k := range r.LogTop {
+			keys = append(keys, k)
+		}
+		sort.Slice(keys, func(i, j int) bool { return r.LogTop[keys[i]] > r.LogTop[keys[j]] })
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%d × `%s`", r.LogTop[k], k))
+		}
+		note := ""
+		if r.Note != "" {
+			note = " Note: " + r.Note
+		}
+		fmt.Fprintf(&b, "- %s (%s): %s.%s\n", r.World, r.Mode, strings.Join(parts, ", "), note)
+	}
+	return b.String()
+}

@@ -1,0 +1,77 @@
+// Command relayfarm runs many khatru relays in one process, apart from the
+// graspd under test, for `make bench-scale` (issue 23; docs/performance.md,
+// "Design scale"). The relays listen on loopback, each on a port of its
+// own; NIP-77 answers on a fraction of them, every REQ filter is capped
+// (500 by default, like strfry), and a fraction can match tags by value
+// only (plain khatru's quirk). Each relay counts connections, REQs,
+// NEG-OPENs (also on relays without NIP-77), events sent and bytes.
+//
+// Once listening it prints one JSON line on stdout:
+//
+//	{"control":"http://127.0.0.1:PORT","relays":["ws://127.0.0.1:P0", …]}
+//
+// The control address serves GET /relays, GET /stats (per-relay counts as
+// JSON) and POST /seed (JSON lines of {"relays":[i,…],"event":{…}}; see
+// testkit.Farm.Handler). On SIGINT or SIGTERM it prints the final stats as
+// one JSON line and exits.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+)
+
+func main() {
+	var o testkit.FarmOptions
+	flag.IntVar(&o.Relays, "relays", 100, "how many relays")
+	flag.Float64Var(&o.NegentropyFraction, "nip77", 0.5, "fraction of relays answering NIP-77")
+	flag.Float64Var(&o.IgnoreTagLetterFraction, "ignore-tag-letter", 0, "fraction of relays matching tags by value only (plain khatru)")
+	flag.IntVar(&o.MaxLimit, "max-limit", testkit.DefaultMaxLimit, "cap of every REQ filter's results")
+	flag.StringVar(&o.Host, "host", "127.0.0.1", "loopback address the relays listen on")
+	control := flag.String("control", "127.0.0.1:0", "address of the control endpoint")
+	flag.Parse()
+	if err := run(o, *control); err != nil {
+		fmt.Fprintln(os.Stderr, "relayfarm:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o testkit.FarmOptions, control string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	f, err := testkit.StartFarm(o)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ln, err := net.Listen("tcp", control)
+	if err != nil {
+		return fmt.Errorf("control listen on %s: %w", control, err)
+	}
+	srv := &http.Server{Handler: f.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	enc := json.NewEncoder(os.Stdout)
+	if err := enc.Encode(map[string]any{"control": "http://" + ln.Addr().String(), "relays": f.URLs()}); err != nil {
+		return fmt.Errorf("print the relays: %w", err)
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return fmt.Errorf("control endpoint: %w", err)
+	}
+	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shut)
+	return enc.Encode(map[string]any{"stats": f.Stats()})
+}

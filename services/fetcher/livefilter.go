@@ -1,0 +1,163 @@
+package fetcher
+
+import (
+	"bytes"
+	"encoding/hex"
+	"slices"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// liveFilter is a live subscription's filter as the fetcher keeps it for as
+// long as the subscription lives: tag values that are event ids or keys
+// (64 lowercase hex digits) as 32 bytes, sorted, instead of the command's
+// decoded strings (80 bytes each plus the slices naming them). A relay's
+// live filters name every root of every repository it serves, so at the
+// design's scale this is most of the fetcher's state (docs/decisions.md,
+// "Live filters kept compact"). The REQ is built from it again when the
+// subscription is (re)opened.
+type liveFilter struct {
+	// base is the filter without its tags.
+	base nostr.Filter
+	tags []liveTag
+}
+
+// liveTag is one tag condition: an event matches when it has a tag named
+// name whose value is one of hexes or others.
+type liveTag struct {
+	name   string
+	hexes  [][32]byte // sorted
+	others []string
+}
+
+// compactFilter keeps f as a liveFilter.
+func compactFilter(f nostr.Filter) liveFilter {
+	lf := liveFilter{base: f, tags: make([]liveTag, 0, len(f.Tags))}
+	lf.base.Tags = nil
+	names := make([]string, 0, len(f.Tags))
+	for name, vs := range f.Tags {
+		if vs != nil { // a nil list does not constrain (nostr.Filter.Matches)
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		// Sized exactly: the group keeps these for its whole life, so no
+		// growth slack (append's doubling would keep up to twice the size).
+		nhex := 0
+		for _, v := range f.Tags[name] {
+			if _, ok := hex32(v); ok {
+				nhex++
+			}
+		}
+		t := liveTag{name: name, hexes: make([][32]byte, 0, nhex)}
+		if n := len(f.Tags[name]) - nhex; n > 0 {
+			t.others = make([]string, 0, n)
+		}
+		for _, v := range f.Tags[name] {
+			if b, ok := hex32(v); ok {
+				t.hexes = append(t.hexes, b)
+			} else {
+				t.others = append(t.others, v)
+			}
+		}
+		slices.SortFunc(t.hexes, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
+		t.hexes = slices.Compact(t.hexes)
+		lf.tags = append(lf.tags, t)
+	}
+	return lf
+}
+
+// hex32 decodes a value of exactly 64 lowercase hex digits (what an id or
+// key is on the wire); anything else is kept as it is, so the REQ built
+// again says exactly what was asked.
+func hex32(v string) ([32]byte, bool) {
+	var b [32]byte
+	if len(v) != 64 {
+		return b, false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return b, false
+		}
+	}
+	_, err := hex.Decode(b[:], []byte(v))
+	return b, err == nil
+}
+
+// filter builds the nostr filter again (for a REQ).
+func (lf liveFilter) filter() nostr.Filter {
+	f := lf.base
+	if len(lf.tags) > 0 {
+		f.Tags = make(nostr.TagMap, len(lf.tags))
+		for _, t := range lf.tags {
+			vs := make([]string, 0, len(t.hexes)+len(t.others))
+			for _, h := range t.hexes {
+				vs = append(vs, hex.EncodeToString(h[:]))
+			}
+			f.Tags[t.name] = append(vs, t.others...)
+		}
+	}
+	return f
+}
+
+// matches is nostr.Filter.Matches of the filter this was made from.
+func (lf liveFilter) matches(evt *nostr.Event) bool {
+	if !lf.base.Matches(evt) {
+		return false
+	}
+	for _, t := range lf.tags {
+		if !t.matches(evt.Tags) {
+			return false
+		}
+	}
+	return true
+}
+
+func (t liveTag) matches(tags nostr.Tags) bool {
+	for _, tag := range tags {
+		if len(tag) < 2 || tag[0] != t.name {
+			continue
+		}
+		if b, ok := hex32(tag[1]); ok {
+			if _, found := slices.BinarySearchFunc(t.hexes, b, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) }); found {
+				return true
+			}
+			continue
+		}
+		if slices.Contains(t.others, tag[1]) {
+			return true
+		}
+	}
+	return false
+}
+
+// liveFilters is a live group's filters.
+type liveFilters []liveFilter
+
+func compactFilters(fs []nostr.Filter) liveFilters {
+	out := make(liveFilters, len(fs))
+	for i, f := range fs {
+		out[i] = compactFilter(f)
+	}
+	return out
+}
+
+// filters builds the REQ's filters again.
+func (lfs liveFilters) filters() nostr.Filters {
+	out := make(nostr.Filters, len(lfs))
+	for i, lf := range lfs {
+		out[i] = lf.filter()
+	}
+	return out
+}
+
+// matches reports whether evt matches any of the filters.
+func (lfs liveFilters) matches(evt *nostr.Event) bool {
+	for _, lf := range lfs {
+		if lf.matches(evt) {
+			return true
+		}
+	}
+	return false
+}

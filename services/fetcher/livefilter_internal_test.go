@@ -1,0 +1,78 @@
+package fetcher
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// A live filter kept compact matches exactly the events the filter it was
+// made from matches, and builds the same filter again (values as sets).
+func TestLiveFilterIsTheFilter(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	hexID := func() string {
+		b := make([]byte, 32)
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		return fmt.Sprintf("%x", b)
+	}
+	pool := []string{"30617:" + hexID() + ":repo", "not-hex", "ABCDEF" + hexID()[6:], hexID()[:63]}
+	for range 20 {
+		pool = append(pool, hexID())
+	}
+	pick := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = pool[rng.IntN(len(pool))]
+		}
+		return out
+	}
+	for i := range 500 {
+		f := nostr.Filter{Kinds: []int{1, 1111}[:1+rng.IntN(2)], Tags: nostr.TagMap{}}
+		switch rng.IntN(4) {
+		case 0:
+			f.Tags["e"] = pick(1 + rng.IntN(5))
+		case 1:
+			f.Tags["e"] = pick(1 + rng.IntN(5))
+			f.Tags["a"] = pick(1 + rng.IntN(3))
+		case 2:
+			f.Tags["E"] = []string{} // constrains to nothing
+		case 3:
+			f.Tags["q"] = nil // does not constrain
+		}
+		if rng.IntN(3) == 0 {
+			since := nostr.Timestamp(1000)
+			f.Since = &since
+		}
+		evt := &nostr.Event{Kind: []int{1, 1111, 7}[rng.IntN(3)], CreatedAt: nostr.Timestamp(500 + rng.IntN(1000))}
+		for range rng.IntN(4) {
+			evt.Tags = append(evt.Tags, nostr.Tag{[]string{"e", "a", "E", "q"}[rng.IntN(4)], pool[rng.IntN(len(pool))]})
+		}
+		lf := compactFilter(f)
+		if got, want := lf.matches(evt), f.Matches(evt); got != want {
+			t.Fatalf("case %d: compact matches %v, filter %v\nfilter %v\nevent tags %v", i, got, want, f, evt.Tags)
+		}
+		back := lf.filter()
+		for name, vs := range f.Tags {
+			if vs == nil {
+				if back.Tags[name] != nil {
+					t.Fatalf("case %d: nil %q came back as %v", i, name, back.Tags[name])
+				}
+				continue
+			}
+			a, b := slices.Clone(vs), slices.Clone(back.Tags[name])
+			slices.Sort(a)
+			slices.Sort(b)
+			if !slices.Equal(slices.Compact(a), slices.Compact(b)) || back.Tags[name] == nil {
+				t.Fatalf("case %d: %q built again as %v, was %v", i, name, back.Tags[name], vs)
+			}
+		}
+		if !slices.Equal(back.Kinds, f.Kinds) || back.Since != f.Since {
+			t.Fatalf("case %d: built again as %v, was %v", i, back, f)
+		}
+	}
+}
