@@ -593,7 +593,9 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	} else {
 		res.PeakRSS = tgt.status("VmHWM")
 	}
-	m, _ := tgt.metrics(ctx)
+	// The sync's deadline may have passed: what follows has its own.
+	after := context.Background()
+	m, _ := tgt.metrics(after)
 	res.Stored = int(MetricSum(m, "grasp_ingester_stored_total"))
 	if res.AllSecs > 0 {
 		res.EventsPS = float64(res.Stored) / res.AllSecs
@@ -606,7 +608,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 		for i, e := range w.Events {
 			ids[i] = e.Event.ID
 		}
-		vctx, vcancel := context.WithTimeout(ctx, 5*time.Minute)
+		vctx, vcancel := context.WithTimeout(after, 5*time.Minute)
 		if err := waitAllOnRelay(vctx, tgt.relay, ids); err != nil {
 			res.Complete = false
 			res.Note = "stored counter reached the world's size but the relay lacks events: " + err.Error()
@@ -625,7 +627,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	res.IdleCPU = tgt.cpu() - cpuI
 	res.IdleRSS = tgt.status("VmRSS")
 	res.Idle = totals(idle0, farm.stats(t))
-	if m, err := tgt.metrics(ctx); err == nil {
+	if m, err := tgt.metrics(after); err == nil {
 		res.Goroutines = MetricSum(m, "go_goroutines")
 		res.HeapInuse = MetricSum(m, "go_memstats_heap_inuse_bytes")
 		res.LiveSubs = MetricSum(m, "grasp_fetcher_live_subscriptions")
