@@ -576,7 +576,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 			break
 		}
 		if ctx.Err() != nil || (!lastMove.IsZero() && time.Since(lastMove) > 5*time.Minute) {
-			res.Note = fmt.Sprintf("incomplete: %.0f of %.0f stored after %.0fs (no progress for %s)", stored, want, el, time.Since(lastMove).Round(time.Second))
+			res.Note = fmt.Sprintf("incomplete: %.0f of %.0f stored after %.0fs (no progress for %s)", last, want, el, time.Since(lastMove).Round(time.Second))
 			res.AllSecs = el
 			break
 		}
