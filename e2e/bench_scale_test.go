@@ -43,6 +43,7 @@ import (
 // all); GRASP_BENCH_SCALE_MULTIPROC=0 skips the multi-process row;
 // GRASP_BENCH_SCALE_IDLE (default 1m) is the idle window,
 // GRASP_BENCH_SCALE_TIMEOUT (default 30m) a world's sync deadline,
+// GRASP_BENCH_SCALE_STALL (default 12m) how long without progress ends it,
 // GRASP_BENCH_SCALE_RESYNC=0 skips the resync; GRASP_BENCH_SCALE_GRASPD and
 // GRASP_BENCH_SCALE_FARM name prebuilt binaries (make bench-scale passes
 // bin/graspd and bin/relayfarm; otherwise they are built).
@@ -582,7 +583,10 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 			res.AllSecs, res.Complete = el, true
 			break
 		}
-		if ctx.Err() != nil || (!lastMove.IsZero() && time.Since(lastMove) > 5*time.Minute) {
+		// The stall window exceeds the planner's default failure hold (5 min,
+		// GRASP_PLANNER_FAILURE_RETRY): a relay whose batch failed is tried
+		// again only after it.
+		if ctx.Err() != nil || (!lastMove.IsZero() && time.Since(lastMove) > benchDuration("GRASP_BENCH_SCALE_STALL", 12*time.Minute)) {
 			res.Note = fmt.Sprintf("incomplete: %.0f of %.0f stored after %.0fs (no progress for %s)", last, want, el, time.Since(lastMove).Round(time.Second))
 			res.AllSecs = el
 			break
