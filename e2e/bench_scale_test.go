@@ -679,29 +679,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 
 // waitQuiet polls metrics until Quiescent has held for hold, or ctx ends.
 func waitQuiet(ctx context.Context, metrics func(context.Context) (map[string]float64, error), urls []string, hold time.Duration) error {
-	var since time.Time
-	var last map[string]float64
-	for {
-		m, err := metrics(ctx)
-		if err == nil {
-			last = m
-		}
-		if err == nil && Quiescent(m, urls) {
-			if since.IsZero() {
-				since = time.Now()
-			} else if time.Since(since) >= hold {
-				return nil
-			}
-		} else {
-			since = time.Time{}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not quiescent: %w (batches started %v, ended %v)", ctx.Err(),
-				MetricSum(last, "grasp_planner_batches_total", `event="started"`), batchesEnded(last))
-		case <-time.After(time.Second):
-		}
-	}
+	return pollHeld(ctx, metrics, urls, hold, time.Second, Quiescent)
 }
 
 // logLine is the part of a JSON log line scanLogs reads.

@@ -190,10 +190,17 @@ func WaitQuiescent(ctx context.Context, app Target, urls []string, hold time.Dur
 // waitHeld polls app's metrics until quiet has held for hold, or ctx ends;
 // the error then says where the sync stood at the last reading.
 func waitHeld(ctx context.Context, app Target, urls []string, hold time.Duration, quiet func(map[string]float64, []string) bool) error {
+	return pollHeld(ctx, app.Metrics, urls, hold, 100*time.Millisecond, quiet)
+}
+
+// pollHeld is waitHeld over any source of metrics (a Target's, or a
+// process's /metrics read by a benchmark), polled every interval.
+func pollHeld(ctx context.Context, metrics func(context.Context) (map[string]float64, error), urls []string,
+	hold, interval time.Duration, quiet func(map[string]float64, []string) bool) error {
 	var since time.Time
 	var last map[string]float64
 	for {
-		m, err := app.Metrics(ctx)
+		m, err := metrics(ctx)
 		if err == nil {
 			last = m
 		}
@@ -209,7 +216,7 @@ func waitHeld(ctx context.Context, app Target, urls []string, hold time.Duration
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("not quiescent: %w (last: %s)", ctx.Err(), progress(last, urls))
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 }
