@@ -35,6 +35,14 @@ func backdatedOutage(t *testing.T, app Target, remote *testkit.FaultRelay, d str
 	announce(t, app, ourAnnouncement(owner, app, d, []string{remote.URL}, nil))
 	mustArrive(t, app, 20*time.Second, history...)
 	waitConnected(t, app, remote.URL, true)
+	// Every item confirmed before the outage: an item still unconfirmed is
+	// read whole after the reconnect (its first read), which would bring
+	// the back-dated comments on it whatever the catch-up's since.
+	qctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := WaitQuiescent(qctx, app, []string{remote.URL}, time.Second); err != nil {
+		t.Fatal(err)
+	}
 	m, err := Metrics(context.Background(), app)
 	if err != nil {
 		t.Fatal(err)

@@ -57,15 +57,19 @@ func TestCatchUpSinceBoundsOnlyREQ(t *testing.T) {
 		name          string
 		negentropy    bool
 		refusalsOnly  bool
+		remembered    bool // the relay refused NIP-77 in an earlier session
 		wantBackdated bool
 		wantMethod    graspv1.SyncMethod
 	}{
-		{"NIP-77 relay", true, false, true, graspv1.SyncMethod_SYNC_METHOD_NEGENTROPY},
-		{"REQ-only relay", false, false, false, graspv1.SyncMethod_SYNC_METHOD_REQ},
+		{"NIP-77 relay", true, false, false, true, graspv1.SyncMethod_SYNC_METHOD_NEGENTROPY},
+		{"REQ-only relay", false, false, false, false, graspv1.SyncMethod_SYNC_METHOD_REQ},
+		// No NEG-OPEN is sent to a relay that refused it before (nip77.go):
+		// its catch-up is a REQ read and keeps since all the same.
+		{"REQ-only relay, refusal remembered", false, false, true, false, graspv1.SyncMethod_SYNC_METHOD_REQ},
 		// The refusals hold nothing since then: an empty local set is read
 		// with REQ (docs/decisions.md, "Initial sync: REQ when the local
 		// set is empty").
-		{"NIP-77 relay, local set of refusals only", true, true, false, graspv1.SyncMethod_SYNC_METHOD_REQ},
+		{"NIP-77 relay, local set of refusals only", true, true, false, false, graspv1.SyncMethod_SYNC_METHOD_REQ},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -85,6 +89,19 @@ func TestCatchUpSinceBoundsOnlyREQ(t *testing.T) {
 				}
 			})
 			s := e.connectRelay(r.URL)
+			if c.remembered {
+				// A first session learns that the relay has no NIP-77.
+				e.addBatch(r.URL, s, "probe", kind1, w.since, false)
+				if d := e.batchDone(r.URL, "probe"); d.GetFallbackReason() == "" {
+					t.Fatalf("probe batch did not fall back: %v", d)
+				}
+				e.waitEvents(w.recent)
+				r.Set(testkit.Faults{DropAfterEvents: 1})
+				e.addBatch(r.URL, s, "drop", kind1, w.since, false)
+				e.report(r.URL, disconnected(s))
+				r.Set(testkit.Faults{})
+				s = e.reconnect(r.URL, s)
+			}
 			e.addBatch(r.URL, s, "catch-up", kind1, w.since, false)
 			done := e.batchDone(r.URL, "catch-up")
 			if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != c.wantMethod {

@@ -154,9 +154,11 @@ func (b *batchRun) part(f nostr.Filter) error {
 		if err != nil {
 			return err
 		}
-		if len(local) == 0 && !b.s.looseTags.Load() {
+		if len(local) == 0 && !b.s.looseTags.Load() && w.nip77.refusal(w.f.clock.Now()) == "" {
 			// Nothing held for the whole filter: all the relay has for it
-			// is a difference, read without since as NIP-77 would.
+			// is a difference, read without since as NIP-77 would. Not on
+			// a relay known to refuse NIP-77: there a catch-up is a REQ
+			// read, bounded by since like any other (below).
 			err := b.req(f)
 			var inc *history.IncompleteError
 			if !errors.As(err, &inc) {
@@ -177,9 +179,11 @@ func (b *batchRun) part(f nostr.Filter) error {
 			if refused == "" {
 				return context.Cause(b.s.ctx) // the session ended while waiting
 			}
+			// As any REQ read: since bounds it (docs/sync.md, "Catch-ups
+			// and back-dated events").
 			b.s.fallBack("remembered: " + refused)
 			b.usedReq = true
-			return b.req(f)
+			return b.req(reqF)
 		}
 		rounds, err := b.negentropy(f, local)
 		if err != nil && strings.Contains(err.Error(), "auth-required:") && b.s.auth.sk != "" {

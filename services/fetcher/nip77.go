@@ -63,6 +63,17 @@ func (n *nip77Support) begin(ctx context.Context, now func() time.Time) (try, pr
 	}
 }
 
+// refusal is the remembered refusal, "" when the relay may speak NIP-77
+// (it did, or nothing is known yet). It waits for nothing.
+func (n *nip77Support) refusal(now time.Time) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.supported || !now.Before(n.until) {
+		return ""
+	}
+	return n.refused
+}
+
 // settle records the outcome of a NEG-OPEN: answered (a NEG-MSG came
 // back), refused (the relay said it cannot; its reason), or neither (a
 // timeout, the session ending: nothing learnt). A probe's settle lets the
