@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -152,6 +153,12 @@ type Fetcher struct {
 	local   LocalSet
 	authKey string
 
+	// reportNonce and reportSeq make each report's Nats-Msg-Id, unique to
+	// this Fetcher's life: a retried report that was stored the first time
+	// is dropped by the stream as a duplicate (relayWorker.reportFor).
+	reportNonce string
+	reportSeq   atomic.Uint64
+
 	// localHoldsStore: local holds the store's ids, not only refusals, so
 	// a NIP-77 catch-up can reconcile its whole filters (batchRun.part).
 	localHoldsStore bool
@@ -186,18 +193,19 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 	cfg = cfg.withDefaults()
 	sk, _ := config.SecretKey(cfg.AuthKey)
 	return &Fetcher{
-		cfg:        cfg,
-		bus:        b,
-		clock:      clk,
-		log:        log.With("service", "fetcher", "fetcher", cfg.ID),
-		guard:      relayurl.Guard{Allow: cfg.RelayAllowlist},
-		m:          newMetrics(reg),
-		authKey:    sk,
-		recent:     newRecentIDs(cfg.RecentIDs, recentTTL),
-		recentByID: newRecentIDs(cfg.RecentIDs, recentTTL),
-		relays:     map[string]*relayWorker{},
-		nip77:      map[string]*nip77Support{},
-		shards:     map[int]*shardRun{},
+		cfg:         cfg,
+		bus:         b,
+		clock:       clk,
+		log:         log.With("service", "fetcher", "fetcher", cfg.ID),
+		guard:       relayurl.Guard{Allow: cfg.RelayAllowlist},
+		m:           newMetrics(reg),
+		authKey:     sk,
+		reportNonce: newSessionID(),
+		recent:      newRecentIDs(cfg.RecentIDs, recentTTL),
+		recentByID:  newRecentIDs(cfg.RecentIDs, recentTTL),
+		relays:      map[string]*relayWorker{},
+		nip77:       map[string]*nip77Support{},
+		shards:      map[int]*shardRun{},
 	}
 }
 

@@ -10,10 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nbd-wtf/go-nostr"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
@@ -387,12 +389,46 @@ func (w *relayWorker) reportFor(session string, r *graspv1.FetchReport) {
 	r.Shard = uint32(w.shard)
 	r.FetcherId = w.f.cfg.ID
 	r.At = w.f.clock.Now().UnixMilli()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := w.f.bus.Publish(ctx, w.f.bus.Names.FetchReportSubject(w.shard), r); err != nil {
+	subject := w.f.bus.Names.FetchReportSubject(w.shard)
+	msg, err := bus.NewMsg(subject, r)
+	if err != nil {
 		w.log.Error("report lost", "session", session, "err", err)
+		return
+	}
+	msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("fetcher-%s-%s-%d", w.f.cfg.ID, w.f.reportNonce, w.f.reportSeq.Add(1)))
+	// A lost report (above all a BatchDone) leaves the planner waiting on a
+	// batch until the session ends, so a publish a busy NATS did not
+	// acknowledge is retried; the Nats-Msg-Id makes a retry of a stored
+	// report a duplicate the stream drops (docs/decisions.md, "Fetcher:
+	// reports are retried, not lost"). The waits are real time: they wait
+	// on the server, as the leases do.
+	wait := reportRetryFirstWait
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), reportAttemptTimeout)
+		_, err = w.f.bus.JS.PublishMsg(ctx, msg)
+		cancel()
+		if err == nil {
+			return
+		}
+		if !bus.Transient(err) || attempt == reportPublishAttempts {
+			w.log.Error("report lost", "session", session, "attempt", attempt, "err", fmt.Errorf("publish to %s: %w", subject, err))
+			return
+		}
+		w.log.Warn("report not acknowledged; retrying", "session", session, "attempt", attempt, "wait", wait, "err", err)
+		time.Sleep(wait)
+		wait *= 2
 	}
 }
+
+// A report is tried reportPublishAttempts times, each waiting up to
+// reportAttemptTimeout for the stream's acknowledgement, with waits from
+// reportRetryFirstWait doubling between them: about 30 s in all before it
+// is given up.
+const (
+	reportPublishAttempts = 5
+	reportAttemptTimeout  = 5 * time.Second
+	reportRetryFirstWait  = 250 * time.Millisecond
+)
 
 func newSessionID() string {
 	b := make([]byte, 8)
