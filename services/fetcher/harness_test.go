@@ -83,7 +83,13 @@ func newEnv(t *testing.T) *env {
 }
 
 func (e *env) connect(name string) *bus.Bus {
-	b, err := bus.Connect(e.ctx, e.nats.URL, name, bus.DefaultNames(), bus.Security{})
+	return e.connectTo(e.nats.URL, name)
+}
+
+// connectTo connects to NATS at url (e.g. through a testkit.DelayProxy)
+// until the test ends.
+func (e *env) connectTo(url, name string) *bus.Bus {
+	b, err := bus.Connect(e.ctx, url, name, bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -117,8 +123,12 @@ func (e *env) start(cfg fetcher.Config, local fetcher.LocalSet) *runningFetcher 
 
 // startWith is start with the fetcher set up by setup before it runs.
 func (e *env) startWith(cfg fetcher.Config, setup func(*fetcher.Fetcher)) *runningFetcher {
+	return e.startOn(e.connect(cfg.ID), cfg, setup)
+}
+
+// startOn is startWith on the NATS connection b.
+func (e *env) startOn(b *bus.Bus, cfg fetcher.Config, setup func(*fetcher.Fetcher)) *runningFetcher {
 	reg := prometheus.NewRegistry()
-	b := e.connect(cfg.ID)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	f := fetcher.New(cfg, b, e.clock, log, reg)
 	setup(f)

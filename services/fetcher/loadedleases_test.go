@@ -1,18 +1,12 @@
 package fetcher_test
 
 import (
-	"context"
-	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
-	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
@@ -30,25 +24,8 @@ func TestLoadedFetcherKeepsShardsAndRelays(t *testing.T) {
 	p := testkit.StartDelayProxy(t, strings.TrimPrefix(e.nats.URL, "nats://"))
 	cfg := baseConfig("fetcher-a")
 	cfg.Shards, cfg.LeaseTTL = shards, ttl
-	b, err := bus.Connect(e.ctx, "nats://"+p.Addr, cfg.ID, bus.DefaultNames(), bus.Security{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	reg := prometheus.NewRegistry()
-	f := fetcher.New(cfg, b, e.clock, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), reg)
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := f.Run(ctx); err != nil && ctx.Err() == nil {
-			t.Errorf("fetcher: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	rf := e.startOn(e.connectTo("nats://"+p.Addr, cfg.ID), cfg, func(*fetcher.Fetcher) {})
+	f, reg := rf.Fetcher, rf.reg
 	e.waitFor("fetcher owns every shard", func() bool { return len(f.Shards()) == shards })
 	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
 	e.send(shardOf(r.URL, shards), &graspv1.FetchCommand{RelayUrl: r.URL,

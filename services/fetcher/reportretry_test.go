@@ -1,16 +1,12 @@
 package fetcher_test
 
 import (
-	"context"
-	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
-	"github.com/prometheus/client_golang/prometheus"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
@@ -29,24 +25,7 @@ func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 	p := testkit.StartDelayProxy(t, strings.TrimPrefix(e.nats.URL, "nats://"))
 	cfg := baseConfig("fetcher-a")
 	cfg.Shards, cfg.LeaseTTL = 1, 60*time.Second // the held answers must not cost the lease
-	b, err := bus.Connect(e.ctx, "nats://"+p.Addr, cfg.ID, bus.DefaultNames(), bus.Security{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	f := fetcher.New(cfg, b, e.clock, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), prometheus.NewRegistry())
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := f.Run(ctx); err != nil && ctx.Err() == nil {
-			t.Errorf("fetcher: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	f := e.startOn(e.connectTo("nats://"+p.Addr, cfg.ID), cfg, func(*fetcher.Fetcher) {})
 	e.waitFor("fetcher owns its shard", func() bool { return len(f.Shards()) == 1 })
 	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
 	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL,
