@@ -171,7 +171,9 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 		t.Fatalf("pipeline: the stored counter reached the world's size but the relay lacks events: %v", err)
 	}
 	tgt.stop()
-	res.logErrors, res.logWarns, _, _, _ = scanLogs(tgt.logs)
+	var top map[string]int
+	res.logErrors, res.logWarns, top, _, _ = scanLogs(tgt.logs)
+	t.Logf("graspd log: %d ERROR, %d WARN, most frequent %v", res.logErrors, res.logWarns, top)
 	t.Logf("pipeline: %d events in %s (%.0f/s), graspd CPU %.2fs (%.2fs per 1,000), farm CPU %.2fs, farm sent %d events, verified %.0f",
 		res.events, res.pipeline.Wall.Round(time.Millisecond), res.pipeline.rate(res.events), res.pipeline.CPU,
 		res.pipeline.cpuPerK(res.events), res.pipeline.FarmCPU, res.pipeline.Sent, res.pipeline.Verified)
@@ -295,8 +297,11 @@ func runBaselineProc(t *testing.T, ctx context.Context, bin, dir string, w *test
 		t.Fatal(err)
 	}
 	read("the check")
-	if step.Missing == nil || *step.Missing != 0 {
-		t.Fatalf("baseline incomplete: %v of %d events missing", step.Missing, len(w.Events))
+	if step.Missing == nil {
+		t.Fatalf("syncbaseline: no count of missing events")
+	}
+	if *step.Missing != 0 {
+		t.Fatalf("baseline incomplete: %d of %d events missing", *step.Missing, len(w.Events))
 	}
 	_ = stdin.Close()
 	exited = true

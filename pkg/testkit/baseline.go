@@ -12,6 +12,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
@@ -44,10 +45,10 @@ type BaselineStats struct {
 }
 
 // SyncBaseline syncs the relays' NIP-34 history into st: per relay, one
-// connection, the layer-2 filters of the repositories listing it, then the
-// layer-3 filters of the roots (issues, patches) found there, each read
-// completely with until-pagination (pkg/history); every event's signature
-// is checked and it is saved. No policy, no NATS, no persistence of
+// connection, the layer-2 filters of the repositories listing it and their
+// states (30618), then the layer-3 filters of the roots (issues, patches,
+// pull requests) found there, each read completely with until-pagination
+// (pkg/history); every event's signature is checked and it is saved. No policy, no NATS, no persistence of
 // progress, no NIP-77. The relays are read concurrently.
 func SyncBaseline(ctx context.Context, st *store.Store, relays []BaselineRelay) (BaselineStats, error) {
 	var received, verified, stored atomic.Int64
@@ -75,7 +76,7 @@ func SyncBaseline(ctx context.Context, st *store.Store, relays []BaselineRelay) 
 					if ok {
 						stored.Add(1)
 					}
-					if e.Kind == KindPatch || e.Kind == KindIssue {
+					if nip34.IsRootKind(e.Kind) {
 						mu.Lock()
 						roots = append(roots, e.ID)
 						mu.Unlock()
@@ -83,7 +84,15 @@ func SyncBaseline(ctx context.Context, st *store.Store, relays []BaselineRelay) 
 				}
 				return nil
 			}
-			for _, f := range filters.Layer2(rel.Repos) {
+			// Layer 2 and the repositories' states (30618 events carry no
+			// "a" tag), as the pipeline's items ask (filters.Items).
+			var identifiers []string
+			for _, ref := range rel.Repos {
+				if r, ok := nip34.ParseRepoRef(ref); ok {
+					identifiers = append(identifiers, r.Identifier)
+				}
+			}
+			for _, f := range filters.Items(rel.Repos, identifiers, nil) {
 				f.Limit = BaselinePageSize
 				if _, err := history.Read(ctx, c, f, 100, 100000, save); err != nil {
 					return fmt.Errorf("baseline: layer 2 on %s: %w", rel.URL, err)
