@@ -170,10 +170,11 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 	if err := waitAllOnRelay(ctx, tgt.relay, ids); err != nil {
 		t.Fatalf("pipeline: the stored counter reached the world's size but the relay lacks events: %v", err)
 	}
-	tgt.stop()
+	// The log up to here: the sync and the check, not the shutdown.
 	var top map[string]int
 	res.logErrors, res.logWarns, top, _, _ = scanLogs(tgt.logs)
-	t.Logf("graspd log: %d ERROR, %d WARN, most frequent %v", res.logErrors, res.logWarns, top)
+	t.Logf("graspd log during the sync: %d ERROR, %d WARN, most frequent %v", res.logErrors, res.logWarns, top)
+	tgt.stop()
 	t.Logf("pipeline: %d events in %s (%.0f/s), graspd CPU %.2fs (%.2fs per 1,000), farm CPU %.2fs, farm sent %d events, verified %.0f",
 		res.events, res.pipeline.Wall.Round(time.Millisecond), res.pipeline.rate(res.events), res.pipeline.CPU,
 		res.pipeline.cpuPerK(res.events), res.pipeline.FarmCPU, res.pipeline.Sent, res.pipeline.Verified)
