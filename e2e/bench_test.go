@@ -506,9 +506,11 @@ func renderBench(r benchResult) string {
 	}
 	fmt.Fprintf(&b, "The pipeline is timed from publishing the announcements to our relay until the last event is in the "+
 		"store (discovery, planning, NIP-77 reconciliation, id fetches, layer 3, policy, parking, storage). The baseline "+
-		"is one connection per relay: layer-2 REQs for the repositories listing it, then layer-3 REQs for the roots it "+
-		"found, each paged completely with `pkg/history`, signatures checked, saved into a fresh store of the same backend; "+
-		"no policy, no NATS, no persistence of progress, no NIP-77.\n\n")
+		"(`testkit.SyncBaseline`) is one connection per relay: layer-2 REQs for the repositories listing it (and their "+
+		"states), then layer-3 REQs for the roots it found, each paged completely with `pkg/history`, every copy's signature "+
+		"checked, saved into a fresh store of the same backend; no policy, no NATS, no persistence of progress, no NIP-77. "+
+		"Everything here shares one process with the relays; \"A benchmark with the relays in their own process\" below "+
+		"runs the relays, graspd and the baseline each in its own.\n\n")
 	fmt.Fprintf(&b, "## Live latency\n\n")
 	fmt.Fprintf(&b, "%d events published one at a time on a remote relay after the initial sync (alternating new issues on "+
 		"known repositories and comments on known roots), timed until they are in our store (store polled every 2 ms).\n\n", len(r.latencies))
