@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
 // `make bench-scale` (issue 23 §1, §2, §5): graspd at the design's scale.
@@ -196,18 +197,24 @@ func totals(a, b []testkit.RelayStats) farmTotals {
 	return t
 }
 
-// scaleBin is a prebuilt binary named by env, or one built now.
+// scaleBin is a prebuilt binary named by env, or one built now: the
+// benchmark's own commands (relayfarm, syncbaseline: e2e/cmd) with the
+// verifier this test binary has, the services by BuildBinaries.
 func scaleBin(t *testing.T, env, name string) string {
 	if p := os.Getenv(env); p != "" {
 		return p
 	}
-	if name == "relayfarm" {
+	if name == "relayfarm" || name == "syncbaseline" {
 		dir := t.TempDir()
-		out, err := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "./cmd/relayfarm").CombinedOutput()
-		if err != nil {
-			t.Fatalf("build relayfarm: %v\n%s", err, out)
+		args := []string{"build", "-o", dir + string(os.PathSeparator)}
+		if verify.Backend() == verify.Libsecp256k1 {
+			args = append(args, "-tags", "libsecp256k1")
 		}
-		return filepath.Join(dir, "relayfarm")
+		out, err := exec.Command("go", append(args, "./cmd/"+name)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("build %s: %v\n%s", name, err, out)
+		}
+		return filepath.Join(dir, name)
 	}
 	bin, err := BuildBinaries()
 	if err != nil {
@@ -289,7 +296,14 @@ type farmProc struct {
 }
 
 func startFarm(t *testing.T, bin string, relays int, logPath string) *farmProc {
-	cmd := exec.Command(bin, "-relays", strconv.Itoa(relays), "-nip77", "0.5", "-max-limit", "500")
+	return startFarmWith(t, bin, logPath, testkit.FarmOptions{Relays: relays, NegentropyFraction: 0.5, MaxLimit: 500})
+}
+
+// startFarmWith starts the relay farm binary with o's relays (count,
+// NIP-77 and tag-letter fractions, REQ cap) and waits for its address line.
+func startFarmWith(t *testing.T, bin, logPath string, o testkit.FarmOptions) *farmProc {
+	cmd := exec.Command(bin, "-relays", strconv.Itoa(o.Relays), "-nip77", strconv.FormatFloat(o.NegentropyFraction, 'g', -1, 64),
+		"-ignore-tag-letter", strconv.FormatFloat(o.IgnoreTagLetterFraction, 'g', -1, 64), "-max-limit", strconv.Itoa(o.MaxLimit))
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)

@@ -15,11 +15,7 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
-	"golang.org/x/sync/errgroup"
 
-	"github.com/grasp-sync/grasp-sync/pkg/filters"
-	"github.com/grasp-sync/grasp-sync/pkg/history"
-	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
@@ -392,11 +388,9 @@ func resyncBytesIn(t *testing.T, dataDir, eventsDir string, urls []string, disab
 		int(MetricSum(m, "grasp_fetcher_events_received_total", `mode="historic"`))
 }
 
-// baseline syncs the dataset the simplest way one process can: per relay,
-// one connection, the layer-2 filters of the repositories listing it and
-// then the layer-3 filters of the roots found, each read completely with
-// until-pagination; every event's signature is checked and it is saved to a
-// fresh store of the same backend.
+// baseline syncs the dataset the simplest way one process can
+// (testkit.SyncBaseline) into a fresh store of the same backend, in this
+// process.
 func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "events"))
@@ -404,58 +398,20 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	reposOf := make([][]string, len(urls))
+	relays := make([]testkit.BaselineRelay, len(urls))
+	for i, url := range urls {
+		relays[i].URL = url
+	}
 	for r, rel := range ds.RepoRelays {
 		for _, i := range rel {
-			reposOf[i] = append(reposOf[i], ds.Repos[r])
+			relays[i].Repos = append(relays[i].Repos, ds.Repos[r])
 		}
 	}
 	ctx := context.Background()
 	stopProfile := startCPUProfile(t, "baseline")
 	defer stopProfile()
 	began := time.Now()
-	var g errgroup.Group
-	for i, url := range urls {
-		g.Go(func() error {
-			c, err := relayconn.Dial(ctx, url, relayconn.Options{})
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			var mu sync.Mutex
-			var roots []string
-			save := func(page []*nostr.Event) error {
-				for _, e := range page {
-					if ok, err := e.CheckSignature(); err != nil || !ok {
-						continue
-					}
-					if _, err := st.Save(ctx, e); err != nil {
-						return err
-					}
-					if e.Kind == 1617 || e.Kind == 1621 {
-						mu.Lock()
-						roots = append(roots, e.ID)
-						mu.Unlock()
-					}
-				}
-				return nil
-			}
-			for _, f := range filters.Layer2(reposOf[i]) {
-				f.Limit = 500
-				if _, err := history.Read(ctx, c, f, 100, 100000, save); err != nil {
-					return err
-				}
-			}
-			for _, f := range filters.Layer3(slices.Compact(slices.Sorted(slices.Values(roots)))) {
-				f.Limit = 500
-				if _, err := history.Read(ctx, c, f, 100, 100000, save); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
+	if _, err := testkit.SyncBaseline(ctx, st, relays); err != nil {
 		t.Fatalf("baseline: %v", err)
 	}
 	wall := time.Since(began)
@@ -550,9 +506,11 @@ func renderBench(r benchResult) string {
 	}
 	fmt.Fprintf(&b, "The pipeline is timed from publishing the announcements to our relay until the last event is in the "+
 		"store (discovery, planning, NIP-77 reconciliation, id fetches, layer 3, policy, parking, storage). The baseline "+
-		"is one connection per relay: layer-2 REQs for the repositories listing it, then layer-3 REQs for the roots it "+
-		"found, each paged completely with `pkg/history`, signatures checked, saved into a fresh store of the same backend; "+
-		"no policy, no NATS, no persistence of progress, no NIP-77.\n\n")
+		"(`testkit.SyncBaseline`) is one connection per relay: layer-2 REQs for the repositories listing it (and their "+
+		"states), then layer-3 REQs for the roots it found, each paged completely with `pkg/history`, every copy's signature "+
+		"checked, saved into a fresh store of the same backend; no policy, no NATS, no persistence of progress, no NIP-77. "+
+		"Everything here shares one process with the relays; \"A benchmark with the relays in their own process\" below "+
+		"runs the relays, graspd and the baseline each in its own.\n\n")
 	fmt.Fprintf(&b, "## Live latency\n\n")
 	fmt.Fprintf(&b, "%d events published one at a time on a remote relay after the initial sync (alternating new issues on "+
 		"known repositories and comments on known roots), timed until they are in our store (store polled every 2 ms).\n\n", len(r.latencies))
