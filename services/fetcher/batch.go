@@ -62,6 +62,16 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 	case <-s.ctx.Done():
 		return
 	}
+	// Then a turn among all relays' batches (Config.MaxRunningBatches).
+	w.f.m.batchesWaiting.Inc()
+	select {
+	case w.f.running <- struct{}{}:
+		w.f.m.batchesWaiting.Dec()
+		defer func() { <-w.f.running }()
+	case <-s.ctx.Done():
+		w.f.m.batchesWaiting.Dec()
+		return
+	}
 	batch, hist, refetch := spec.id, spec.hist, spec.refetch
 	b := &batchRun{w: w, s: s, id: batch, pub: w.f.newWindowPublisher(), since: spec.since,
 		countMissed: spec.resync && w.f.local != nil && w.f.localHoldsStore}

@@ -89,6 +89,13 @@ type Config struct {
 	// relay; MaxPendingBatches how many may wait (more are failed).
 	MaxConcurrentBatches int `envconfig:"FETCHER_MAX_CONCURRENT_BATCHES" default:"2"`
 	MaxPendingBatches    int `envconfig:"FETCHER_MAX_PENDING_BATCHES" default:"256"`
+	// MaxRunningBatches is how many historic batches run at once in this
+	// replica, all relays together; the others wait their turn. Without it
+	// a start or a daily resync over hundreds of relays runs a thousand
+	// batches at once, each with its publish window, and the process is
+	// too busy to renew its own leases (docs/decisions.md, "Fetcher: a
+	// bound on the batches running at once").
+	MaxRunningBatches int `envconfig:"FETCHER_MAX_RUNNING_BATCHES" default:"32"`
 	// PublishWindow is how many event publishes may await acknowledgement
 	// per batch or live subscription.
 	PublishWindow int `envconfig:"FETCHER_PUBLISH_WINDOW" default:"256"`
@@ -117,6 +124,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ID == "" {
 		c.ID = config.InstanceID()
+	}
+	if c.MaxRunningBatches < 0 {
+		return config.Invalid("FETCHER_MAX_RUNNING_BATCHES", c.MaxRunningBatches, "must be at least 1 (0 takes the default)")
 	}
 	if c.NegentropyFrameSize != 0 && c.NegentropyFrameSize < 4096 {
 		return config.Invalid("FETCHER_NEGENTROPY_FRAME_SIZE", c.NegentropyFrameSize, "must be at least 4096")
@@ -163,6 +173,10 @@ type Fetcher struct {
 	// a NIP-77 catch-up can reconcile its whole filters (batchRun.part).
 	localHoldsStore bool
 
+	// running holds a token for each historic batch running in this
+	// replica (Config.MaxRunningBatches).
+	running chan struct{}
+
 	// recent is the acknowledged publishes, shared by every relay worker;
 	// recentByID the same by event id alone (batchRun.deferPublished).
 	recent, recentByID *recentIDs
@@ -201,6 +215,7 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 		m:           newMetrics(reg),
 		authKey:     sk,
 		reportNonce: newSessionID(),
+		running:     make(chan struct{}, cfg.MaxRunningBatches),
 		recent:      newRecentIDs(cfg.RecentIDs, recentTTL),
 		recentByID:  newRecentIDs(cfg.RecentIDs, recentTTL),
 		relays:      map[string]*relayWorker{},

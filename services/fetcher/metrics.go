@@ -35,6 +35,9 @@ type metrics struct {
 	// (docs/decisions.md, "History: reading a crowded second completely").
 	crowdedSeconds   prometheus.Counter
 	incompleteSlices prometheus.Counter
+	// batchesWaiting counts historic batches waiting for a turn
+	// (Config.MaxRunningBatches).
+	batchesWaiting prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -81,11 +84,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "One-second slices of REQ+EOSE history read on their own because a capped page fell entirely inside one second."}),
 		incompleteSlices: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_incomplete_slices_total",
 			Help: "One-second slices that still filled a capped page with nothing left to split: their batch is reported INCOMPLETE and retried, never confirmed."}),
+		batchesWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_fetcher_batches_waiting",
+			Help: "Historic batches waiting for a turn: GRASP_FETCHER_MAX_RUNNING_BATCHES are running across all relays."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
 			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
-			m.shardReleases, m.crowdedSeconds, m.incompleteSlices)
+			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting)
 	}
 	return m
 }
