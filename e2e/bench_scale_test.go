@@ -539,7 +539,10 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 		_ = os.MkdirAll(pd, 0o755)
 		stop, done := make(chan struct{}), make(chan struct{})
 		pctx, pcancel := context.WithCancel(context.Background())
-		go func() { defer close(done); keepPeakProfile(pctx, stop, tgt.procs[0].Pid(), tgt.procs[0].MetricsAddr, pd, t) }()
+		go func() {
+			defer close(done)
+			keepPeakProfile(pctx, stop, tgt.procs[0].Pid(), tgt.procs[0].MetricsAddr, pd, t)
+		}()
 		defer func() { close(stop); pcancel(); <-done }()
 	}
 	anns := w.Announcements(tgt.relay, farm.urls)
