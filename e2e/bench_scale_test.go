@@ -447,6 +447,9 @@ func startSingle(t *testing.T, bin, dataDir, storeURL, logPath, relayAddr string
 	if storeURL != "" {
 		env["GRASP_STORE_URL"] = storeURL
 	}
+	if os.Getenv("GRASP_BENCH_SCALE_PROFILE") == "1" {
+		env["GRASP_PPROF"] = "true"
+	}
 	p := &Proc{Name: "graspd", Log: logPath, HealthURL: "http://" + metricsAddr + "/readyz", MetricsAddr: metricsAddr, bin: bin, env: processEnv(env, nil)}
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
@@ -541,6 +544,21 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 		tgt = startSingle(t, graspdBin, dataDir, "", filepath.Join(dir, "graspd.log"), "")
 	}
 	defer tgt.stop()
+	// GRASP_BENCH_SCALE_PROFILE=1: heap profiles nearest the peak RSS
+	// (<world dir>/peak) and at the end of the idle window (<world
+	// dir>/idle), graspd alone.
+	profile := multi == nil && os.Getenv("GRASP_BENCH_SCALE_PROFILE") == "1"
+	if profile {
+		pd := filepath.Join(dir, "peak")
+		_ = os.MkdirAll(pd, 0o755)
+		stop, done := make(chan struct{}), make(chan struct{})
+		pctx, pcancel := context.WithCancel(context.Background())
+		go func() {
+			defer close(done)
+			keepPeakProfile(pctx, stop, tgt.procs[0].Pid(), tgt.procs[0].MetricsAddr, pd, t)
+		}()
+		defer func() { close(stop); pcancel(); <-done }()
+	}
 	anns := w.Announcements(tgt.relay, farm.urls)
 	res.OnRelays = farm.seed(t, w)
 	t.Logf("[%s %s] farm of %d relays seeded with %d copies", sw.Name, res.Mode, spec.Relays, res.OnRelays)
@@ -661,6 +679,9 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	}
 	t.Logf("[%s %s] idle %s: CPU %.1f%% of a core, RSS %d MB, %0.f goroutines, heap in use %.0f MB; farm during idle: %+v",
 		sw.Name, res.Mode, idle, 100*res.IdleCPU/res.IdleSecs, res.IdleRSS>>20, res.Goroutines, res.HeapInuse/(1<<20), res.Idle)
+	if profile {
+		saveIdleProfiles(after, tgt.procs[0], filepath.Join(dir, "idle"))
+	}
 	res.LogErrors, res.LogWarnings, res.LogTop, res.ShardLosses, res.Disconnects = scanLogs(tgt.logs)
 	tgt.stop()
 
@@ -868,4 +889,33 @@ func renderScaleTable(rs []scaleResult) string {
 		fmt.Fprintf(&b, "- %s (%s): %s.%s\n", r.World, r.Mode, strings.Join(parts, ", "), note)
 	}
 	return b.String()
+}
+
+// saveIdleProfiles writes graspd's heap and goroutine profiles, metrics,
+// /proc status and smaps_rollup to dir (GRASP_BENCH_SCALE_PROFILE).
+func saveIdleProfiles(ctx context.Context, p *Proc, dir string) {
+	_ = os.MkdirAll(dir, 0o755)
+	get := func(name, url string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil {
+			_ = os.WriteFile(filepath.Join(dir, name), b, 0o644)
+		}
+	}
+	base := "http://" + p.MetricsAddr
+	get("heap.pprof", base+"/debug/pprof/heap?gc=1")
+	get("goroutine.txt", base+"/debug/pprof/goroutine?debug=1")
+	get("metrics.txt", base+"/metrics")
+	for _, f := range []string{"status", "smaps_rollup", "smaps"} {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/%s", p.Pid(), f))
+		_ = os.WriteFile(filepath.Join(dir, f+".txt"), b, 0o644)
+	}
 }

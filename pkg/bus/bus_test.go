@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -194,5 +195,26 @@ func TestNamesUsePrefix(t *testing.T) {
 		if got != want {
 			t.Errorf("%s, want %s", got, want)
 		}
+	}
+}
+
+// An event's Nats-Msg-Id names its id and its signature, in fewer bytes
+// than the signature: the events stream keeps every id of its duplicate
+// window in memory.
+func TestEventMsgIDIsCompact(t *testing.T) {
+	id := strings.Repeat("ab", 32)
+	sig, other := strings.Repeat("cd", 64), strings.Repeat("cd", 63)+"ce"
+	got := bus.EventMsgID(id, sig)
+	if !strings.HasPrefix(got, id+":") {
+		t.Errorf("EventMsgID = %q, want the event id first", got)
+	}
+	if len(got) > len(id)+1+22 {
+		t.Errorf("EventMsgID is %d bytes, want at most %d (id, ':', a 128-bit digest)", len(got), len(id)+1+22)
+	}
+	if got == bus.EventMsgID(id, other) {
+		t.Error("two signatures give one EventMsgID")
+	}
+	if got != bus.EventMsgID(id, sig) {
+		t.Error("EventMsgID is not stable")
 	}
 }

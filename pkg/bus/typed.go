@@ -2,6 +2,8 @@ package bus
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -228,9 +230,17 @@ func (b *Bus) ConsumeRestarting(ctx context.Context, clk clock.Clock, bo Restart
 	}
 }
 
-// EventMsgID is the Nats-Msg-Id of an event on EventsSubject: its id and
-// signature. The same event fetched from many relays carries the same
-// signature and is ingested once; a forged copy (same id, another
-// signature) that a hostile relay sends first cannot make the stream drop
-// the genuine event as a duplicate for the whole dedup window.
-func EventMsgID(id, sig string) string { return id + ":" + sig }
+// EventMsgID is the Nats-Msg-Id of an event on EventsSubject: its id and a
+// digest of its signature (the first 128 bits of its SHA-256, base64url).
+// The same event fetched from many relays carries the same signature and is
+// ingested once; a forged copy (same id, another signature) that a hostile
+// relay sends first cannot make the stream drop the genuine event as a
+// duplicate for the whole dedup window: that would take a second preimage
+// of the digest. A digest, not the 128-digit signature: the stream holds
+// every id of its 2-minute window in memory (and each message carries it),
+// ~300 bytes an entry with the signature, ~110 with the digest
+// (docs/performance.md, "Design scale: memory (issue 23 §2)").
+func EventMsgID(id, sig string) string {
+	d := sha256.Sum256([]byte(sig))
+	return id + ":" + base64.RawURLEncoding.EncodeToString(d[:16])
+}

@@ -35,7 +35,47 @@ type MemorySample struct {
 	// pages (goroutine stacks, runtime metadata, fragmentation in spans in
 	// use).
 	Other int64
+	// Allocated is the heap allocated since the process started
+	// (/gc/heap/allocs), so the guard sees when the process is quiet.
+	Allocated uint64
 }
+
+// IdleTrim decides when a process that went quiet returns its free heap to
+// the system (debug.FreeOSMemory): once per quiet spell, after Quiet
+// without allocating more than 1/32 of the live heap a second. Between
+// collections the heap holds up to the collector's goal (about twice the
+// live heap), and the runtime keeps that memory while nothing allocates, so
+// an idle graspd held ~60 MB of garbage at the design's target world
+// (docs/performance.md, "Design scale: memory (issue 23 §2)"). One
+// collection per quiet spell costs nothing measurable.
+type IdleTrim struct {
+	// Quiet is how long the process must be quiet first.
+	Quiet time.Duration
+
+	quietSince time.Time
+	trimmed    bool
+}
+
+// Observe takes what was allocated over the last interval (and the live
+// heap) at now, and reports whether to trim now.
+func (t *IdleTrim) Observe(now time.Time, allocated uint64, interval time.Duration, live int64) bool {
+	if float64(allocated) > float64(live)/32*interval.Seconds() {
+		t.quietSince, t.trimmed = time.Time{}, false
+		return false
+	}
+	if t.quietSince.IsZero() {
+		t.quietSince = now
+	}
+	if !t.trimmed && now.Sub(t.quietSince) >= t.Quiet {
+		t.trimmed = true
+		return true
+	}
+	return false
+}
+
+// idleTrimAfter is how long graspd must be quiet before its free heap is
+// returned (IdleTrim).
+const idleTrimAfter = 10 * time.Second
 
 // GuardedMemoryLimit is the soft limit GuardMemoryLimit keeps for a base
 // limit: the base, or, when more, the memory besides heap objects plus
@@ -90,6 +130,7 @@ var guardMetrics = []string{
 	"/memory/classes/heap/released:bytes",
 	"/cpu/classes/gc/total:cpu-seconds",
 	"/cpu/classes/total:cpu-seconds",
+	"/gc/heap/allocs:bytes",
 }
 
 // readGuardMetrics reads the runtime's memory and collector CPU; ok is
@@ -108,23 +149,29 @@ func readGuardMetrics(samples []metrics.Sample) (s MemorySample, gcCPU, allCPU f
 			return s, 0, 0, false
 		}
 	}
-	s = MemorySample{Live: u[0], Other: max(u[1]-u[2]-u[3]-u[4], 0)}
+	if samples[7].Value.Kind() != metrics.KindUint64 {
+		return s, 0, 0, false
+	}
+	s = MemorySample{Live: u[0], Other: max(u[1]-u[2]-u[3]-u[4], 0), Allocated: samples[7].Value.Uint64()}
 	return s, samples[5].Value.Float64(), samples[6].Value.Float64(), true
 }
 
 // GuardMemoryLimit keeps the runtime's soft limit at GuardedMemoryLimit,
 // reading the runtime's memory and the collector's CPU every interval until
-// ctx is done.
+// ctx is done, and returns the free heap to the system once the process has
+// been quiet for a while (IdleTrim).
 func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 	samples := make([]metrics.Sample, len(guardMetrics))
 	for i, n := range guardMetrics {
 		samples[i].Name = n
 	}
 	cur, boost := base, 1.0
-	_, gc0, all0, ok := readGuardMetrics(samples)
+	s0, gc0, all0, ok := readGuardMetrics(samples)
 	if !ok {
 		return // a runtime without the metrics: keep the base
 	}
+	trim := IdleTrim{Quiet: idleTrimAfter}
+	allocated := s0.Allocated
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -138,6 +185,10 @@ func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 			boost = NextBoost(boost, (gc1-gc0)/(all1-all0))
 		}
 		gc0, all0 = gc1, all1
+		if trim.Observe(time.Now(), s.Allocated-allocated, interval, s.Live) {
+			debug.FreeOSMemory()
+		}
+		allocated = s.Allocated
 		// A change of less than 1/16 is not worth a new limit: the
 		// estimate moves with every allocation.
 		if want := GuardedMemoryLimit(base, s, boost); want > cur || want < cur-cur/16 {

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"encoding/hex"
 	"errors"
 	"slices"
 	"sort"
@@ -129,10 +130,15 @@ type RepoSyncIndex struct {
 	hosted map[nip34.RepoRef]struct{}
 	// roots holds root event ids per repository, including repositories not
 	// (yet) hosted, so roots that arrive before their announcement attach.
-	roots map[nip34.RepoRef]map[string]struct{}
+	// Ids are kept as 32 bytes, not 64 hex digits: at design scale the
+	// index holds every root of every repository for as long as it runs
+	// (docs/performance.md, "Design scale: memory (issue 23 §2)").
+	roots map[nip34.RepoRef]*rootSet
 	// rootRefs remembers which repositories each root tags, so a deletion
-	// can detach it.
-	rootRefs map[string]rootInfo
+	// can detach it: the first in rootRefs, any others (rare: a root
+	// tagging several repositories) in moreRefs.
+	rootRefs map[eventKey]rootInfo
+	moreRefs map[eventKey][]*rootSet
 	// deletedUntil is, per repository, the newest created_at of an "a"
 	// deletion by its owner: versions up to then are deleted.
 	deletedUntil map[nip34.RepoRef]nostr.Timestamp
@@ -148,9 +154,32 @@ type RepoSyncIndex struct {
 	Refused map[string]int
 }
 
+// eventKey is an event id or public key as its 32 bytes.
+type eventKey [32]byte
+
+// keyOf decodes a 64-digit lowercase hex id or public key; ok is false for
+// anything else (a stored event's id and author are always such).
+func keyOf(s string) (k eventKey, ok bool) {
+	if !nip34.IsEventID(s) {
+		return k, false
+	}
+	_, err := hex.Decode(k[:], []byte(s))
+	return k, err == nil
+}
+
+// rootSet is one repository's roots. A set leaves roots only when its
+// last root is deleted, and a deletion removes its root from every set and
+// from rootRefs, so no rootInfo names a set no longer in roots.
+type rootSet struct {
+	ref nip34.RepoRef
+	ids map[eventKey]struct{}
+}
+
+// rootInfo is what a deletion needs of a root: its author and the first
+// repository it tags.
 type rootInfo struct {
-	author string
-	refs   []nip34.RepoRef
+	author eventKey
+	set    *rootSet
 }
 
 // NewRepoSyncIndex returns an empty index.
@@ -162,8 +191,9 @@ func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 		byIdent:       map[string]map[nip34.RepoRef]struct{}{},
 		targets:       map[nip34.RepoRef][]string{},
 		hosted:        map[nip34.RepoRef]struct{}{},
-		roots:         map[nip34.RepoRef]map[string]struct{}{},
-		rootRefs:      map[string]rootInfo{},
+		roots:         map[nip34.RepoRef]*rootSet{},
+		rootRefs:      map[eventKey]rootInfo{},
+		moreRefs:      map[eventKey][]*rootSet{},
 		deletedUntil:  map[nip34.RepoRef]nostr.Timestamp{},
 		tombs:         map[string]struct{}{},
 		Refused:       map[string]int{},
@@ -231,25 +261,40 @@ func (x *RepoSyncIndex) applyAnnouncement(evt *nostr.Event) []nip34.RepoRef {
 }
 
 func (x *RepoSyncIndex) applyRoot(evt *nostr.Event) []nip34.RepoRef {
-	if _, ok := x.rootRefs[evt.ID]; ok || x.tombstoned(evt.ID, evt.PubKey) {
+	id, ok := keyOf(evt.ID)
+	author, ok2 := keyOf(evt.PubKey)
+	if !ok || !ok2 {
+		return nil
+	}
+	if _, ok := x.rootRefs[id]; ok || x.tombstoned(evt.ID, evt.PubKey) {
 		return nil
 	}
 	refs := nip34.RepoRefsOf(evt)
 	if len(refs) == 0 {
 		return nil
 	}
-	x.rootRefs[evt.ID] = rootInfo{author: evt.PubKey, refs: refs}
+	info := rootInfo{author: author}
+	var more []*rootSet
 	var changed []nip34.RepoRef
-	for _, ref := range refs {
+	for i, ref := range refs {
 		set := x.roots[ref]
 		if set == nil {
-			set = map[string]struct{}{}
+			set = &rootSet{ref: ref, ids: map[eventKey]struct{}{}}
 			x.roots[ref] = set
 		}
-		if _, ok := set[evt.ID]; !ok {
-			set[evt.ID] = struct{}{}
+		if i == 0 {
+			info.set = set
+		} else {
+			more = append(more, set)
+		}
+		if _, ok := set.ids[id]; !ok {
+			set.ids[id] = struct{}{}
 			changed = append(changed, ref)
 		}
+	}
+	x.rootRefs[id] = info
+	if len(more) > 0 {
+		x.moreRefs[id] = more
 	}
 	return changed
 }
@@ -268,17 +313,18 @@ func (x *RepoSyncIndex) applyDeletion(evt *nostr.Event) []nip34.RepoRef {
 				continue
 			}
 			x.tombstone(tag[1], evt.PubKey)
-			if info, ok := x.rootRefs[tag[1]]; ok && info.author == evt.PubKey {
-				delete(x.rootRefs, tag[1])
-				for _, ref := range info.refs {
-					if set := x.roots[ref]; set != nil {
-						delete(set, tag[1])
-						if len(set) == 0 {
-							delete(x.roots, ref)
-						}
-						changed = append(changed, ref)
+			id, _ := keyOf(tag[1])
+			author, _ := keyOf(evt.PubKey)
+			if info, ok := x.rootRefs[id]; ok && info.author == author {
+				delete(x.rootRefs, id)
+				for _, set := range append([]*rootSet{info.set}, x.moreRefs[id]...) {
+					delete(set.ids, id)
+					if len(set.ids) == 0 {
+						delete(x.roots, set.ref)
 					}
+					changed = append(changed, set.ref)
 				}
+				delete(x.moreRefs, id)
 			}
 			if ref, ok := x.current[tag[1]]; ok && x.announcements[ref].PubKey == evt.PubKey {
 				x.update(ref)
@@ -352,20 +398,24 @@ func (x *RepoSyncIndex) Entry(ref nip34.RepoRef) *graspv1.RepoSyncNeeds {
 		return nil
 	}
 	maintainers, aliases := x.maintainersOf(ref)
-	set := map[string]struct{}{}
-	for id := range x.roots[ref] {
-		set[id] = struct{}{}
+	set := map[eventKey]struct{}{}
+	if rs := x.roots[ref]; rs != nil {
+		for id := range rs.ids {
+			set[id] = struct{}{}
+		}
 	}
 	refs := make([]string, len(aliases))
 	for i, a := range aliases {
 		refs[i] = a.String()
-		for id := range x.roots[a] {
-			set[id] = struct{}{}
+		if rs := x.roots[a]; rs != nil {
+			for id := range rs.ids {
+				set[id] = struct{}{}
+			}
 		}
 	}
 	roots := make([]string, 0, len(set))
 	for id := range set {
-		roots = append(roots, id)
+		roots = append(roots, hex.EncodeToString(id[:]))
 	}
 	sort.Strings(roots)
 	sort.Strings(refs)
@@ -440,7 +490,9 @@ func (x *RepoSyncIndex) Stats() Stats {
 	relays := map[string]struct{}{}
 	st := Stats{Repos: len(x.hosted)}
 	for ref := range x.hosted {
-		st.RootEvents += len(x.roots[ref])
+		if rs := x.roots[ref]; rs != nil {
+			st.RootEvents += len(rs.ids)
+		}
 		for _, r := range x.targets[ref] {
 			relays[r] = struct{}{}
 		}

@@ -160,7 +160,7 @@ func kvContents(t *testing.T, kv jetstream.KeyValue) map[string]string {
 			t.Errorf("key %s: updated_at not set", e.Key())
 		}
 		c, _ := content(&v)
-		out[e.Key()] = string(c)
+		out[e.Key()] = string(c[:])
 	}
 	return out
 }
@@ -177,7 +177,7 @@ func recompute(events []*nostr.Event) map[string]string {
 	out := map[string]string{}
 	for _, ref := range x.Hosted() {
 		c, _ := content(x.Entry(ref))
-		out[ref.Key()] = string(c)
+		out[ref.Key()] = string(c[:])
 	}
 	return out
 }
@@ -328,7 +328,7 @@ func TestIndexOrderIndependent(t *testing.T) {
 		got := map[string]string{}
 		for _, ref := range x.Hosted() {
 			c, _ := content(x.Entry(ref))
-			got[ref.Key()] = string(c)
+			got[ref.Key()] = string(c[:])
 		}
 		if len(got) != len(want) {
 			t.Fatalf("seed %d: %d entries in one order, %d in another", seed, len(got), len(want))

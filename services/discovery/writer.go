@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,21 +23,33 @@ import (
 type IndexWriter struct {
 	kv    jetstream.KeyValue
 	clock clock.Clock
-	// written holds the deterministic encoding of each key's entry, with
-	// updated_at cleared, as last written or found in the bucket.
-	written map[string][]byte
+	// written holds the SHA-256 of the deterministic encoding of each key's
+	// entry, with updated_at cleared, as last written or found in the
+	// bucket; the zero sum marks an entry to rewrite (undecodable). A sum,
+	// not the encoding: an entry names every root of its repository (~3.3
+	// KB for 50 roots), and the writer only compares (docs/performance.md,
+	// "Design scale: memory (issue 23 §2)").
+	written map[string]contentSum
 }
+
+// contentSum is the SHA-256 of an entry's content; the zero value is no
+// content.
+type contentSum [sha256.Size]byte
 
 // NewIndexWriter returns a writer for kv; call Load before the first Sync.
 func NewIndexWriter(kv jetstream.KeyValue, clk clock.Clock) *IndexWriter {
-	return &IndexWriter{kv: kv, clock: clk, written: map[string][]byte{}}
+	return &IndexWriter{kv: kv, clock: clk, written: map[string]contentSum{}}
 }
 
 // content is what an entry is compared by: everything but updated_at.
-func content(e *graspv1.RepoSyncNeeds) ([]byte, error) {
+func content(e *graspv1.RepoSyncNeeds) (contentSum, error) {
 	c := proto.CloneOf(e)
 	c.UpdatedAt = 0
-	return proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	if err != nil {
+		return contentSum{}, err
+	}
+	return sha256.Sum256(b), nil
 }
 
 // Load reads the bucket's current entries (one watch, not a get per key)
@@ -49,7 +62,7 @@ func (w *IndexWriter) Load(ctx context.Context) ([]nip34.RepoRef, error) {
 		return nil, fmt.Errorf("read index bucket: %w", err)
 	}
 	defer func() { _ = watcher.Stop() }()
-	w.written = map[string][]byte{}
+	w.written = map[string]contentSum{}
 	var refs []nip34.RepoRef
 	var junk []string
 	for {
@@ -64,7 +77,7 @@ func (w *IndexWriter) Load(ctx context.Context) ([]nip34.RepoRef, error) {
 		}
 		switch ref, ok := nip34.ParseKey(e.Key()); {
 		case e.Key() == bus.BootstrapRelaysKey:
-			w.written[e.Key()] = e.Value()
+			w.written[e.Key()] = sha256.Sum256(e.Value())
 		case !ok:
 			junk = append(junk, e.Key())
 		default:
@@ -75,7 +88,7 @@ func (w *IndexWriter) Load(ctx context.Context) ([]nip34.RepoRef, error) {
 				}
 			}
 			if _, seen := w.written[e.Key()]; !seen {
-				w.written[e.Key()] = nil // undecodable: rewritten by Sync
+				w.written[e.Key()] = contentSum{} // undecodable: rewritten by Sync
 			}
 			refs = append(refs, ref)
 		}
@@ -106,7 +119,7 @@ func (w *IndexWriter) Sync(ctx context.Context, ref nip34.RepoRef, entry *graspv
 	if err != nil {
 		return false, fmt.Errorf("encode %s: %w", ref, err)
 	}
-	if prev, ok := w.written[key]; ok && prev != nil && string(prev) == string(c) {
+	if prev, ok := w.written[key]; ok && prev != (contentSum{}) && prev == c {
 		return false, nil
 	}
 	stamped := proto.CloneOf(entry)
@@ -130,12 +143,13 @@ func (w *IndexWriter) SyncBootstrap(ctx context.Context, relays []string) (bool,
 	if err != nil {
 		return false, fmt.Errorf("encode bootstrap relays: %w", err)
 	}
-	if prev, ok := w.written[bus.BootstrapRelaysKey]; ok && string(prev) == string(data) {
+	sum := sha256.Sum256(data)
+	if prev, ok := w.written[bus.BootstrapRelaysKey]; ok && prev == sum {
 		return false, nil
 	}
 	if _, err := w.kv.Put(ctx, bus.BootstrapRelaysKey, data); err != nil {
 		return false, fmt.Errorf("put %s: %w", bus.BootstrapRelaysKey, err)
 	}
-	w.written[bus.BootstrapRelaysKey] = data
+	w.written[bus.BootstrapRelaysKey] = sum
 	return true, nil
 }

@@ -50,6 +50,7 @@ func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
 		return
 	}
 	n := w.f.cfg.LiveFiltersPerREQ
+	share := hexShare{}
 	for start := 0; start < len(fs); start += n {
 		chunk := make(nostr.Filters, 0, n)
 		for _, f := range fs[start:min(start+n, len(fs))] {
@@ -57,7 +58,7 @@ func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
 			chunk = append(chunk, f)
 		}
 		ctx, cancel := context.WithCancel(w.sess.ctx)
-		g := &liveGroup{id: id, filters: compactFilters(chunk), cancel: cancel, done: make(chan struct{}), live: make(chan struct{})}
+		g := &liveGroup{id: id, filters: compactFilters(chunk, share), cancel: cancel, done: make(chan struct{}), live: make(chan struct{})}
 		w.live[g] = struct{}{}
 		s := w.sess
 		w.tasks.Add(1)

@@ -2,6 +2,7 @@ package fetcher
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"slices"
 
@@ -30,8 +31,35 @@ type liveTag struct {
 	others []string
 }
 
-// compactFilter keeps f as a liveFilter.
-func compactFilter(f nostr.Filter) liveFilter {
+// hexShare holds the sorted id lists of the live filters compacted
+// together, by their SHA-256, so equal lists are kept once: the planner's
+// layer-3 filters ask for the same chunk of root ids under #e, #E and #q
+// (pkg/filters.Layer3), which kept every live root three times
+// (docs/performance.md, "Design scale: memory (issue 23 §2)"). The lists
+// are never modified once made, so sharing them is safe.
+type hexShare map[[sha256.Size]byte][][32]byte
+
+// intern returns a list equal to h made before, or h.
+func (s hexShare) intern(h [][32]byte) [][32]byte {
+	if s == nil || len(h) == 0 {
+		return h
+	}
+	d := sha256.New()
+	for i := range h {
+		d.Write(h[i][:])
+	}
+	var key [sha256.Size]byte
+	d.Sum(key[:0])
+	if prev, ok := s[key]; ok && slices.Equal(prev, h) {
+		return prev
+	}
+	s[key] = h
+	return h
+}
+
+// compactFilter keeps f as a liveFilter; equal id lists are shared
+// through share (nil: none).
+func compactFilter(f nostr.Filter, share hexShare) liveFilter {
 	lf := liveFilter{base: f, tags: make([]liveTag, 0, len(f.Tags))}
 	lf.base.Tags = nil
 	names := make([]string, 0, len(f.Tags))
@@ -62,7 +90,7 @@ func compactFilter(f nostr.Filter) liveFilter {
 			}
 		}
 		slices.SortFunc(t.hexes, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
-		t.hexes = slices.Compact(t.hexes)
+		t.hexes = share.intern(slices.Compact(t.hexes))
 		lf.tags = append(lf.tags, t)
 	}
 	return lf
@@ -135,10 +163,10 @@ func (t liveTag) matches(tags nostr.Tags) bool {
 // liveFilters is a live group's filters.
 type liveFilters []liveFilter
 
-func compactFilters(fs []nostr.Filter) liveFilters {
+func compactFilters(fs []nostr.Filter, share hexShare) liveFilters {
 	out := make(liveFilters, len(fs))
 	for i, f := range fs {
-		out[i] = compactFilter(f)
+		out[i] = compactFilter(f, share)
 	}
 	return out
 }

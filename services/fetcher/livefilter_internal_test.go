@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/filters"
 )
 
 // A live filter kept compact matches exactly the events the filter it was
@@ -31,6 +33,7 @@ func TestLiveFilterIsTheFilter(t *testing.T) {
 		}
 		return out
 	}
+	share := hexShare{} // shared across cases: lists that differ must not merge
 	for i := range 500 {
 		f := nostr.Filter{Kinds: []int{1, 1111}[:1+rng.IntN(2)], Tags: nostr.TagMap{}}
 		switch rng.IntN(4) {
@@ -52,7 +55,7 @@ func TestLiveFilterIsTheFilter(t *testing.T) {
 		for range rng.IntN(4) {
 			evt.Tags = append(evt.Tags, nostr.Tag{[]string{"e", "a", "E", "q"}[rng.IntN(4)], pool[rng.IntN(len(pool))]})
 		}
-		lf := compactFilter(f)
+		lf := compactFilter(f, share)
 		if got, want := lf.matches(evt), f.Matches(evt); got != want {
 			t.Fatalf("case %d: compact matches %v, filter %v\nfilter %v\nevent tags %v", i, got, want, f, evt.Tags)
 		}
@@ -75,4 +78,46 @@ func TestLiveFilterIsTheFilter(t *testing.T) {
 			t.Fatalf("case %d: built again as %v, was %v", i, back, f)
 		}
 	}
+}
+
+// Live filters compacted together keep an id list once however many tags
+// name it: layer 3 asks for each chunk of roots under #e, #E and #q, and a
+// relay's live filters name every root it serves.
+func TestLiveFiltersShareEqualIDLists(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	ids := make([]string, 250)
+	for i := range ids {
+		b := make([]byte, 32)
+		for j := range b {
+			b[j] = byte(rng.IntN(256))
+		}
+		ids[i] = fmt.Sprintf("%x", b)
+	}
+	fs := filters.Live(filters.Layer3(ids))
+	lfs := compactFilters(fs, hexShare{})
+	lists := map[*[32]byte]int{}
+	n := 0
+	for _, lf := range lfs {
+		for _, tag := range lf.tags {
+			lists[&tag.hexes[0]]++
+			n += len(tag.hexes)
+		}
+	}
+	if n != 3*len(ids) {
+		t.Fatalf("%d ids in the compact filters, want %d (each under e, E and q)", n, 3*len(ids))
+	}
+	if want := (len(ids) + filters.ChunkSize - 1) / filters.ChunkSize; len(lists) != want {
+		t.Errorf("%d id lists kept for %d filters, want %d (one per chunk)", len(lists), len(fs), want)
+	}
+	for i, lf := range lfs {
+		if got := lf.filter(); !slices.Equal(got.Tags[lf.tags[0].name], sortedCopy(fs[i].Tags[lf.tags[0].name])) {
+			t.Fatalf("filter %d built again differs", i)
+		}
+	}
+}
+
+func sortedCopy(vs []string) []string {
+	out := slices.Clone(vs)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
