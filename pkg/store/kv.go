@@ -27,8 +27,19 @@ import (
 //	I id(32)                          → serial
 //	K kind ts serial
 //	B pubkey(32) kind ts serial
-//	T letter hash(value)(8) ts serial  each single-letter tag's first value
+//	T letter hash(value)(8) ts serial cases
+//	                                  each single-letter tag's first value
 //	N kind                            every kind ever stored
+//
+// A tag key is one per distinct value of a letter, both cases together:
+// letter is the lowercase one, and cases says which of the event's tags
+// carry the value (kvCaseLower: the lowercase letter, or any tag name that
+// is not an ASCII letter; kvCaseUpper: the uppercase one). A NIP-22 comment's
+// E/e, A/a, K/k and P/p pairs, equal on every top-level comment, cost one key
+// each instead of two, and a query reads one prefix per value and skips the
+// entries of the other case without loading them. (Format v2 wrote one key
+// per letter as given, without cases; a directory written by it keeps those
+// keys, read and deleted as they are: see kvLegacyTagsKey.)
 //
 // ts and kind are 8 bytes big-endian with the sign bit flipped, so negative
 // values sort first; serial is 8 bytes, increasing (kvEngine.nextSerial). An index only
@@ -60,6 +71,13 @@ type kv struct {
 	growing      atomic.Bool
 	// growers is the filter rebuild in progress, which close waits for.
 	growers sync.WaitGroup
+	// legacyTags is set when the directory holds format v2's tag keys
+	// (written before format v3): queries by an uppercase letter also read
+	// its own prefix, and deletes remove those keys too.
+	legacyTags bool
+	// tagsV2 writes and reads tag keys as format v2 did (tests only: it
+	// is how a directory "written by the old code" is made).
+	tagsV2 bool
 }
 
 // kvKinds is the set of kinds stored at least once. A kind is listed for
@@ -127,8 +145,18 @@ const (
 
 var (
 	kvFormatKey = []byte("v:format")
-	kvFormat    = []byte("grasp-sync events v2")
+	kvFormat    = []byte("grasp-sync events v3")
+	kvFormatV2  = []byte("grasp-sync events v2")
 	kvFormatV1  = []byte("grasp-sync events v1")
+	// kvLegacyTagsKey is present in a v3 directory that was v2 before: it
+	// may hold v2 tag keys.
+	kvLegacyTagsKey = []byte("v:legacy-tags")
+)
+
+// The cases byte of a v3 tag key.
+const (
+	kvCaseLower byte = 1 << iota
+	kvCaseUpper
 )
 
 // kvTxnBytes is about how much one write transaction carries before it is
@@ -149,11 +177,15 @@ func openKV(dir, engine string, o options) (*kv, error) {
 		eng.close()
 		return nil, fmt.Errorf("open kv store %s (%s): %w", dir, eng.name(), err)
 	}
-	format, err := kvCheckFormat(eng)
+	newFormat := kvFormat
+	if o.kvTagsV2 {
+		newFormat = kvFormatV2
+	}
+	format, err := kvCheckFormat(eng, newFormat)
 	if err != nil {
 		return fail(err)
 	}
-	k := &kv{eng: eng, txnBytes: eng.txnBytes()}
+	k := &kv{eng: eng, txnBytes: eng.txnBytes(), tagsV2: o.kvTagsV2}
 	if bytes.Equal(format, kvFormatV1) {
 		b, ok := eng.(*kvBadgerDB)
 		if !ok {
@@ -162,6 +194,10 @@ func openKV(dir, engine string, o options) (*kv, error) {
 		if err := kvUpgradeV1(b.db); err != nil {
 			return fail(fmt.Errorf("upgrade from v1: %w", err))
 		}
+		format = kvFormatV2
+	}
+	if k.legacyTags, err = k.upgradeTags(format); err != nil {
+		return fail(err)
 	}
 	if err := k.loadKinds(); err != nil {
 		return fail(err)
@@ -172,6 +208,36 @@ func openKV(dir, engine string, o options) (*kv, error) {
 	}
 	k.ids.Store(ids)
 	return k, nil
+}
+
+// upgradeTags makes a v2 directory v3 (no key is rewritten: its v2 tag
+// keys are kept and read as they are, see kvLegacyTagsKey) and reports
+// whether the directory holds v2 tag keys.
+func (k *kv) upgradeTags(format []byte) (bool, error) {
+	switch {
+	case k.tagsV2 && !bytes.Equal(format, kvFormatV2):
+		return false, fmt.Errorf("format %q: v2 tag keys are written only into a v2 directory", format)
+	case k.tagsV2:
+		return false, nil
+	case bytes.Equal(format, kvFormatV2):
+		w := k.eng.newWrite()
+		defer w.discard()
+		if err := w.set(kvLegacyTagsKey, nil); err != nil {
+			return false, fmt.Errorf("upgrade to v3: %w", err)
+		}
+		if err := w.set(kvFormatKey, kvFormat); err != nil {
+			return false, fmt.Errorf("upgrade to v3: %w", err)
+		}
+		if err := w.commit(); err != nil {
+			return false, fmt.Errorf("upgrade to v3: %w", err)
+		}
+		return true, nil
+	}
+	found, err := k.eng.get(kvLegacyTagsKey, func([]byte) error { return nil })
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", kvLegacyTagsKey, err)
+	}
+	return found, nil
 }
 
 // loadKinds reads the N keys into k.kinds.
@@ -199,10 +265,10 @@ func kvEachKey(eng kvEngine, prefix byte, size int, fn func(key []byte)) error {
 	})
 }
 
-// kvCheckFormat marks an empty database as ours and returns the format of
-// one that is ours (this one or v1); it refuses one that holds something
-// else (eventstore's badger layout), which it would misread.
-func kvCheckFormat(eng kvEngine) ([]byte, error) {
+// kvCheckFormat marks an empty database as ours (format newFormat) and
+// returns the format of one that is ours (v3, v2 or v1); it refuses one that
+// holds something else (eventstore's badger layout), which it would misread.
+func kvCheckFormat(eng kvEngine, newFormat []byte) ([]byte, error) {
 	var format []byte
 	found, err := eng.get(kvFormatKey, func(v []byte) error {
 		format = bytes.Clone(v)
@@ -212,7 +278,7 @@ func kvCheckFormat(eng kvEngine) ([]byte, error) {
 		return nil, err
 	}
 	if found {
-		if !bytes.Equal(format, kvFormat) && !bytes.Equal(format, kvFormatV1) {
+		if !bytes.Equal(format, kvFormat) && !bytes.Equal(format, kvFormatV2) && !bytes.Equal(format, kvFormatV1) {
 			return nil, fmt.Errorf("unknown format %q (want %q)", format, kvFormat)
 		}
 		return format, nil
@@ -226,10 +292,10 @@ func kvCheckFormat(eng kvEngine) ([]byte, error) {
 	}
 	w := eng.newWrite()
 	defer w.discard()
-	if err := w.set(kvFormatKey, kvFormat); err != nil {
+	if err := w.set(kvFormatKey, newFormat); err != nil {
 		return nil, err
 	}
-	return kvFormat, w.commit()
+	return newFormat, w.commit()
 }
 
 // enter guards an operation against a concurrent close.
@@ -266,7 +332,17 @@ func kvRawKey(serial uint64) []byte {
 	return binary.BigEndian.AppendUint64([]byte{kvRaw}, serial)
 }
 
-// kvTagPrefix is the index prefix of one tag letter and value.
+// kvFold is the letter a tag name's keys are under in format v3, and the
+// cases bit it stands for.
+func kvFold(name byte) (byte, byte) {
+	if 'A' <= name && name <= 'Z' {
+		return name - 'A' + 'a', kvCaseUpper
+	}
+	return name, kvCaseLower
+}
+
+// kvTagPrefix is the index prefix of one tag letter and value (the letter
+// as given: kvFold it first for format v3).
 func kvTagPrefix(letter byte, value string) []byte {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(value))

@@ -173,5 +173,5 @@ func kvUpgradeV1(db *dgbadger.DB) error {
 	if err := db.DropPrefix([]byte{kvV1Time}, []byte{kvV1Author}); err != nil {
 		return fmt.Errorf("drop v1 indexes: %w", err)
 	}
-	return db.Update(func(txn *dgbadger.Txn) error { return txn.Set(kvFormatKey, kvFormat) })
+	return db.Update(func(txn *dgbadger.Txn) error { return txn.Set(kvFormatKey, kvFormatV2) })
 }

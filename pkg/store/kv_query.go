@@ -54,7 +54,7 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 		if f.IDs != nil {
 			out, err = kvByIDs(r, f, k.ids.Load())
 		} else {
-			out, err = kvScan(ctx, r, f, k.kinds.all())
+			out, err = kvScan(ctx, r, f, k.kinds.all(), kvLayout{v2: k.tagsV2, legacy: k.legacyTags})
 		}
 		return err
 	})
@@ -84,21 +84,54 @@ func kvByIDs(r kvReader, f nostr.Filter, ids *idFilter) ([]*nostr.Event, error) 
 	return out, nil
 }
 
+// kvLayout says how a directory's tag keys are written: v2 (format v2's,
+// tests only), or v3 with, if legacy, v2's keys from before (see kv).
+type kvLayout struct{ v2, legacy bool }
+
+// kvPrefix is one index prefix a query reads, and for a v3 tag prefix the
+// case its entries must carry (0: every entry matches).
+type kvPrefix struct {
+	key  []byte
+	want byte
+}
+
+// matches reports whether key (under p) is an entry the query wants: in a
+// v3 tag prefix, one whose cases hold the wanted case (a v2 entry there,
+// 16 bytes after the prefix rather than 17, stands for the lowercase one).
+func (p kvPrefix) matches(key []byte) bool {
+	switch {
+	case p.want == 0:
+		return true
+	case len(key) == len(p.key)+17:
+		return key[len(key)-1]&p.want != 0
+	}
+	return p.want == kvCaseLower
+}
+
 // kvPrefixes picks the index a filter without ids is answered from and
 // returns its prefixes: a tag (the letter with the fewest values), authors
 // with kinds (for authors alone, every stored kind), or kinds (for time
 // alone, every stored kind). nil means nothing can match.
-func kvPrefixes(f nostr.Filter, stored []int) [][]byte {
+func kvPrefixes(f nostr.Filter, stored []int, layout kvLayout) []kvPrefix {
 	letter, values := "", []string(nil)
 	for name, vals := range f.Tags {
 		if len(name) == 1 && (values == nil || len(vals) < len(values) || len(vals) == len(values) && name < letter) {
 			letter, values = name, vals
 		}
 	}
-	var out [][]byte
+	var out []kvPrefix
 	if values != nil {
+		folded, want := kvFold(letter[0])
 		for _, v := range slices.Compact(slices.Sorted(slices.Values(values))) {
-			out = append(out, kvTagPrefix(letter[0], v))
+			if layout.v2 {
+				out = append(out, kvPrefix{key: kvTagPrefix(letter[0], v)})
+				continue
+			}
+			out = append(out, kvPrefix{key: kvTagPrefix(folded, v), want: want})
+			if layout.legacy && want == kvCaseUpper {
+				// v2 kept the uppercase letter's keys apart.
+				out = append(out, kvPrefix{key: kvTagPrefix(letter[0], v)})
+			}
 		}
 		return out
 	}
@@ -121,13 +154,13 @@ func kvPrefixes(f nostr.Filter, stored []int) [][]byte {
 		// stored), read in turn by one iterator (kvScanEach).
 		for _, pk := range pks {
 			for _, kind := range kinds {
-				out = append(out, append(append([]byte{kvAuthKind}, pk...), kvKindBytes(kind)...))
+				out = append(out, kvPrefix{key: append(append([]byte{kvAuthKind}, pk...), kvKindBytes(kind)...)})
 			}
 		}
 		return out
 	}
 	for _, kind := range kinds {
-		out = append(out, append([]byte{kvKind}, kvKindBytes(kind)...))
+		out = append(out, kvPrefix{key: append([]byte{kvKind}, kvKindBytes(kind)...)})
 	}
 	return out
 }
@@ -135,13 +168,24 @@ func kvPrefixes(f nostr.Filter, stored []int) [][]byte {
 // kvCursor walks one index prefix from the newest entry back.
 type kvCursor struct {
 	it     kvIter
-	prefix []byte
+	prefix kvPrefix
 }
 
 // suffix is the current entry's ts and serial, which order the merge.
 func (c *kvCursor) suffix() []byte {
 	key := c.it.key()
-	return key[len(key)-16:]
+	return key[len(c.prefix.key) : len(c.prefix.key)+16]
+}
+
+// valid moves past entries of the prefix the query does not want and
+// reports whether the cursor is on one it wants.
+func (c *kvCursor) valid() bool {
+	for ; c.it.validFor(c.prefix.key); c.it.next() {
+		if c.prefix.matches(c.it.key()) {
+			return true
+		}
+	}
+	return false
 }
 
 type kvCursors []*kvCursor
@@ -165,8 +209,8 @@ const kvEachMin = 8
 
 // kvScan answers f from the filter's index prefixes newest first, loading
 // each candidate once and keeping those that match, until f.Limit.
-func kvScan(ctx context.Context, r kvReader, f nostr.Filter, kinds []int) ([]*nostr.Event, error) {
-	prefixes := kvPrefixes(f, kinds)
+func kvScan(ctx context.Context, r kvReader, f nostr.Filter, kinds []int, layout kvLayout) ([]*nostr.Event, error) {
+	prefixes := kvPrefixes(f, kinds, layout)
 	upper := binary.BigEndian.AppendUint64(nil, ^uint64(0))
 	if f.Until != nil {
 		upper = binary.BigEndian.AppendUint64(nil, flip(int64(*f.Until)))
@@ -188,11 +232,11 @@ func kvScan(ctx context.Context, r kvReader, f nostr.Filter, kinds []int) ([]*no
 // entries in [since, until], then loads them newest first. It gives up
 // (ok false) as soon as one prefix holds more than f.Limit entries there,
 // where the merge, which stops at the limit, reads less.
-func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) (out []*nostr.Event, ok bool, err error) {
-	common := prefixes[0]
+func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes []kvPrefix, upper []byte, lower uint64) (out []*nostr.Event, ok bool, err error) {
+	common := prefixes[0].key
 	for _, p := range prefixes[1:] {
 		n := 0
-		for n < len(common) && n < len(p) && common[n] == p[n] {
+		for n < len(common) && n < len(p.key) && common[n] == p.key[n] {
 			n++
 		}
 		common = common[:n]
@@ -208,10 +252,13 @@ func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]by
 			return nil, false, err
 		}
 		n := 0
-		for it.seek(append(slices.Clip(p), upper...)); it.validFor(p); it.next() {
+		for it.seek(append(slices.Clip(p.key), upper...)); it.validFor(p.key); it.next() {
 			key := it.key()
+			if !p.matches(key) {
+				continue
+			}
 			var sfx [16]byte
-			copy(sfx[:], key[len(key)-16:])
+			copy(sfx[:], key[len(p.key):])
 			if binary.BigEndian.Uint64(sfx[:8]) < lower {
 				break
 			}
@@ -243,7 +290,7 @@ func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]by
 
 // kvMerge merges the prefixes through a heap of iterators, newest first,
 // and stops at f.Limit matches.
-func kvMerge(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]byte, upper []byte, lower uint64) (_ []*nostr.Event, err error) {
+func kvMerge(ctx context.Context, r kvReader, f nostr.Filter, prefixes []kvPrefix, upper []byte, lower uint64) (_ []*nostr.Event, err error) {
 	h := make(kvCursors, 0, len(prefixes))
 	// done closes an iterator, keeping the first error that cut a walk
 	// short: an error, not a shorter answer.
@@ -258,13 +305,13 @@ func kvMerge(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]byte,
 		}
 	}()
 	for _, p := range prefixes {
-		it, err := r.iter(p)
+		it, err := r.iter(p.key)
 		if err != nil {
 			return nil, err
 		}
 		c := &kvCursor{it: it, prefix: p}
-		c.it.seek(append(slices.Clip(p), upper...))
-		if !c.it.validFor(p) {
+		c.it.seek(append(slices.Clip(p.key), upper...))
+		if !c.valid() {
 			done(c.it)
 			continue
 		}
@@ -288,7 +335,7 @@ func kvMerge(ctx context.Context, r kvReader, f nostr.Filter, prefixes [][]byte,
 			heap.Pop(&h)
 			continue
 		}
-		if c.it.next(); c.it.validFor(c.prefix) {
+		if c.it.next(); c.valid() {
 			heap.Fix(&h, 0)
 		} else {
 			done(c.it)

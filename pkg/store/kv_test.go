@@ -172,7 +172,7 @@ func TestKVUpgradesV1(t *testing.T) {
 	if a, c, n := count(kvV1Author), count(kvV1Time), count(kvKnownKind); a != 0 || c != 0 || n != 3 {
 		t.Fatalf("after the upgrade: %d author keys, %d time keys, %d kinds; want 0, 0, 3", a, c, n)
 	}
-	format, err := kvCheckFormat(k.eng)
+	format, err := kvCheckFormat(k.eng, kvFormat)
 	if err != nil || string(format) != string(kvFormat) {
 		t.Fatalf("format %q, %v", format, err)
 	}

@@ -11,37 +11,62 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// kvIndexKeys are the index keys of evt stored under serial. They share
-// one allocation: a batch writes about ten per event.
-func kvIndexKeys(evt *nostr.Event, pk []byte, serial uint64) [][]byte {
-	var tags [][]byte // each distinct letter and value once
+// kvTagKey is one tag key to write: its prefix and, in format v3, the
+// cases carrying the value (0 in format v2, which has no cases byte).
+type kvTagKey struct {
+	prefix []byte
+	cases  byte
+}
+
+// kvTagKeys lists an event's tag keys: one per distinct letter and value,
+// in format v3 both cases of a letter together (kvFold), in format v2
+// (v2 true) each letter as given.
+func kvTagKeys(evt *nostr.Event, v2 bool) []kvTagKey {
+	var tags []kvTagKey
 	for _, t := range evt.Tags {
 		if len(t) < 2 || len(t[0]) != 1 {
 			continue
 		}
-		p := kvTagPrefix(t[0][0], t[1])
-		if !slices.ContainsFunc(tags, func(q []byte) bool { return bytes.Equal(p, q) }) {
-			tags = append(tags, p)
+		letter, bit := t[0][0], byte(0)
+		if !v2 {
+			letter, bit = kvFold(letter)
 		}
+		p := kvTagPrefix(letter, t[1])
+		if n := slices.IndexFunc(tags, func(q kvTagKey) bool { return bytes.Equal(p, q.prefix) }); n >= 0 {
+			tags[n].cases |= bit
+			continue
+		}
+		tags = append(tags, kvTagKey{prefix: p, cases: bit})
 	}
+	return tags
+}
+
+// kvIndexKeys are the index keys of evt stored under serial (tag keys as
+// format v2 wrote them if v2). They share one allocation: a batch writes
+// several per event.
+func kvIndexKeys(evt *nostr.Event, pk []byte, serial uint64, v2 bool) [][]byte {
+	tags := kvTagKeys(evt, v2)
 	const sfx = 16 // ts, serial
 	kind := flip(int64(evt.Kind))
-	buf := make([]byte, 0, (1+8+sfx)+(1+len(pk)+8+sfx)+len(tags)*(10+sfx))
+	buf := make([]byte, 0, (1+8+sfx)+(1+len(pk)+8+sfx)+len(tags)*(10+sfx+1))
 	keys := make([][]byte, 0, 2+len(tags))
-	key := func(parts ...[]byte) {
+	key := func(cases byte, parts ...[]byte) {
 		start := len(buf)
 		for _, p := range parts {
 			buf = append(buf, p...)
 		}
 		buf = binary.BigEndian.AppendUint64(buf, flip(int64(evt.CreatedAt)))
 		buf = binary.BigEndian.AppendUint64(buf, serial)
+		if cases != 0 {
+			buf = append(buf, cases)
+		}
 		keys = append(keys, buf[start:len(buf):len(buf)])
 	}
 	kb := binary.BigEndian.AppendUint64(nil, kind)
-	key([]byte{kvKind}, kb)
-	key([]byte{kvAuthKind}, pk, kb)
-	for _, p := range tags {
-		key(p)
+	key(0, []byte{kvKind}, kb)
+	key(0, []byte{kvAuthKind}, pk, kb)
+	for _, t := range tags {
+		key(t.cases, t.prefix)
 	}
 	return keys
 }
@@ -161,7 +186,7 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 			if err := w.set(idKey, binary.BigEndian.AppendUint64(nil, serial)); err != nil {
 				return err
 			}
-			for _, key := range kvIndexKeys(p.evt, p.pk, serial) {
+			for _, key := range kvIndexKeys(p.evt, p.pk, serial, k.tagsV2) {
 				if err := w.set(key, nil); err != nil {
 					return err
 				}
@@ -244,7 +269,12 @@ func (k *kv) delete(_ context.Context, evt *nostr.Event) error {
 	pk, _ := decode32(stored.PubKey)
 	w := k.eng.newWrite()
 	defer w.discard()
-	for _, key := range append(kvIndexKeys(stored, pk, serial), kvRawKey(serial), kvIDKey(id)) {
+	keys := append(kvIndexKeys(stored, pk, serial, k.tagsV2), kvRawKey(serial), kvIDKey(id))
+	if k.legacyTags {
+		// Written before format v3, its tag keys may be v2's.
+		keys = append(keys, kvIndexKeys(stored, pk, serial, true)[2:]...)
+	}
+	for _, key := range keys {
 		if err := w.delete(key); err != nil {
 			return err
 		}

@@ -74,6 +74,9 @@ type options struct {
 	pgSchema string
 	maxLimit int
 	kvMemory int64
+	// kvTagsV2 makes a new kv store write format v2's tag keys (tests:
+	// a directory as the code before format v3 wrote it).
+	kvTagsV2 bool
 }
 
 // WithPostgresSchema keeps the PostgreSQL store's tables in this schema

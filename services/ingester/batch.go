@@ -51,9 +51,22 @@ func (b *batch) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, erro
 	if l, ok := b.cache[key]; ok {
 		return l.evts, nil
 	}
+	shared := cacheable(f)
+	var gen uint64
+	if shared {
+		var r []*nostr.Event
+		var hit bool
+		if r, gen, hit = b.i.anns.get(key, b.i.clk.Now()); hit {
+			b.cache[key] = lookup{f, r}
+			return r, nil
+		}
+	}
 	r, err := b.i.store.Query(ctx, f)
 	if err != nil {
 		return nil, err
+	}
+	if shared {
+		b.i.anns.put(key, f, r, gen, b.i.clk.Now())
 	}
 	b.cache[key] = lookup{f, r}
 	return r, nil

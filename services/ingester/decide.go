@@ -217,6 +217,11 @@ func (i *Ingester) duplicate(ctx context.Context, it *item) {
 		it.err = err
 		return
 	}
+	if it.evt.Kind == nip34.KindDeletion {
+		// It may just have removed announcements (an earlier attempt died
+		// before applying it), with no notice to say so.
+		i.anns.clearAll()
+	}
 	if md, err := it.msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		// A redelivery: an earlier attempt may have stored the event and
 		// died before announcing it, so neither the wake loops nor the

@@ -156,6 +156,9 @@ type Ingester struct {
 	// manyDeletions is set once the store held fewDeletions deletions: the
 	// batch prefetch then asks the tag index only (see batch.deletions).
 	manyDeletions atomic.Bool
+	// anns caches the policy's announcement lookups across decide batches
+	// (see annCache); in use while Run watches the stored notices.
+	anns *annCache
 }
 
 // New builds an ingester. serviceURL is this GRASP server's public relay URL,
@@ -182,6 +185,7 @@ func New(cfg Config, b *bus.Bus, st Store, serviceURL string, log *slog.Logger, 
 		reg:     reg,
 		clk:     clock.Real{},
 		m:       newMetrics(reg),
+		anns:    newAnnCache(),
 	}
 	return i
 }
@@ -225,6 +229,7 @@ func (i *Ingester) Run(ctx context.Context) error {
 	g.Go(func() error { return i.wake(gctx) })
 	g.Go(func() error { return lot.Run(gctx) })
 	g.Go(func() error { return i.sweepParked(gctx) })
+	g.Go(func() error { return i.watchAnnouncements(gctx) })
 	if i.target != nil {
 		defer i.target.Close()
 		i.log.Info("bolt-on mode: accepted events are published to the target relay", "target", i.target.URL())
@@ -253,6 +258,9 @@ func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []
 // publishStored announces a stored event on grasp.stored.<kind>; data is its
 // JSON.
 func (i *Ingester) publishStored(evt *nostr.Event, data []byte) {
+	// Before the notice, and after the store committed (and applied a
+	// deletion): the next decision of this replica sees the change.
+	i.anns.stored(evt)
 	out := nats.NewMsg(i.bus.Names.StoredSubject(evt.Kind))
 	out.Data = data
 	out.Header.Set(bus.HeaderOrigin, "ingester")

@@ -1,0 +1,18 @@
+package store
+
+// WithKVTagsV2 makes a new kv directory format v2, with v2's tag keys, as
+// the code before format v3 wrote it: for tests that open such a
+// directory, and for benchmarks comparing the two layouts in one run.
+func WithKVTagsV2() Option { return func(o *options) { o.kvTagsV2 = true } }
+
+// KVKeys counts the keys of a kv store (every prefix), for benchmarks that
+// report store writes per event.
+func KVKeys(s *Store) (int, error) {
+	k, ok := s.b.(*kv)
+	if !ok {
+		return 0, nil
+	}
+	n := 0
+	err := k.eng.scanKeys(nil, func([]byte) bool { n++; return true })
+	return n, err
+}
