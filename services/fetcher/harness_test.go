@@ -40,7 +40,7 @@ type env struct {
 	copies  int
 	// messages counts events-stream messages (a batch is one).
 	messages int
-	raw     map[string][]byte
+	raw      map[string][]byte
 }
 
 func newEnv(t *testing.T) *env {
