@@ -356,6 +356,11 @@ func (b *batchRun) fetchIDs(missing map[string]struct{}, count bool) error {
 				delete(missing, evt.ID)
 				got++
 			}
+			// A page travels together (docs/decisions.md, "Events travel
+			// in batches").
+			if err := b.pub.send(b.s.ctx); err != nil {
+				return err
+			}
 		}
 		if got == 0 {
 			return fmt.Errorf("%w (%d ids)", errNoIDs, len(missing))
@@ -432,7 +437,7 @@ func (b *batchRun) req(f nostr.Filter) error {
 				return err
 			}
 		}
-		return nil
+		return b.pub.send(b.s.ctx) // a page travels together
 	})
 	w.f.m.crowdedSeconds.Add(float64(st.Seconds))
 	if errors.Is(err, history.ErrTooDeep) {

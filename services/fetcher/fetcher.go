@@ -99,6 +99,13 @@ type Config struct {
 	// PublishWindow is how many event publishes may await acknowledgement
 	// per batch or live subscription.
 	PublishWindow int `envconfig:"FETCHER_PUBLISH_WINDOW" default:"256"`
+	// PublishBatch is how many events one events-stream message carries at
+	// most: the events of a page (or of a burst on a live subscription)
+	// travel together, up to this many and bus.EventBatchMaxBytes, so the
+	// stream and the ingesters handle one message, delivery and ack per
+	// batch instead of per event (docs/decisions.md, "Events travel in
+	// batches"). 1 publishes one message per event, as before.
+	PublishBatch int `envconfig:"FETCHER_PUBLISH_BATCH" default:"64"`
 	// RecentIDs is how many acknowledged event publishes (30 s at most) the
 	// fetcher remembers, to skip other relays' copies of the same event and
 	// to ask last for ids a reconciliation names that another relay's copy

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,7 +38,9 @@ type env struct {
 	reports []*graspv1.FetchReport
 	events  map[string]nats.Header // event id -> headers of its first copy
 	copies  int
-	raw     map[string][]byte
+	// messages counts events-stream messages (a batch is one).
+	messages int
+	raw      map[string][]byte
 }
 
 func newEnv(t *testing.T) *env {
@@ -68,14 +69,22 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	if _, err := e.bus.Conn.Subscribe(e.bus.Names.EventsSubjects(), func(m *nats.Msg) {
-		id, _, _ := strings.Cut(m.Header.Get(nats.MsgIdHdr), ":") // bus.EventMsgID
+		// One event, or a batch of them (bus.HeaderEvents): each counts.
 		e.mu.Lock()
-		e.copies++
-		if _, ok := e.events[id]; !ok {
-			e.events[id] = m.Header
-			e.raw[id] = m.Data
+		defer e.mu.Unlock()
+		e.messages++
+		for _, data := range bus.SplitEvents(m.Header, m.Data) {
+			var evt nostr.Event
+			if err := evt.UnmarshalJSON(data); err != nil {
+				t.Errorf("bad event on %s: %v", m.Subject, err)
+				return
+			}
+			e.copies++
+			if _, ok := e.events[evt.ID]; !ok {
+				e.events[evt.ID] = m.Header
+				e.raw[evt.ID] = data
+			}
 		}
-		e.mu.Unlock()
 	}); err != nil {
 		t.Fatal(err)
 	}

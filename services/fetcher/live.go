@@ -222,6 +222,13 @@ func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, su
 			if _, err := w.publish(ctx, pub, evt, g.filters, s.id, "", "live"); err != nil && ctx.Err() == nil {
 				w.log.Warn("live event not published", "session", s.id, "id", evt.ID, "err", err)
 			}
+			// A burst travels together; a lone event does not wait for
+			// company.
+			if len(sub.Events()) == 0 {
+				if err := pub.send(ctx); err != nil && ctx.Err() == nil {
+					w.log.Warn("live events not published", "session", s.id, "err", err)
+				}
+			}
 		case reason := <-sub.Closed():
 			return reason, true
 		case <-sub.Done():
@@ -238,8 +245,11 @@ func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, su
 }
 
 // publish checks an event and publishes it for the ingesters: subject
-// grasp.events.<shard>, Nats-Msg-Id = bus.EventMsgID (the same event from
-// many relays is ingested once, a forged copy cannot shadow it), headers naming relay, session, batch and mode.
+// grasp.events.<shard>, headers naming relay, session, batch and mode,
+// gathered with its neighbours into one batch message (windowPublisher); an
+// event alone carries Nats-Msg-Id = bus.EventMsgID (the same event from
+// many relays is ingested once, a forged copy cannot shadow it), and the
+// recent-ids memory skips copies of events acknowledged moments ago.
 // It returns false for an event dropped by the checks or skipped as one the
 // stream holds already.
 func (w *relayWorker) publish(ctx context.Context, pub *windowPublisher, evt *nostr.Event, fs eventMatcher, session, batch, mode string) (bool, error) {
@@ -276,7 +286,7 @@ func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *
 	if batch != "" {
 		msg.Header.Set(bus.HeaderBatch, batch)
 	}
-	if err := pub.publishKey(ctx, msg, key, recentKeyOf(evt.ID), true); err != nil {
+	if err := pub.add(ctx, msg, key, recentKeyOf(evt.ID)); err != nil {
 		return false, err
 	}
 	return true, nil

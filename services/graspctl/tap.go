@@ -121,6 +121,32 @@ func Line(subject string, header nats.Header, data []byte, f TapFilter) (TapLine
 	return l, true
 }
 
+// Lines decodes a message into the TapLines filter keeps: one per event for
+// a message carrying a batch of events (bus.HeaderEvents), so tap shows
+// events one by one however they travel; else what Line gives.
+func Lines(subject string, header nats.Header, data []byte, f TapFilter) []TapLine {
+	if header.Get(bus.HeaderType) != "" || !bus.IsEventBatch(header) {
+		if l, ok := Line(subject, header, data, f); ok {
+			return []TapLine{l}
+		}
+		return nil
+	}
+	// Each event alone, with the batch's headers but the batch marker.
+	h := nats.Header{}
+	for k, v := range header {
+		if k != bus.HeaderEvents {
+			h[k] = v
+		}
+	}
+	var out []TapLine
+	for _, evt := range bus.SplitEvents(header, data) {
+		if l, ok := Line(subject, h, evt, f); ok {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // TapOptions are graspctl tap's flags.
 type TapOptions struct {
 	Subjects []string
@@ -186,7 +212,7 @@ func Tap(ctx context.Context, b *bus.Bus, opts TapOptions, out io.Writer) error 
 		case <-ctx.Done():
 			return nil
 		case m := <-ch:
-			if l, ok := Line(m.Subject, m.Header, m.Data, opts.Filter); ok {
+			for _, l := range Lines(m.Subject, m.Header, m.Data, opts.Filter) {
 				if err := writeLine(out, l, opts.Pretty); err != nil {
 					return fmt.Errorf("write: %w", err)
 				}
@@ -242,7 +268,7 @@ func replay(ctx context.Context, b *bus.Bus, opts TapOptions, out io.Writer) err
 			}
 			meta, _ := msg.Metadata()
 			if matchesAny(opts.Subjects, msg.Subject()) {
-				if l, ok := Line(msg.Subject(), msg.Headers(), msg.Data(), opts.Filter); ok {
+				for _, l := range Lines(msg.Subject(), msg.Headers(), msg.Data(), opts.Filter) {
 					if err := writeLine(out, l, opts.Pretty); err != nil {
 						return fmt.Errorf("write: %w", err)
 					}

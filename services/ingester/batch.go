@@ -193,7 +193,7 @@ func (b *batch) flush(ctx context.Context) error {
 				failed = it.err
 			}
 		default:
-			if err := store.Settle(ctx, b.i.store, it.evt, func(e *nostr.Event) { b.i.publishStored(e, it.msg.Data()) }); err != nil {
+			if err := store.Settle(ctx, b.i.store, it.evt, func(e *nostr.Event) { b.i.publishStored(e, it.data) }); err != nil {
 				// The deletion is stored; its retry finds it a
 				// duplicate and applies it again (see duplicate).
 				it.err, failed = err, err

@@ -261,3 +261,59 @@ func finalRun(b *testing.B) bool {
 	n, err := strconv.Atoi(v)
 	return err != nil || b.N >= n
 }
+
+// BenchmarkIngestMessages compares the two events-stream formats in one
+// run (docs/decisions.md, "Events travel in batches"): the benchmark's
+// events published one message per event (the format before batches) and
+// in batch messages of 64 events (the fetcher's default), then ingested by
+// a fresh ingester on the embedded NATS and store. It reports the CPU of
+// the publish (client and embedded server: what the fetcher and JetStream
+// spend) and of the ingest per event, and the messages each used. Run with
+// -cpu 1,2.
+func BenchmarkIngestMessages(b *testing.B) {
+	w := workloadFor(b, benchSpec)
+	for _, per := range []int{1, 64} {
+		name := "one-event-per-message"
+		if per > 1 {
+			name = fmt.Sprintf("batches-of-%d", per)
+		}
+		b.Run(name, func(b *testing.B) {
+			var total, cpu, pubCPU time.Duration
+			msgs := 0
+			for range b.N {
+				b.StopTimer()
+				e := newEnv(b)
+				e.inProcess = true
+				cpu0 := cpuTime()
+				if per == 1 {
+					e.publish(b, w.deliveries)
+					msgs += len(w.deliveries)
+				} else {
+					msgs += e.publishBatched(b, w.deliveries, per)
+				}
+				pubCPU += cpuTime() - cpu0
+				cfg := ingester.Config{Consumer: "ingester"}
+				b.StartTimer()
+				start, cpu1 := time.Now(), cpuTime()
+				r := e.start(b, cfg, nil)
+				deadline := time.Now().Add(5 * time.Minute)
+				for r.ing.Stats().Stored < int64(len(w.accepted)) {
+					if time.Now().After(deadline) {
+						b.Fatalf("stored %d of %d", r.ing.Stats().Stored, len(w.accepted))
+					}
+					time.Sleep(time.Millisecond)
+				}
+				total += time.Since(start)
+				cpu += cpuTime() - cpu1
+				b.StopTimer()
+				r.kill(b)
+			}
+			n := float64(b.N * len(w.accepted))
+			b.ReportMetric(n/total.Seconds(), "events/s")
+			b.ReportMetric(float64(cpu.Microseconds())/n, "ingest-cpu-µs/event")
+			b.ReportMetric(float64(pubCPU.Microseconds())/n, "publish-cpu-µs/event")
+			b.ReportMetric(1000*float64(cpu+pubCPU)/float64(time.Second)/n, "cpu-s/1000-events")
+			b.ReportMetric(float64(msgs)/float64(b.N), "messages")
+		})
+	}
+}

@@ -145,6 +145,91 @@ const outcomeTargetRefused = "target-refused"
 // probeID is an id no event has (no one knows a preimage of it).
 const probeID = "0000000000000000000000000000000000000000000000000000000000000000"
 
+// failedItems settles the items that failed while the store answers
+// probes, message by message. A one-event message goes to failed. A batch
+// message is redelivered whole (its settled events are found duplicates
+// then) until its MaxDeliver-th delivery; then each of its failed events is
+// dead-lettered alone and the message acked, so one poisoned event never
+// takes its neighbours with it (docs/decisions.md, "Events travel in
+// batches").
+func (i *Ingester) failedItems(ctx context.Context, items []*item) {
+	byMsg := map[*delivery][]*item{}
+	var order []*delivery
+	for _, it := range items {
+		if _, ok := byMsg[it.del]; !ok {
+			order = append(order, it.del)
+		}
+		byMsg[it.del] = append(byMsg[it.del], it)
+	}
+	for _, d := range order {
+		failed := byMsg[d]
+		if failed[0].index < 0 {
+			i.failed(ctx, d.msg, failed[0].err)
+			continue
+		}
+		i.failedBatch(ctx, d, failed)
+	}
+}
+
+// failedBatch handles the failed events of one batch message (see
+// failedItems).
+func (i *Ingester) failedBatch(ctx context.Context, d *delivery, failed []*item) {
+	relay := failed[0].relay
+	md, err := d.msg.Metadata()
+	if err != nil || md.NumDelivered < uint64(i.cfg.MaxDeliver) {
+		i.log.Warn("events failed, their message will be redelivered", "relay", relay, "subject", d.msg.Subject(),
+			"failed", len(failed), "events", d.events, "err", failed[0].err)
+		_ = d.msg.NakWithDelay(i.cfg.RetryDelay)
+		return
+	}
+	for _, it := range failed {
+		again, err := i.deadLetterEvent(ctx, it, md, it.err)
+		if err != nil {
+			i.log.Error("dead-lettering failed: will be redelivered", "relay", relay, "err", err)
+			_ = d.msg.NakWithDelay(i.cfg.RetryDelay)
+			return
+		}
+		if !again {
+			i.m.incDeadLettered("store-error")
+			i.log.Error("event dead-lettered", "relay", relay, "subject", d.msg.Subject(), "index", it.index,
+				"deliveries", md.NumDelivered, "err", it.err)
+		}
+	}
+	d.settled += len(failed)
+	if d.settled < d.events {
+		// Not every other event was settled (cannot happen: settle decides
+		// the whole batch first); its redelivery finds the dead-lettered
+		// ones dropped as duplicates by the dead-letter stream.
+		_ = d.msg.NakWithDelay(i.cfg.RetryDelay)
+		return
+	}
+	_ = d.msg.Ack() // removes it from the work queue
+}
+
+// deadLetterEvent copies one event of a batch message to the dead-letter
+// subject, in the one-event format with the message's headers, so an
+// operator replays it like any dead letter. Its Nats-Msg-Id names the
+// stream message and the event's place in it: dead-lettered once however
+// often the message is redelivered (again reports a repeat).
+func (i *Ingester) deadLetterEvent(ctx context.Context, it *item, md *jetstream.MsgMetadata, cause error) (again bool, err error) {
+	out := nats.NewMsg(i.bus.Names.DeadLetterSubject())
+	out.Data = it.data
+	for k, v := range it.msg.Headers() {
+		if k != bus.HeaderEvents {
+			out.Header[k] = v
+		}
+	}
+	out.Header.Set(HeaderDeadReason, cause.Error())
+	out.Header.Set(HeaderDeadSubject, it.msg.Subject())
+	out.Header.Set(HeaderDeadDeliveries, strconv.FormatUint(md.NumDelivered, 10))
+	out.Header.Set(nats.MsgIdHdr, md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10)+":"+strconv.Itoa(it.index))
+	ack, err := i.bus.JS.PublishMsg(ctx, out)
+	if err != nil {
+		return false, fmt.Errorf("publish to %s: %w", i.bus.Names.DeadLetterSubject(), err)
+	}
+	return ack.Duplicate, nil
+}
+
 // failed handles a message whose processing failed while the store answers
 // probes: the failure is the message's own, so it is redelivered after
 // RetryDelay, and after MaxDeliver deliveries dead-lettered.

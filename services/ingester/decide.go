@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
@@ -31,9 +32,7 @@ func (i *Ingester) settle(ctx context.Context, items []*item) {
 	wait := outageBackoffStart
 	for len(failed) > 0 {
 		if ctx.Err() != nil {
-			for _, it := range failed {
-				_ = it.msg.Nak() // another replica takes it at once
-			}
+			eachMsg(failed, func(m jetstream.Msg) { _ = m.Nak() }) // another replica takes it at once
 			return
 		}
 		if !targetUnavailable(failed) && i.storeReachable(ctx) {
@@ -46,9 +45,7 @@ func (i *Ingester) settle(ctx context.Context, items []*item) {
 					continue
 				}
 			}
-			for _, it := range failed {
-				i.failed(ctx, it.msg, it.err)
-			}
+			i.failedItems(ctx, failed)
 			return
 		}
 		if i.outage.begin() {
@@ -164,12 +161,19 @@ func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
 // docs/performance.md, "Ingester"), while removals in order only advance
 // the block's first sequence. Every ack still follows its event's store
 // commit (or definitive refusal): the ack only moves to the end of decide.
+//
+// A message carrying a batch of events is acked with its last settled event:
+// until then its redelivery brings them all again, and those settled already
+// are found duplicates (stored once, counted stored once).
 func (i *Ingester) ackSettled(items []*item) {
 	for _, it := range items {
 		if !it.settled {
 			continue
 		}
 		it.settled = false
+		if it.del.settled++; it.del.settled < it.del.events {
+			continue
+		}
 		if err := it.msg.Ack(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			i.log.Warn("ack failed: the event will be redelivered and found a duplicate", "relay", it.relay, "err", err)
 		}

@@ -54,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_ingester_" + name, Help: help})
 	}
 	m := &metrics{
-		consumed:   counter("consumed_total", "Messages taken from the events stream (redeliveries included)."),
+		consumed:   counter("consumed_total", "Events taken from the events stream, each event of a batch message counted (redeliveries included)."),
 		verified:   counter("verified_total", "Events whose id and signature verified."),
 		stored:     counter("stored_total", "Events stored (and published on grasp.stored.<kind>)."),
 		duplicates: counter("duplicates_total", "Events skipped because they were already stored."),

@@ -48,9 +48,17 @@ const (
 	checkVerified               // id and signature verified
 )
 
-// item is one message on its way through the pipeline.
+// item is one event on its way through the pipeline. A message carries
+// one event or a batch of them (bus.HeaderEvents); the items of one
+// message share its delivery and are always in the same batch.
 type item struct {
-	msg   jetstream.Msg
+	msg jetstream.Msg
+	del *delivery
+	// data is the event's JSON (a line of a batch message, or the whole
+	// data of a one-event message); index its place in a batch message,
+	// -1 in a one-event message.
+	data  []byte
+	index int
 	relay string
 	evt   *nostr.Event // nil when malformed
 	check check
@@ -67,6 +75,16 @@ type item struct {
 	// settled: done counted its outcome; decide acks its message once the
 	// whole batch is decided (see ackSettled).
 	settled bool
+}
+
+// delivery is one delivered message: acked once every event it carries
+// is settled (ackSettled), nak'ed or dead-lettered as a whole otherwise
+// (see failedItems).
+type delivery struct {
+	msg jetstream.Msg
+	// events is how many items the message yielded, settled how many of
+	// them are settled so far.
+	events, settled int
 }
 
 // consume attaches to the shared durable consumer and runs the pipeline
@@ -171,14 +189,17 @@ func (i *Ingester) verifyStage(ctx context.Context, msgs <-chan jetstream.Msg, b
 			}
 			batch = append(batch, m)
 		}
+		// Bounded in events, not messages: a batch message carries many.
+		events := bus.EventCount(batch[0].Headers())
 	fill:
-		for len(batch) < i.cfg.FetchBatch {
+		for events < i.cfg.FetchBatch {
 			select {
 			case m, ok := <-msgs:
 				if !ok {
 					break fill
 				}
 				batch = append(batch, m)
+				events += bus.EventCount(m.Headers())
 			default:
 				break fill
 			}
@@ -190,9 +211,7 @@ func (i *Ingester) verifyStage(ctx context.Context, msgs <-chan jetstream.Msg, b
 			case batches <- items:
 				break handoff
 			case <-ctx.Done():
-				for _, it := range items {
-					_ = it.msg.Nak() // another replica takes it at once
-				}
+				eachMsg(items, func(m jetstream.Msg) { _ = m.Nak() }) // another replica takes it at once
 				return
 			case <-i.clk.After(i.cfg.AckWait / 3):
 				// The decide stage is slow (a store outage, a large
@@ -205,10 +224,28 @@ func (i *Ingester) verifyStage(ctx context.Context, msgs <-chan jetstream.Msg, b
 }
 
 // keepAlive tells the server the items' messages are being worked on, which
-// restarts their AckWait.
+// restarts their AckWait (once per message, however many events it carries).
 func keepAlive(items []*item) {
-	for _, it := range items {
-		_ = it.msg.InProgress()
+	eachMsg(items, func(m jetstream.Msg) { _ = m.InProgress() })
+}
+
+// eachMsg calls fn once for each message the items come from.
+func eachMsg(items []*item, fn func(jetstream.Msg)) {
+	var seen map[*delivery]struct{}
+	for n, it := range items {
+		if n > 0 && items[n-1].del == it.del {
+			continue // a message's items are adjacent
+		}
+		if it.del.events > 1 {
+			if seen == nil {
+				seen = map[*delivery]struct{}{}
+			}
+			if _, ok := seen[it.del]; ok {
+				continue
+			}
+			seen[it.del] = struct{}{}
+		}
+		fn(it.msg)
 	}
 }
 
@@ -216,13 +253,28 @@ func keepAlive(items []*item) {
 // lookup for the ids already stored, then the signatures of the rest in
 // parallel. A failed lookup only means every signature is checked.
 func (i *Ingester) verify(ctx context.Context, msgs []jetstream.Msg) []*item {
-	items := make([]*item, len(msgs))
-	for n, m := range msgs {
-		i.m.incConsumed()
-		items[n] = &item{msg: m, relay: m.Headers().Get(bus.HeaderRelay), received: i.clk.Now()}
+	items := make([]*item, 0, len(msgs))
+	now := i.clk.Now()
+	for _, m := range msgs {
+		h := m.Headers()
+		relay := h.Get(bus.HeaderRelay)
+		lines := bus.SplitEvents(h, m.Data())
+		if len(lines) == 0 {
+			lines = [][]byte{nil} // an empty batch: one malformed item settles it
+		}
+		d := &delivery{msg: m, events: len(lines)}
+		batch := bus.IsEventBatch(h)
+		for n, data := range lines {
+			i.m.incConsumed()
+			it := &item{msg: m, del: d, data: data, index: -1, relay: relay, received: now}
+			if batch {
+				it.index = n
+			}
+			items = append(items, it)
+		}
 	}
 	i.parallel(items, func(it *item) {
-		evt, err := decode(it.msg.Data())
+		evt, err := decode(it.data)
 		switch {
 		case err != nil:
 			it.check = checkMalformed
@@ -255,6 +307,28 @@ func (i *Ingester) verify(ctx context.Context, msgs []jetstream.Msg) []*item {
 			it.unstored = err == nil && it.check == checkVerified && !stored[it.evt.ID]
 		}
 	}
+	// Copies of one event (same id and signature) in this batch — other
+	// relays' copies that reached the stream together, which per-event
+	// Nats-Msg-Ids used to drop — are verified once: the first decides for
+	// the others (docs/decisions.md, "Events travel in batches").
+	var copies map[*item]*item
+	if len(ids) > 1 {
+		first := make(map[string]*item, len(ids))
+		for _, it := range items {
+			if it.check != checkVerified {
+				continue
+			}
+			k := it.evt.ID + it.evt.Sig
+			if f, ok := first[k]; ok {
+				if copies == nil {
+					copies = map[*item]*item{}
+				}
+				copies[it] = f
+			} else {
+				first[k] = it
+			}
+		}
+	}
 	i.parallel(items, func(it *item) {
 		if it.check != checkVerified {
 			return
@@ -263,12 +337,20 @@ func (i *Ingester) verify(ctx context.Context, msgs []jetstream.Msg) []*item {
 			it.check = checkStored
 			return
 		}
+		if _, ok := copies[it]; ok {
+			return // decided by its first copy, below
+		}
 		// verify.Signature, not evt.CheckSignature: the libsecp256k1
 		// build panics on an oversized pubkey or signature.
 		if ok, err := verify.Signature(it.evt); !ok || err != nil {
 			it.check = checkForged
 		}
 	})
+	for it, f := range copies {
+		if it.check == checkVerified {
+			it.check = f.check
+		}
+	}
 	return items
 }
 

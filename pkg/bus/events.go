@@ -1,0 +1,73 @@
+package bus
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+)
+
+// HeaderEvents marks an EventsSubject message that carries several events
+// (a batch): its value is how many, and the data is their JSON, one event
+// per line. A message without it carries one event's JSON, as every message
+// did before batches, and is still accepted: an upgrade may find such
+// messages in the stream (docs/decisions.md, "Events travel in batches").
+const HeaderEvents = "Grasp-Events"
+
+// EventBatchMaxBytes bounds the data of one batch message: far below the
+// NATS default max payload (1 MiB), so an ingester's pull of FetchBatch
+// messages stays a few tens of MiB. An event larger than this travels
+// alone, in the one-event format.
+const EventBatchMaxBytes = 128 << 10
+
+// EventCount is how many events an EventsSubject message carries: its
+// HeaderEvents value, else 1.
+func EventCount(header nats.Header) int {
+	if v := header.Get(HeaderEvents); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 1
+}
+
+// IsEventBatch reports whether an EventsSubject message is a batch.
+func IsEventBatch(header nats.Header) bool { return header.Get(HeaderEvents) != "" }
+
+// SplitEvents returns the event JSON an EventsSubject message carries: the
+// non-empty lines of a batch, else the whole data as one event. The slices
+// alias data. Event JSON as the fetcher encodes it has no line break (JSON
+// escapes them inside strings), so a line is one event.
+func SplitEvents(header nats.Header, data []byte) [][]byte {
+	if !IsEventBatch(header) {
+		return [][]byte{data}
+	}
+	out := make([][]byte, 0, EventCount(header))
+	for len(data) > 0 {
+		line := data
+		if n := bytes.IndexByte(data, '\n'); n >= 0 {
+			line, data = data[:n], data[n+1:]
+		} else {
+			data = nil
+		}
+		if len(line) > 0 {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// EventBatchMsgID is the Nats-Msg-Id of a batch whose events carry the
+// given EventMsgIDs: a hash of them in order, so a publish retried after a
+// lost acknowledgement is stored once (per-event de-duplication is the
+// fetcher's and the store's, see docs/decisions.md).
+func EventBatchMsgID(eventMsgIDs []string) string {
+	h := sha256.New()
+	for _, id := range eventMsgIDs {
+		h.Write([]byte(id))
+		h.Write([]byte{'\n'})
+	}
+	return "batch:" + hex.EncodeToString(h.Sum(nil))
+}

@@ -1,0 +1,51 @@
+package fetcher_test
+
+import (
+	"testing"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+)
+
+// TestHistoricPagesTravelInBatches: a page's events reach the events stream
+// in batch messages of at most PublishBatch events (docs/decisions.md,
+// "Events travel in batches"), each event once with the batch's headers;
+// PublishBatch 1 (the switch back) publishes one message per event.
+func TestHistoricPagesTravelInBatches(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		batch int
+		// most is the largest number of messages the 300 events may take.
+		most int
+	}{{"default", 0, 300/64 + 4}, {"one per event", 1, 300}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+			evts := notes(testkit.NewKey(), 300, 3, 1000)
+			r.Add(t, evts...)
+			cfg := baseConfig("a")
+			cfg.PublishBatch = tc.batch
+			e.start(cfg, nil)
+			s := e.connectRelay(r.URL)
+			e.addFilters(0, r.URL, s, "b1", kind1, nil)
+			if done := e.batchDone(r.URL, "b1"); done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+				t.Fatalf("batch done %v", done)
+			}
+			e.waitEvents(evts)
+			e.mu.Lock()
+			copies, msgs := e.copies, e.messages
+			e.mu.Unlock()
+			if copies != len(evts) {
+				t.Errorf("%d event copies published, want each of the %d once", copies, len(evts))
+			}
+			if msgs > tc.most || (tc.batch == 1 && msgs != len(evts)) {
+				t.Errorf("%d messages for %d events, want at most %d", msgs, len(evts), tc.most)
+			}
+			if h := e.header(evts[150].ID); h.Get("Grasp-Relay") != r.URL || h.Get("Grasp-Session") != s ||
+				h.Get("Grasp-Batch") != "b1" || h.Get("Grasp-Mode") != "historic" {
+				t.Errorf("headers %v", h)
+			}
+		})
+	}
+}
