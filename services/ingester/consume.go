@@ -301,8 +301,9 @@ func (i *Ingester) deadLetter(ctx context.Context, msg jetstream.Msg, md *jetstr
 	out.Header.Set(HeaderDeadDeliveries, strconv.FormatUint(md.NumDelivered, 10))
 	// One stream message, one dead letter: a redelivery that fails again
 	// before the ack of the first dead-lettering lands is dropped by the
-	// dead-letter stream's de-duplication. (The original Nats-Msg-Id, the
-	// event's id and signature, is in the data.)
+	// dead-letter stream's de-duplication. (What the original Nats-Msg-Id
+	// named, the event's id and a digest of its signature (bus.EventMsgID),
+	// is in the data.)
 	out.Header.Set(nats.MsgIdHdr, md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10))
 	ack, err := i.bus.JS.PublishMsg(ctx, out)
 	if err != nil {
