@@ -104,6 +104,13 @@ type windowPublisher struct {
 	maxEvents int
 	buf       []gathered
 	bufBytes  int
+	// unsettled holds the keys gathered or awaiting acknowledgement: a
+	// second copy of one of them from the same batch or subscription (a
+	// batch's filters overlap: one event answers several) is not sent
+	// again. One-event messages had the stream drop it by Nats-Msg-Id; a
+	// batch message's id covers the whole batch (docs/decisions.md,
+	// "Events travel in batches"). Bounded by the window and the batch.
+	unsettled map[recentKey]struct{}
 }
 
 // gathered is one event waiting in a windowPublisher's batch: its
@@ -154,6 +161,9 @@ func (p *windowPublisher) reap() {
 }
 
 func (p *windowPublisher) pop() {
+	for _, k := range p.pending[0].keys {
+		delete(p.unsettled, k.key)
+	}
 	p.inFlight -= max(1, len(p.pending[0].keys))
 	p.pending = p.pending[1:]
 }
@@ -177,6 +187,13 @@ func (p *windowPublisher) add(ctx context.Context, msg *nats.Msg, key, id recent
 	if p.maxEvents <= 1 {
 		return p.publishKeys(ctx, msg, []keyPair{{key, id}})
 	}
+	if _, dup := p.unsettled[key]; dup {
+		return nil
+	}
+	if p.unsettled == nil {
+		p.unsettled = map[recentKey]struct{}{}
+	}
+	p.unsettled[key] = struct{}{}
 	if len(p.buf) > 0 && (p.bufBytes+len(msg.Data)+1 > bus.EventBatchMaxBytes || !sameOrigin(p.buf[0].msg, msg)) {
 		if err := p.send(ctx); err != nil {
 			return err

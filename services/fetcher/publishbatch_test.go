@@ -3,6 +3,8 @@ package fetcher_test
 import (
 	"testing"
 
+	"github.com/nbd-wtf/go-nostr"
+
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
@@ -47,5 +49,31 @@ func TestHistoricPagesTravelInBatches(t *testing.T) {
 				t.Errorf("headers %v", h)
 			}
 		})
+	}
+}
+
+// TestOverlappingFiltersPublishEachEventOnce: a batch whose filters both
+// answer the same events (as a repository's layers do: one event can match
+// several) publishes each event once, though a batch message's Nats-Msg-Id
+// no longer lets the stream drop the second copy; the refusal of a bolt-on
+// target must not be asked twice (e2e TestBoltOnTargetRefusalsVisible).
+func TestOverlappingFiltersPublishEachEventOnce(t *testing.T) {
+	e := newEnv(t)
+	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	k := testkit.NewKey()
+	evts := notes(k, 40, 1, 1000)
+	r.Add(t, evts...)
+	e.start(baseConfig("a"), nil)
+	s := e.connectRelay(r.URL)
+	e.addFilters(0, r.URL, s, "b1", []nostr.Filter{{Kinds: []int{1}}, {Kinds: []int{1}, Authors: []string{k.PubKey}}}, nil)
+	if done := e.batchDone(r.URL, "b1"); done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+		t.Fatalf("batch done %v", done)
+	}
+	e.waitEvents(evts)
+	e.mu.Lock()
+	copies := e.copies
+	e.mu.Unlock()
+	if copies != len(evts) {
+		t.Fatalf("%d event copies published for %d events matched by both filters, want each once", copies, len(evts))
 	}
 }
