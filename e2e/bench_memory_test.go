@@ -136,22 +136,6 @@ func TestBenchGraspdMemory(t *testing.T) {
 // nearest the peak.
 func keepPeakProfile(ctx context.Context, stop <-chan struct{}, pid int, addr, dir string, t *testing.T) {
 	var top int64
-	save := func(path, url string) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return
-		}
-		_ = os.WriteFile(path, b, 0o644)
-	}
 	for {
 		select {
 		case <-stop:
@@ -165,8 +149,8 @@ func keepPeakProfile(ctx context.Context, stop <-chan struct{}, pid int, addr, d
 			continue
 		}
 		top = rss
-		save(filepath.Join(dir, "heap.pprof"), "http://"+addr+"/debug/pprof/heap")
-		save(filepath.Join(dir, "metrics.txt"), "http://"+addr+"/metrics")
+		saveURL(ctx, "http://"+addr+"/debug/pprof/heap", filepath.Join(dir, "heap.pprof"))
+		saveURL(ctx, "http://"+addr+"/metrics", filepath.Join(dir, "metrics.txt"))
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		_ = os.WriteFile(filepath.Join(dir, "status.txt"), b, 0o644)
 		b, _ = os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
@@ -264,4 +248,22 @@ func procStatusOf(pid int, field string) int64 {
 		}
 	}
 	return 0
+}
+
+// saveURL writes what a GET of url answers to path, best effort: a profile
+// or metrics page the benchmark keeps beside its results, never a reason
+// to fail the run.
+func saveURL(ctx context.Context, url, path string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	if b, err := io.ReadAll(resp.Body); err == nil {
+		_ = os.WriteFile(path, b, 0o644)
+	}
 }

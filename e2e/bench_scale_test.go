@@ -895,25 +895,10 @@ func renderScaleTable(rs []scaleResult) string {
 // /proc status and smaps_rollup to dir (GRASP_BENCH_SCALE_PROFILE).
 func saveIdleProfiles(ctx context.Context, p *Proc, dir string) {
 	_ = os.MkdirAll(dir, 0o755)
-	get := func(name, url string) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err == nil {
-			_ = os.WriteFile(filepath.Join(dir, name), b, 0o644)
-		}
-	}
 	base := "http://" + p.MetricsAddr
-	get("heap.pprof", base+"/debug/pprof/heap?gc=1")
-	get("goroutine.txt", base+"/debug/pprof/goroutine?debug=1")
-	get("metrics.txt", base+"/metrics")
+	saveURL(ctx, base+"/debug/pprof/heap?gc=1", filepath.Join(dir, "heap.pprof"))
+	saveURL(ctx, base+"/debug/pprof/goroutine?debug=1", filepath.Join(dir, "goroutine.txt"))
+	saveURL(ctx, base+"/metrics", filepath.Join(dir, "metrics.txt"))
 	for _, f := range []string{"status", "smaps_rollup", "smaps"} {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/%s", p.Pid(), f))
 		_ = os.WriteFile(filepath.Join(dir, f+".txt"), b, 0o644)
