@@ -194,17 +194,9 @@ func BenchmarkIngest(b *testing.B) {
 		vw, vc := verifyAll(b, evts)
 		stopProfile := startProfile(b)
 		b.StartTimer()
-		start, cpu0 := time.Now(), cpuTime()
-		r := e.start(b, cfg, nil)
-		deadline := time.Now().Add(5 * time.Minute)
-		for r.ing.Stats().Stored < int64(len(w.accepted)) {
-			if time.Now().After(deadline) {
-				b.Fatalf("stored %d of %d", r.ing.Stats().Stored, len(w.accepted))
-			}
-			time.Sleep(time.Millisecond)
-		}
-		total += time.Since(start)
-		cpu += cpuTime() - cpu0
+		r, wall, used := e.ingestAll(b, cfg, len(w.accepted))
+		total += wall
+		cpu += used
 		b.StopTimer()
 		stopProfile()
 		r.kill(b)
@@ -294,17 +286,9 @@ func BenchmarkIngestMessages(b *testing.B) {
 				pubCPU += cpuTime() - cpu0
 				cfg := ingester.Config{Consumer: "ingester"}
 				b.StartTimer()
-				start, cpu1 := time.Now(), cpuTime()
-				r := e.start(b, cfg, nil)
-				deadline := time.Now().Add(5 * time.Minute)
-				for r.ing.Stats().Stored < int64(len(w.accepted)) {
-					if time.Now().After(deadline) {
-						b.Fatalf("stored %d of %d", r.ing.Stats().Stored, len(w.accepted))
-					}
-					time.Sleep(time.Millisecond)
-				}
-				total += time.Since(start)
-				cpu += cpuTime() - cpu1
+				r, wall, used := e.ingestAll(b, cfg, len(w.accepted))
+				total += wall
+				cpu += used
 				b.StopTimer()
 				r.kill(b)
 			}
@@ -316,4 +300,20 @@ func BenchmarkIngestMessages(b *testing.B) {
 			b.ReportMetric(float64(msgs)/float64(b.N), "messages")
 		})
 	}
+}
+
+// ingestAll starts an ingester on the published stream and waits until it
+// has stored want events; it returns the replica (to kill once the timer
+// is stopped) and the wall-clock and process CPU time that took.
+func (e *env) ingestAll(b *testing.B, cfg ingester.Config, want int) (*replica, time.Duration, time.Duration) {
+	start, cpu0 := time.Now(), cpuTime()
+	r := e.start(b, cfg, nil)
+	deadline := time.Now().Add(5 * time.Minute)
+	for r.ing.Stats().Stored < int64(want) {
+		if time.Now().After(deadline) {
+			b.Fatalf("stored %d of %d", r.ing.Stats().Stored, want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return r, time.Since(start), cpuTime() - cpu0
 }
