@@ -3,9 +3,6 @@ package ingester_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -14,7 +11,6 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
-	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/services/ingester"
 )
@@ -29,33 +25,9 @@ import (
 // and never advances, so no entry expires: only invalidation can make the
 // change take effect.
 func TestAnnouncementCacheFollowsNewAnnouncements(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	n := testkit.StartNATS(t)
-	b, err := bus.Connect(ctx, n.URL, "ingester-test", bus.DefaultNames(), bus.Security{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	if err := bus.Setup(ctx, b.JS, b.Names, bus.DefaultOptions()); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ing := ingester.New(ingester.Config{Consumer: "ingester", MaxDeliver: 5, AckWait: 30 * time.Second}, b, st, service, logger, nil).
-		WithClock(clock.NewFake(time.Now()))
-	done := make(chan error, 1)
-	go func() { done <- ing.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("ingester: %v", err)
-		}
-	})
-	p := &pipeline{bus: b, store: st}
+	ctx := context.Background()
+	p := startPipelineWith(t, func(i *ingester.Ingester) *ingester.Ingester { return i.WithClock(clock.NewFake(time.Now())) })
+	b, st, ing := p.bus, p.store, p.ing
 
 	owner, m1, m2 := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	base := nostr.Now() - 1000

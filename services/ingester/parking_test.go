@@ -35,9 +35,17 @@ type pipeline struct {
 	bus   *bus.Bus
 	store *store.Store
 	lot   *parking.Lot // a second view of the ingester's lot, for assertions
+	ing   *ingester.Ingester
 }
 
 func startPipeline(t *testing.T) *pipeline {
+	t.Helper()
+	return startPipelineWith(t, func(i *ingester.Ingester) *ingester.Ingester { return i })
+}
+
+// startPipelineWith is startPipeline with the ingester set up by setup
+// before it runs (a fake clock, say).
+func startPipelineWith(t *testing.T, setup func(*ingester.Ingester) *ingester.Ingester) *pipeline {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	n := testkit.StartNATS(t)
@@ -55,7 +63,7 @@ func startPipeline(t *testing.T) *pipeline {
 	}
 	t.Cleanup(st.Close)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ing := ingester.New(ingester.Config{Consumer: "ingester", MaxDeliver: 5, AckWait: 30 * time.Second}, b, st, service, logger, nil)
+	ing := setup(ingester.New(ingester.Config{Consumer: "ingester", MaxDeliver: 5, AckWait: 30 * time.Second}, b, st, service, logger, nil))
 	done := make(chan error, 1)
 	go func() { done <- ing.Run(ctx) }()
 	t.Cleanup(func() {
@@ -68,7 +76,7 @@ func startPipeline(t *testing.T) *pipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &pipeline{bus: b, store: st, lot: lot}
+	return &pipeline{bus: b, store: st, lot: lot, ing: ing}
 }
 
 // fetch publishes events on grasp.events.0 in the given order, as a fetcher
