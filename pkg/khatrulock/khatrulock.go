@@ -28,6 +28,22 @@ func ClientsMutex(k *khatru.Relay) *sync.Mutex {
 	return (*sync.Mutex)(unsafe.Pointer(f.UnsafeAddr()))
 }
 
+// Listening reports whether k has any live subscription open, under the
+// lock: a writer relaying other writers' events skips decoding them while
+// nobody listens (during a sync, thousands per second). It says true if a
+// khatru upgrade renamed the field, so nothing is skipped then.
+func Listening(k *khatru.Relay) bool {
+	f := reflect.ValueOf(k).Elem().FieldByName("listeners")
+	if !f.IsValid() || f.Kind() != reflect.Slice {
+		return true
+	}
+	if mu := ClientsMutex(k); mu != nil {
+		mu.Lock()
+		defer mu.Unlock()
+	}
+	return f.Len() > 0
+}
+
 // Broadcast sends evt to k's matching live subscribers under the lock.
 func Broadcast(k *khatru.Relay, evt *nostr.Event) int {
 	if mu := ClientsMutex(k); mu != nil {

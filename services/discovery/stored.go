@@ -1,7 +1,6 @@
 package discovery
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -64,7 +63,9 @@ func (d *Discovery) subscribeStored(log *slog.Logger) (*storedFeed, error) {
 			return
 		}
 		var evt nostr.Event
-		if err := json.Unmarshal(msg.Data, &evt); err != nil {
+		// go-nostr's generated decoder, without encoding/json's
+		// validation pass over the whole message.
+		if err := evt.UnmarshalJSON(msg.Data); err != nil {
 			log.Warn("undecodable stored event", "subject", msg.Subject, "err", err)
 			return
 		}
