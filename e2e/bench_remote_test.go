@@ -41,7 +41,9 @@ import (
 // (default 1,000 × 50); GRASP_BENCH_REMOTE_KINDS=nip77,khatru picks kinds;
 // GRASP_BENCH_REMOTE_GRASPD, GRASP_BENCH_REMOTE_FARM and
 // GRASP_BENCH_REMOTE_BASELINE name prebuilt binaries (make bench passes
-// bin/graspd, bin/relayfarm and bin/syncbaseline; otherwise they are built).
+// bin/graspd, bin/relayfarm and bin/syncbaseline; otherwise they are built);
+// GRASP_BENCH_PROFILE=DIR keeps a CPU profile of graspd's first seconds of
+// each sync there (profileRemote).
 func TestBenchRemote(t *testing.T) {
 	if os.Getenv("GRASP_BENCH") == "" {
 		t.Skip("SKIP: benchmark; run with GRASP_BENCH=1 (make bench)")
@@ -149,6 +151,7 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 	defer cancel()
 	s0, f0, c0 := farm.stats(t), procCPU(farmPid), tgt.cpu()
 	began := time.Now()
+	profiled := profileRemote(ctx, tgt, k.name)
 	if err := testkit.Publish(ctx, tgt.relay, anns...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
 	}
@@ -157,6 +160,9 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 	}
 	res.pipeline.Wall = time.Since(began)
 	res.pipeline.CPU, res.pipeline.FarmCPU = tgt.cpu()-c0, procCPU(farmPid)-f0
+	if line := <-profiled; line != "" { // after the readings: a profile longer than the sync ends idle
+		t.Log(line)
+	}
 	res.pipeline.Sent = totals(s0, farm.stats(t)).EventsSent
 	if m, err := tgt.metrics(ctx); err == nil {
 		res.pipeline.Verified = MetricSum(m, "grasp_ingester_verified_total")
@@ -186,6 +192,36 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 		res.baseline.cpuPerK(res.events), res.baseline.FarmCPU, res.baseline.Sent, res.baseline.Verified)
 	res.loadEnd = loadAvg()
 	return res
+}
+
+// profileRemote, when GRASP_BENCH_PROFILE names a directory, takes a CPU
+// profile of graspd over the first GRASP_BENCH_PROFILE_SECONDS (default 5)
+// of its sync and says on the channel how many events its ingesters stored
+// meanwhile, so the profile's seconds can be read as µs per event
+// (docs/performance.md, "Where each remaining µs goes"). Without it the
+// channel has an empty line at once.
+func profileRemote(ctx context.Context, tgt *scaleTarget, kind string) <-chan string {
+	done := make(chan string, 1)
+	dir := os.Getenv("GRASP_BENCH_PROFILE")
+	if dir == "" {
+		done <- ""
+		return done
+	}
+	secs := benchInt("GRASP_BENCH_PROFILE_SECONDS", 5)
+	stored := func() float64 {
+		m, err := tgt.metrics(ctx)
+		if err != nil {
+			return -1
+		}
+		return MetricSum(m, "grasp_ingester_stored_total")
+	}
+	go func() {
+		before := stored()
+		path := filepath.Join(dir, "graspd-"+kind+".cpu.pprof")
+		saveURL(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", tgt.procs[0].MetricsAddr, secs), path)
+		done <- fmt.Sprintf("CPU profile %s: %d s, %.0f events stored meanwhile", path, secs, stored()-before)
+	}()
+	return done
 }
 
 // waitStoredCounter polls graspd's metrics every 200 ms until its

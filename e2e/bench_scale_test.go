@@ -447,7 +447,7 @@ func startSingle(t *testing.T, bin, dataDir, storeURL, logPath, relayAddr string
 	if storeURL != "" {
 		env["GRASP_STORE_URL"] = storeURL
 	}
-	if os.Getenv("GRASP_BENCH_SCALE_PROFILE") == "1" {
+	if os.Getenv("GRASP_BENCH_SCALE_PROFILE") == "1" || os.Getenv("GRASP_BENCH_PROFILE") != "" {
 		env["GRASP_PPROF"] = "true"
 	}
 	p := &Proc{Name: "graspd", Log: logPath, HealthURL: "http://" + metricsAddr + "/readyz", MetricsAddr: metricsAddr, bin: bin, env: processEnv(env, nil)}
