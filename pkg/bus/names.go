@@ -13,6 +13,7 @@ package bus
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -68,6 +69,20 @@ func (n Names) EventsStream() string { return n.upper() + "_EVENTS" }
 // stored, so every relay replica broadcasts them to its live subscribers.
 func (n Names) StoredSubject(kind int) string {
 	return fmt.Sprintf("%s.stored.%d", n.prefix(), kind)
+}
+
+// StoredKind returns the event kind a StoredSubject names, so a subscriber
+// can pass over kinds it has no use for without decoding the event.
+func StoredKind(subject string) (int, bool) {
+	i := strings.LastIndexByte(subject, '.')
+	if i < 0 || !strings.HasSuffix(subject[:i], ".stored") {
+		return 0, false
+	}
+	kind, err := strconv.Atoi(subject[i+1:])
+	if err != nil || kind < 0 {
+		return 0, false
+	}
+	return kind, true
 }
 
 // RepoIndexBucket is the KV bucket holding the RepoSyncIndex.

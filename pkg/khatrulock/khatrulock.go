@@ -28,20 +28,40 @@ func ClientsMutex(k *khatru.Relay) *sync.Mutex {
 	return (*sync.Mutex)(unsafe.Pointer(f.UnsafeAddr()))
 }
 
-// Listening reports whether k has any live subscription open, under the
-// lock: a writer relaying other writers' events skips decoding them while
-// nobody listens (during a sync, thousands per second). It says true if a
-// khatru upgrade renamed the field, so nothing is skipped then.
-func Listening(k *khatru.Relay) bool {
-	f := reflect.ValueOf(k).Elem().FieldByName("listeners")
-	if !f.IsValid() || f.Kind() != reflect.Slice {
+// ListeningFor reports whether a live subscription open on k could want an
+// event of kind: one whose filter names no kinds, or names this one. A
+// writer relaying other writers' events skips decoding those nobody could
+// want (during a sync, thousands per second, most of them of kinds only the
+// own discovery's subscription — which names its kinds — is open for). It
+// reads khatru's unexported listener slice under khatru's lock, and says
+// true if a khatru upgrade changed its shape, so nothing is skipped then.
+func ListeningFor(k *khatru.Relay, kind int) bool {
+	ls := reflect.ValueOf(k).Elem().FieldByName("listeners")
+	if !ls.IsValid() || ls.Kind() != reflect.Slice {
 		return true
 	}
+	elem := ls.Type().Elem()
+	filter, ok := elem.FieldByName("filter")
+	if !ok || filter.Type != reflect.TypeOf(nostr.Filter{}) {
+		return true
+	}
+	kinds, _ := filter.Type.FieldByName("Kinds")
 	if mu := ClientsMutex(k); mu != nil {
 		mu.Lock()
 		defer mu.Unlock()
 	}
-	return f.Len() > 0
+	for i := range ls.Len() {
+		ks := ls.Index(i).FieldByIndex(filter.Index).FieldByIndex(kinds.Index)
+		if ks.Len() == 0 {
+			return true
+		}
+		for j := range ks.Len() {
+			if ks.Index(j).Int() == int64(kind) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Broadcast sends evt to k's matching live subscribers under the lock.

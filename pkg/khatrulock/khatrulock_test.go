@@ -22,9 +22,10 @@ func TestClientsMutexFound(t *testing.T) {
 	}
 }
 
-// Listening follows the live subscriptions: none before a REQ, one after
-// its EOSE, none again once the client closes it.
-func TestListeningFollowsSubscriptions(t *testing.T) {
+// ListeningFor follows the live subscriptions and their kinds: nothing
+// before a REQ; after one for kind 1, kind 1 only; after a second without
+// kinds, every kind; nothing again once both are closed.
+func TestListeningForFollowsSubscriptions(t *testing.T) {
 	k := khatru.NewRelay()
 	k.QueryEvents = append(k.QueryEvents, func(context.Context, nostr.Filter) (chan *nostr.Event, error) {
 		ch := make(chan *nostr.Event)
@@ -33,38 +34,48 @@ func TestListeningFollowsSubscriptions(t *testing.T) {
 	})
 	srv := httptest.NewServer(k)
 	defer srv.Close()
-	if khatrulock.Listening(k) {
-		t.Fatal("listening before any subscription")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	want := func(kind int, listening bool) {
+		t.Helper()
+		for khatrulock.ListeningFor(k, kind) != listening {
+			if ctx.Err() != nil {
+				t.Fatalf("ListeningFor(%d) stayed %v", kind, !listening)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	want(1, false)
 	conn, err := testkit.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if err := conn.Write(ctx, []any{"REQ", "live", nostr.Filter{Kinds: []int{1}}}); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		env, _, err := conn.Read(ctx)
-		if err != nil {
+	subscribe := func(id string, f nostr.Filter) {
+		t.Helper()
+		if err := conn.Write(ctx, []any{"REQ", id, f}); err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := env.(*nostr.EOSEEnvelope); ok {
-			break
+		for {
+			env, _, err := conn.Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := env.(*nostr.EOSEEnvelope); ok {
+				return
+			}
 		}
 	}
-	if !khatrulock.Listening(k) {
-		t.Fatal("not listening with a live subscription open")
-	}
-	if err := conn.Write(ctx, []any{"CLOSE", "live"}); err != nil {
-		t.Fatal(err)
-	}
-	for khatrulock.Listening(k) {
-		if ctx.Err() != nil {
-			t.Fatal("still listening after the subscription was closed")
+	subscribe("notes", nostr.Filter{Kinds: []int{1}})
+	want(1, true)
+	want(1111, false)
+	subscribe("all", nostr.Filter{Authors: []string{testkit.NewKey().PubKey}})
+	want(1111, true)
+	for _, id := range []string{"notes", "all"} {
+		if err := conn.Write(ctx, []any{"CLOSE", id}); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
+	want(1, false)
+	want(1111, false)
 }

@@ -506,10 +506,10 @@ func (r *Relay) onStored(msg *nats.Msg) {
 	if msg.Header.Get(bus.HeaderOrigin) == r.origin {
 		return
 	}
-	// Nobody to tell: skip the decode (every stored event passes here).
-	// A subscription opened right after this check reads the event from
-	// the store, where it already is.
-	if !khatrulock.Listening(r.khatru) {
+	// Nobody could want it: skip the decode (every stored event passes
+	// here). A subscription opened right after this check reads the event
+	// from the store, where it already is.
+	if kind, ok := bus.StoredKind(msg.Subject); ok && !khatrulock.ListeningFor(r.khatru, kind) {
 		return
 	}
 	// go-nostr's generated decoder, without encoding/json's validation
