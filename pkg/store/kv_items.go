@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -58,6 +59,9 @@ func kvItemsScan(ctx context.Context, r kvReader, check *kvItemCheck, f nostr.Fi
 	if err != nil {
 		return nil, err
 	}
+	if sg, ok := r.(kvSortedGetter); ok {
+		return kvItemsSorted(ctx, sg, check, suffixes)
+	}
 	var out []Item
 	for n, sfx := range suffixes {
 		if n%1024 == 0 {
@@ -70,6 +74,55 @@ func kvItemsScan(ctx context.Context, r kvReader, check *kvItemCheck, f nostr.Fi
 			return nil, err
 		}
 		if ok {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}
+
+// kvSortedGetter is a kvReader that reads many keys, given in ascending
+// order, more cheaply than a get each (pebble: one iterator, each seek
+// going on from the last instead of a point lookup through every level).
+type kvSortedGetter interface {
+	// getSorted calls fn with the index and value of each of keys that is
+	// stored (v valid only during the call). keys are ascending and share
+	// prefix.
+	getSorted(prefix []byte, keys [][]byte, fn func(n int, v []byte) error) error
+}
+
+// kvItemsSorted loads the candidates (suffixes, newest first) in serial
+// order and returns the matching items newest first.
+func kvItemsSorted(ctx context.Context, sg kvSortedGetter, check *kvItemCheck, suffixes [][16]byte) ([]Item, error) {
+	order := make([]int, len(suffixes)) // candidate positions by serial
+	for n := range order {
+		order[n] = n
+	}
+	slices.SortFunc(order, func(a, b int) int { return bytes.Compare(suffixes[a][8:], suffixes[b][8:]) })
+	keys := make([][]byte, len(order))
+	for n, at := range order {
+		keys[n] = kvRawKey(binary.BigEndian.Uint64(suffixes[at][8:]))
+	}
+	found := make([]Item, len(suffixes))
+	matched := make([]bool, len(suffixes))
+	err := sg.getSorted([]byte{kvRaw}, keys, func(n int, raw []byte) error {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		it, ok, err := check.match(raw)
+		if err != nil {
+			return fmt.Errorf("load event %d: %w", binary.BigEndian.Uint64(keys[n][1:]), err)
+		}
+		found[order[n]], matched[order[n]] = it, ok
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := found[:0]
+	for n, it := range found {
+		if matched[n] {
 			out = append(out, it)
 		}
 	}
