@@ -341,9 +341,9 @@ func has(set map[string]struct{}, s string) bool {
 }
 
 // held returns those of ids that are stored: an id key lookup each (no
-// event is read), skipping ids the id filter has never seen. As with a
-// query by ids, an id counts only as the event's own spelling
-// (lowercase hex).
+// event is read; in order through one iterator where the engine offers
+// it), skipping ids the id filter has never seen. As with a query by ids,
+// an id counts only as the event's own spelling (lowercase hex).
 func (k *kv) held(ctx context.Context, ids []string) ([]string, error) {
 	done, err := k.enter()
 	if err != nil {
@@ -351,24 +351,38 @@ func (k *kv) held(ctx context.Context, ids []string) ([]string, error) {
 	}
 	defer done()
 	filter := k.ids.Load()
+	var asked []string
+	var keys [][]byte // ascending: the ids are sorted
+	for _, s := range slices.Compact(slices.Sorted(slices.Values(ids))) {
+		id, ok := decode32(s)
+		if ok && filter.mayHave(id) && !strings.ContainsAny(s, "ABCDEF") {
+			asked = append(asked, s)
+			keys = append(keys, kvIDKey(id))
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	var out []string
 	err = k.eng.view(func(r kvReader) error {
-		for n, s := range slices.Compact(slices.Sorted(slices.Values(ids))) {
+		if sg, ok := r.(kvSortedGetter); ok {
+			return sg.getSorted([]byte{kvID}, keys, func(n int, _ []byte) error {
+				out = append(out, asked[n])
+				return nil
+			})
+		}
+		for n, key := range keys {
 			if n%1024 == 0 {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
 			}
-			id, ok := decode32(s)
-			if !ok || !filter.mayHave(id) || strings.ContainsAny(s, "ABCDEF") {
-				continue
-			}
-			found, err := r.get(kvIDKey(id), func([]byte) error { return nil })
+			found, err := r.get(key, func([]byte) error { return nil })
 			if err != nil {
-				return fmt.Errorf("look up id %s: %w", s, err)
+				return fmt.Errorf("look up id %s: %w", asked[n], err)
 			}
 			if found {
-				out = append(out, s)
+				out = append(out, asked[n])
 			}
 		}
 		return nil
