@@ -1,5 +1,11 @@
 package store
 
+import (
+	"context"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
 // WithKVTagsV2 makes a new kv directory format v2, with v2's tag keys, as
 // the code before format v3 wrote it: for tests that open such a
 // directory, and for benchmarks comparing the two layouts in one run.
@@ -15,4 +21,15 @@ func KVKeys(s *Store) (int, error) {
 	n := 0
 	err := k.eng.scanKeys(nil, func([]byte) bool { n++; return true })
 	return n, err
+}
+
+// ItemsByScan is Items as it was before kv listed items itself: the paged
+// scan that decodes every event. The kv item lister is tested and
+// benchmarked against it.
+func ItemsByScan(ctx context.Context, s *Store, f nostr.Filter) ([]Item, error) {
+	f.Limit, f.LimitZero = 0, false
+	if f.Search != "" || nostr.GetTheoreticalLimit(f) == 0 {
+		return nil, nil
+	}
+	return s.itemsByScan(ctx, f)
 }

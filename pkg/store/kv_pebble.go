@@ -88,6 +88,30 @@ func (p *kvPebbleDB) iter(prefix []byte) (kvIter, error) {
 	return &kvPebbleIter{it: it}, nil
 }
 
+// getSorted reads keys with one iterator: ascending seeks go on from the
+// last position (pebble's seek-using-next) rather than look every key up
+// through every level as get does.
+func (p *kvPebbleDB) getSorted(prefix []byte, keys [][]byte, fn func(n int, v []byte) error) error {
+	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: kvPrefixEnd(prefix)})
+	if err != nil {
+		return err
+	}
+	for n, key := range keys {
+		if !it.SeekGE(key) || !bytes.Equal(it.Key(), key) {
+			continue
+		}
+		v, err := it.ValueAndErr()
+		if err == nil {
+			err = fn(n, v)
+		}
+		if err != nil {
+			_ = it.Close()
+			return err
+		}
+	}
+	return it.Close()
+}
+
 func (p *kvPebbleDB) scanKeys(prefix []byte, fn func(key []byte) bool) error {
 	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: kvPrefixEnd(prefix)})
 	if err != nil {

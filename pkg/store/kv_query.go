@@ -211,15 +211,7 @@ const kvEachMin = 8
 // each candidate once and keeping those that match, until f.Limit.
 func kvScan(ctx context.Context, r kvReader, f nostr.Filter, kinds []int, layout kvLayout) ([]*nostr.Event, error) {
 	prefixes := kvPrefixes(f, kinds, layout)
-	upper := binary.BigEndian.AppendUint64(nil, ^uint64(0))
-	if f.Until != nil {
-		upper = binary.BigEndian.AppendUint64(nil, flip(int64(*f.Until)))
-	}
-	upper = binary.BigEndian.AppendUint64(upper, ^uint64(0))
-	var lower uint64
-	if f.Since != nil {
-		lower = flip(int64(*f.Since))
-	}
+	upper, lower := kvBounds(f)
 	if len(prefixes) >= kvEachMin {
 		if out, ok, err := kvScanEach(ctx, r, f, prefixes, upper, lower); err != nil || ok {
 			return out, err
@@ -233,6 +225,45 @@ func kvScan(ctx context.Context, r kvReader, f nostr.Filter, kinds []int, layout
 // (ok false) as soon as one prefix holds more than f.Limit entries there,
 // where the merge, which stops at the limit, reads less.
 func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes []kvPrefix, upper []byte, lower uint64) (out []*nostr.Event, ok bool, err error) {
+	suffixes, ok, err := kvEntries(ctx, r, prefixes, upper, lower, f.Limit)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	for _, sfx := range suffixes {
+		if len(out) >= f.Limit {
+			break
+		}
+		evt, err := kvLoad(r, binary.BigEndian.Uint64(sfx[8:]))
+		if err != nil {
+			return nil, false, err
+		}
+		if evt != nil && f.Matches(evt) {
+			out = append(out, evt)
+		}
+	}
+	return out, true, nil
+}
+
+// kvBounds is the seek key after a prefix for f.Until (the newest entry a
+// query reads: ts and serial) and the flipped f.Since (the oldest ts).
+func kvBounds(f nostr.Filter) (upper []byte, lower uint64) {
+	upper = binary.BigEndian.AppendUint64(nil, ^uint64(0))
+	if f.Until != nil {
+		upper = binary.BigEndian.AppendUint64(nil, flip(int64(*f.Until)))
+	}
+	upper = binary.BigEndian.AppendUint64(upper, ^uint64(0))
+	if f.Since != nil {
+		lower = flip(int64(*f.Since))
+	}
+	return upper, lower
+}
+
+// kvEntries reads every prefix in turn with one iterator and returns the
+// (ts, serial) suffixes of the entries it wants in [lower, upper], newest
+// first and each once (an event under two of the prefixes is one entry).
+// It gives up (ok false) as soon as one prefix holds more than limit
+// entries there; limit < 0 reads them all.
+func kvEntries(ctx context.Context, r kvReader, prefixes []kvPrefix, upper []byte, lower uint64, limit int) (suffixes [][16]byte, ok bool, err error) {
 	common := prefixes[0].key
 	for _, p := range prefixes[1:] {
 		n := 0
@@ -245,7 +276,6 @@ func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes []kvPr
 	if err != nil {
 		return nil, false, err
 	}
-	var suffixes [][16]byte
 	for _, p := range prefixes {
 		if err := ctx.Err(); err != nil {
 			it.close()
@@ -262,7 +292,7 @@ func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes []kvPr
 			if binary.BigEndian.Uint64(sfx[:8]) < lower {
 				break
 			}
-			if n++; n > f.Limit {
+			if n++; limit >= 0 && n > limit {
 				return nil, false, it.close()
 			}
 			suffixes = append(suffixes, sfx)
@@ -272,20 +302,7 @@ func kvScanEach(ctx context.Context, r kvReader, f nostr.Filter, prefixes []kvPr
 		return nil, false, err
 	}
 	slices.SortFunc(suffixes, func(a, b [16]byte) int { return bytes.Compare(b[:], a[:]) })
-	suffixes = slices.Compact(suffixes)
-	for _, sfx := range suffixes {
-		if len(out) >= f.Limit {
-			break
-		}
-		evt, err := kvLoad(r, binary.BigEndian.Uint64(sfx[8:]))
-		if err != nil {
-			return nil, false, err
-		}
-		if evt != nil && f.Matches(evt) {
-			out = append(out, evt)
-		}
-	}
-	return out, true, nil
+	return slices.Compact(suffixes), true, nil
 }
 
 // kvMerge merges the prefixes through a heap of iterators, newest first,

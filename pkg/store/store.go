@@ -62,9 +62,16 @@ type backend interface {
 }
 
 // itemLister is implemented by backends that can list every matching item
-// in one pass without a query limit (PostgreSQL); others are paged.
+// in one pass without a query limit (PostgreSQL; kv, without decoding
+// events); others are paged.
 type itemLister interface {
 	items(ctx context.Context, f nostr.Filter) ([]Item, error)
+}
+
+// heldChecker is implemented by backends that can tell which ids are
+// stored without reading the events (kv: the id keys only).
+type heldChecker interface {
+	held(ctx context.Context, ids []string) ([]string, error)
 }
 
 // Option configures Open.
@@ -283,6 +290,32 @@ func (s *Store) Has(ctx context.Context, id string) (bool, error) {
 	return len(evts) > 0, err
 }
 
+// Held returns those of ids whose events are stored, each once, in no
+// particular order: what Items(Filter{IDs: ids}) lists, without reading
+// the events where the backend can (kv). It is how the fetcher asks which
+// of the ids a reconciliation found missing it holds after all.
+func (s *Store) Held(ctx context.Context, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if hc, ok := s.b.(heldChecker); ok {
+		out, err := hc.held(ctx, ids)
+		if err != nil {
+			return nil, fmt.Errorf("held ids from %s store: %w", s.kind, err)
+		}
+		return out, nil
+	}
+	items, err := s.Items(ctx, nostr.Filter{IDs: ids})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.ID
+	}
+	return out, nil
+}
+
 // Query returns the events matching f, newest first: at most f.Limit, and at
 // most the store's max query limit (DefaultQueryLimit) whatever f asks.
 // Filters with more values than the backend accepts are split and merged.
@@ -406,6 +439,12 @@ func (s *Store) Items(ctx context.Context, f nostr.Filter) ([]Item, error) {
 		}
 		return items, nil
 	}
+	return s.itemsByScan(ctx, f)
+}
+
+// itemsByScan is Items through the paged scan, every event decoded: for
+// backends without an itemLister.
+func (s *Store) itemsByScan(ctx context.Context, f nostr.Filter) ([]Item, error) {
 	var items []Item
 	err := s.scan(ctx, f, func(page []*nostr.Event) bool {
 		for _, e := range page {

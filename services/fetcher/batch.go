@@ -374,6 +374,8 @@ func (b *batchRun) fetchIDs(missing map[string]struct{}, count bool) error {
 // #q with a-tagged events) names, for one filter, events that our local set
 // for that same filter rightly lacks but that we hold under another: asking
 // the local set by id keeps them from being fetched again at every resync.
+// A store local set answers from its id keys (HeldChecker) without reading
+// the events; refusals count as held, as in the local set's items.
 func (b *batchRun) dropHeld(missing map[string]struct{}) error {
 	if b.w.f.local == nil || len(missing) == 0 {
 		return nil
@@ -385,12 +387,12 @@ func (b *batchRun) dropHeld(missing map[string]struct{}) error {
 	const chunk = 500
 	for start := 0; start < len(ids); start += chunk {
 		part := ids[start:min(start+chunk, len(ids))]
-		held, err := b.w.f.local.Items(b.s.ctx, nostr.Filter{IDs: part})
+		held, err := heldIn(b.s.ctx, b.w.f.local, part)
 		if err != nil {
 			return fmt.Errorf("local set by id: %w", err)
 		}
-		for _, it := range held {
-			delete(missing, it.ID)
+		for _, id := range held {
+			delete(missing, id)
 		}
 	}
 	return nil

@@ -51,9 +51,54 @@ func (q QueryLocalSet) Items(ctx context.Context, f nostr.Filter) ([]negsync.Ite
 	return out, nil
 }
 
+// HeldChecker is a LocalSet that can tell which of some ids it holds more
+// cheaply than listing their items (the event store: an id key lookup, no
+// event read). Held answers what Items(Filter{IDs: ids}) would list, as
+// ids, each once, in any order.
+type HeldChecker interface {
+	Held(ctx context.Context, ids []string) ([]string, error)
+}
+
+// heldIn returns those of ids that ls holds: through Held where ls offers
+// it, else its items for a filter of the ids.
+func heldIn(ctx context.Context, ls LocalSet, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil // a filter without ids would match everything
+	}
+	if hc, ok := ls.(HeldChecker); ok {
+		return hc.Held(ctx, ids)
+	}
+	items, err := ls.Items(ctx, nostr.Filter{IDs: ids})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.ID
+	}
+	return out, nil
+}
+
 // UnionLocalSet is the union of several sets: the store's ids and the ids
 // the policy has already rejected, so rejected events are not fetched again.
 type UnionLocalSet []LocalSet
+
+// Held returns the ids any of the sets holds (a refused id counts as held,
+// as in Items), asking each set the cheapest way it offers.
+func (u UnionLocalSet) Held(ctx context.Context, ids []string) ([]string, error) {
+	var out []string
+	for _, s := range u {
+		if s == nil {
+			continue
+		}
+		held, err := heldIn(ctx, s, ids)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, held...)
+	}
+	return out, nil
+}
 
 // Items concatenates the sets (negsync deduplicates).
 func (u UnionLocalSet) Items(ctx context.Context, f nostr.Filter) ([]negsync.Item, error) {
@@ -77,6 +122,16 @@ type StoreLocalSet struct {
 	Store interface {
 		Items(ctx context.Context, f nostr.Filter) ([]store.Item, error)
 	}
+}
+
+// Held returns those of ids the store holds: without reading the events
+// when the store offers Held (pkg/store), else through Items.
+func (s StoreLocalSet) Held(ctx context.Context, ids []string) ([]string, error) {
+	hc, ok := s.Store.(HeldChecker)
+	if !ok {
+		return heldIn(ctx, LocalSetFunc(s.Items), ids)
+	}
+	return hc.Held(ctx, ids)
 }
 
 // Items lists the store's ids and timestamps for f.

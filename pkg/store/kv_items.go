@@ -1,0 +1,391 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/mailru/easyjson/jlexer"
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// items lists every item matching f in one pass (itemLister): the index
+// entries in f's time range, then each candidate's stored JSON read for the
+// fields Filter.Matches looks at (kvItemCheck) without decoding the event.
+// It is the NIP-77 local set (issue 24): the paged scan through query
+// decoded every candidate in full, content, signature and all tags, to keep
+// its id and created_at. The answer is the scan's, in its order: newest
+// first, ties by the later write (by id for an id list, as Query sorts).
+func (k *kv) items(ctx context.Context, f nostr.Filter) ([]Item, error) {
+	for name, v := range f.Tags {
+		if len(v) == 0 {
+			return nil, fmt.Errorf("query %s: tag #%s has no values", f, name)
+		}
+	}
+	done, err := k.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	check := newKVItemCheck(f)
+	var out []Item
+	err = k.eng.view(func(r kvReader) error {
+		var err error
+		if f.IDs != nil {
+			out, err = kvItemsByIDs(ctx, r, check, f.IDs, k.ids.Load())
+		} else {
+			out, err = kvItemsScan(ctx, r, check, f, k.kinds.all(), kvLayout{v2: k.tagsV2, legacy: k.legacyTags})
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, ctx.Err()
+}
+
+// kvItemsScan reads the entries of f's index prefixes and checks each
+// candidate's stored JSON.
+func kvItemsScan(ctx context.Context, r kvReader, check *kvItemCheck, f nostr.Filter, kinds []int, layout kvLayout) ([]Item, error) {
+	prefixes := kvPrefixes(f, kinds, layout)
+	if len(prefixes) == 0 {
+		return nil, nil
+	}
+	upper, lower := kvBounds(f)
+	suffixes, _, err := kvEntries(ctx, r, prefixes, upper, lower, -1)
+	if err != nil {
+		return nil, err
+	}
+	if sg, ok := r.(kvSortedGetter); ok {
+		return kvItemsSorted(ctx, sg, check, suffixes)
+	}
+	var out []Item
+	for n, sfx := range suffixes {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		it, ok, err := kvLoadItem(r, binary.BigEndian.Uint64(sfx[8:]), check)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}
+
+// kvSortedGetter is a kvReader that reads many keys, given in ascending
+// order, more cheaply than a get each (pebble: one iterator, each seek
+// going on from the last instead of a point lookup through every level).
+type kvSortedGetter interface {
+	// getSorted calls fn with the index and value of each of keys that is
+	// stored (v valid only during the call). keys are ascending and share
+	// prefix.
+	getSorted(prefix []byte, keys [][]byte, fn func(n int, v []byte) error) error
+}
+
+// kvItemsSorted loads the candidates (suffixes, newest first) in serial
+// order and returns the matching items newest first.
+func kvItemsSorted(ctx context.Context, sg kvSortedGetter, check *kvItemCheck, suffixes [][16]byte) ([]Item, error) {
+	order := make([]int, len(suffixes)) // candidate positions by serial
+	for n := range order {
+		order[n] = n
+	}
+	slices.SortFunc(order, func(a, b int) int { return bytes.Compare(suffixes[a][8:], suffixes[b][8:]) })
+	keys := make([][]byte, len(order))
+	for n, at := range order {
+		keys[n] = kvRawKey(binary.BigEndian.Uint64(suffixes[at][8:]))
+	}
+	found := make([]Item, len(suffixes))
+	matched := make([]bool, len(suffixes))
+	err := sg.getSorted([]byte{kvRaw}, keys, func(n int, raw []byte) error {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		it, ok, err := check.match(raw)
+		if err != nil {
+			return fmt.Errorf("load event %d: %w", binary.BigEndian.Uint64(keys[n][1:]), err)
+		}
+		found[order[n]], matched[order[n]] = it, ok
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := found[:0]
+	for n, it := range found {
+		if matched[n] {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}
+
+// kvItemsByIDs looks the ids up and checks each stored event's JSON:
+// newest first, ties by id (kvByIDs's order).
+func kvItemsByIDs(ctx context.Context, r kvReader, check *kvItemCheck, ids []string, filter *idFilter) ([]Item, error) {
+	var out []Item
+	for n, s := range slices.Compact(slices.Sorted(slices.Values(ids))) {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		id, ok := decode32(s)
+		if !ok || !filter.mayHave(id) {
+			continue
+		}
+		serial, found, err := kvSerial(r, id)
+		if err != nil || !found {
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		it, ok, err := kvLoadItem(r, serial, check)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, it)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Item) int { return int(b.CreatedAt - a.CreatedAt) })
+	return out, nil
+}
+
+// kvSerial reads the serial an id is stored under.
+func kvSerial(r kvReader, id []byte) (serial uint64, found bool, err error) {
+	found, err = r.get(kvIDKey(id), func(v []byte) error {
+		if len(v) != 8 {
+			return fmt.Errorf("id %x: serial of %d bytes", id, len(v))
+		}
+		serial = binary.BigEndian.Uint64(v)
+		return nil
+	})
+	return serial, found, err
+}
+
+// kvLoadItem reads the event stored under serial and reports its item if
+// it matches (not if there is none).
+func kvLoadItem(r kvReader, serial uint64, check *kvItemCheck) (it Item, ok bool, err error) {
+	_, err = r.get(kvRawKey(serial), func(raw []byte) error {
+		it, ok, err = check.match(raw)
+		return err
+	})
+	if err != nil {
+		return Item{}, false, fmt.Errorf("load event %d: %w", serial, err)
+	}
+	return it, ok, nil
+}
+
+// kvItemCheck is Filter.Matches on an event's stored JSON: it reads id,
+// pubkey, created_at and kind, and the tags only when the filter has tag
+// conditions, checking each tag's name and first value in place (no Tags
+// are built); content and signature are skipped. The index already
+// narrowed the candidates, but not exactly (a tag key is a hash of the
+// value), so every condition is checked again.
+type kvItemCheck struct {
+	f nostr.Filter
+	// ids: f.IDs as a set (nil when f has none).
+	ids map[string]struct{}
+	// tags are f's tag conditions; met has bit n set when a tag satisfies
+	// tags[n].
+	tags []kvTagCheck
+	// full: more tag conditions than the bit set holds; decode the event
+	// and use Filter.Matches.
+	full bool
+}
+
+// kvTagCheck is one tag condition: a tag named name whose first value is
+// one of values.
+type kvTagCheck struct {
+	name   string
+	values map[string]struct{}
+}
+
+func newKVItemCheck(f nostr.Filter) *kvItemCheck {
+	c := &kvItemCheck{f: f}
+	if f.IDs != nil {
+		c.ids = make(map[string]struct{}, len(f.IDs))
+		for _, id := range f.IDs {
+			c.ids[id] = struct{}{}
+		}
+	}
+	for name, vals := range f.Tags {
+		if vals == nil {
+			continue // Filter.Matches ignores a nil list
+		}
+		t := kvTagCheck{name: name, values: make(map[string]struct{}, len(vals))}
+		for _, v := range vals {
+			t.values[v] = struct{}{}
+		}
+		c.tags = append(c.tags, t)
+	}
+	c.full = len(c.tags) > 64
+	return c
+}
+
+// match reports whether the event whose JSON (as kvPrepare wrote it) is
+// raw matches the filter, and its item. raw is read in place: the item's
+// id is copied out.
+func (c *kvItemCheck) match(raw []byte) (Item, bool, error) {
+	if c.full {
+		evt := new(nostr.Event)
+		if err := evt.UnmarshalJSON(raw); err != nil {
+			return Item{}, false, err
+		}
+		return Item{ID: evt.ID, CreatedAt: evt.CreatedAt}, c.f.Matches(evt), nil
+	}
+	// The fields as nostr.Event's decoder reads them: null leaves the zero
+	// value, a repeated key the last one.
+	var (
+		id, pubkey string
+		ts         int64
+		kind       int
+		met        uint64
+	)
+	in := jlexer.Lexer{Data: raw}
+	in.Delim('{')
+	for !in.IsDelim('}') {
+		key := in.UnsafeFieldName(true)
+		in.WantColon()
+		if in.IsNull() {
+			in.Skip()
+			in.WantComma()
+			continue
+		}
+		switch key {
+		case "id":
+			id = in.UnsafeString()
+		case "pubkey":
+			pubkey = in.UnsafeString()
+		case "created_at":
+			ts = in.Int64()
+		case "kind":
+			kind = in.Int()
+		case "tags":
+			if len(c.tags) == 0 {
+				in.SkipRecursive()
+			} else {
+				met = c.readTags(&in)
+			}
+		default:
+			in.SkipRecursive()
+		}
+		in.WantComma()
+	}
+	in.Delim('}')
+	in.Consumed()
+	if err := in.Error(); err != nil {
+		return Item{}, false, err
+	}
+	f := c.f
+	switch {
+	case c.ids != nil && !has(c.ids, id),
+		f.Kinds != nil && !slices.Contains(f.Kinds, kind),
+		f.Authors != nil && !slices.Contains(f.Authors, pubkey),
+		met != 1<<len(c.tags)-1,
+		f.Since != nil && nostr.Timestamp(ts) < *f.Since,
+		f.Until != nil && nostr.Timestamp(ts) > *f.Until:
+		return Item{}, false, nil
+	}
+	return Item{ID: strings.Clone(id), CreatedAt: nostr.Timestamp(ts)}, true, nil
+}
+
+// readTags reads a tags array and returns the bit set of the conditions
+// some tag satisfies (Tags.ContainsAny: name and first value; tags shorter
+// than two are skipped).
+func (c *kvItemCheck) readTags(in *jlexer.Lexer) (met uint64) {
+	in.Delim('[')
+	for !in.IsDelim(']') {
+		if in.IsNull() {
+			in.Skip()
+			in.WantComma()
+			continue
+		}
+		in.Delim('[')
+		var name string
+		for n := 0; !in.IsDelim(']'); n++ {
+			v := in.UnsafeString()
+			switch n {
+			case 0:
+				name = v
+			case 1:
+				for i, t := range c.tags {
+					if t.name == name && has(t.values, v) {
+						met |= 1 << i
+					}
+				}
+			}
+			in.WantComma()
+		}
+		in.Delim(']')
+		in.WantComma()
+	}
+	in.Delim(']')
+	return met
+}
+
+func has(set map[string]struct{}, s string) bool {
+	_, ok := set[s]
+	return ok
+}
+
+// held returns those of ids that are stored: an id key lookup each (no
+// event is read; in order through one iterator where the engine offers
+// it), skipping ids the id filter has never seen. As with a query by ids,
+// an id counts only as the event's own spelling (lowercase hex).
+func (k *kv) held(ctx context.Context, ids []string) ([]string, error) {
+	done, err := k.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	filter := k.ids.Load()
+	var asked []string
+	var keys [][]byte // ascending: the ids are sorted
+	for _, s := range slices.Compact(slices.Sorted(slices.Values(ids))) {
+		id, ok := decode32(s)
+		if ok && filter.mayHave(id) && !strings.ContainsAny(s, "ABCDEF") {
+			asked = append(asked, s)
+			keys = append(keys, kvIDKey(id))
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out []string
+	err = k.eng.view(func(r kvReader) error {
+		if sg, ok := r.(kvSortedGetter); ok {
+			return sg.getSorted([]byte{kvID}, keys, func(n int, _ []byte) error {
+				out = append(out, asked[n])
+				return nil
+			})
+		}
+		for n, key := range keys {
+			if n%1024 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			found, err := r.get(key, func([]byte) error { return nil })
+			if err != nil {
+				return fmt.Errorf("look up id %s: %w", asked[n], err)
+			}
+			if found {
+				out = append(out, asked[n])
+			}
+		}
+		return nil
+	})
+	return out, err
+}
