@@ -172,6 +172,7 @@ func (i *Ingester) watchAnnouncements(ctx context.Context) error {
 	var subs []*nats.Subscription
 	defer func() {
 		i.anns.reset(false)
+		i.refs.reset(false)
 		for _, s := range subs {
 			_ = s.Unsubscribe()
 		}
@@ -195,6 +196,7 @@ func (i *Ingester) watchAnnouncements(ctx context.Context) error {
 		return fmt.Errorf("subscribe stored announcements: %w", err)
 	}
 	i.anns.reset(true)
+	i.refs.reset(true)
 	for {
 		select {
 		case <-ctx.Done():
@@ -202,9 +204,11 @@ func (i *Ingester) watchAnnouncements(ctx context.Context) error {
 		case msg := <-ch:
 			if evt, err := decode(msg.Data); err == nil {
 				i.anns.stored(evt)
+				i.refs.stored(evt)
 			} else {
 				// Cannot tell which identifier: drop everything.
 				i.anns.clearAll()
+				i.refs.clearAll()
 			}
 			i.anns.mu.Lock()
 			i.anns.notices++
