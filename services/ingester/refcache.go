@@ -10,17 +10,25 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
-// refCacheMax bounds the stored-events cache: two generations of
-// refCacheMax/2 entries each, the older dropped when the newer fills. An
-// entry is a 32-byte id and a kind with its time (~100 bytes with the map's
-// overhead): about 1.6 MB at most, for about the last 8,000 to 16,000
-// events this replica stored.
-const refCacheMax = 16384
+// refCacheMax bounds the memory of stored events: two generations of
+// refCacheMax/2 entries each, the older dropped when the newer fills, so
+// it holds the last 32,768 to 65,536 events this replica stored. An entry
+// is a 32-byte id, a kind and a time (48 bytes in the map's slot): 7 MB of
+// heap once both maps have held a generation (measured with go1.26: ~110
+// bytes per entry of capacity; clear keeps a map's capacity). A sync
+// stores a layer of roots (issues, patches) before the comments on them
+// (the comments layer is asked for by the roots' ids), so the memory must
+// span a layer: 16,384 entries caught 11 % of the lookups of make bench's
+// remote world (24,000 roots), 65,536 all of them.
+const refCacheMax = 65536
 
-// refCacheTTL bounds how long an entry is trusted without a notice, as
-// annCacheTTL does for announcements: a deletion notice lost on the way
-// (core NATS, at most once) leaves a deleted event "stored" no longer.
-const refCacheTTL = annCacheTTL
+// refCacheTTL bounds how long an entry is trusted without a notice: a
+// deletion notice another writer failed to send (core NATS, at most once;
+// losses on this side are detected, see watchAnnouncements) leaves a
+// deleted event "stored" no longer than this. Long enough to span a sync's
+// layer of roots; the parking sweep's interval, the bound the ingester
+// already keeps for a lost wake-up.
+const refCacheTTL = 30 * time.Second
 
 // refCache remembers the ids and kinds of the events this replica has just
 // stored, so that the policy's rule 5 lookup of a referenced event (a
@@ -45,8 +53,8 @@ type refCache struct {
 }
 
 type refEntry struct {
-	kind int
-	at   time.Time
+	kind int32
+	at   int64 // unix nanoseconds
 }
 
 func newRefCache() *refCache {
@@ -92,7 +100,7 @@ func (c *refCache) put(evts []*nostr.Event, gen uint64, now time.Time) {
 			c.old, c.cur = c.cur, c.old
 			clear(c.cur)
 		}
-		c.cur[k] = refEntry{kind: e.Kind, at: now}
+		c.cur[k] = refEntry{kind: int32(e.Kind), at: now.UnixNano()}
 	}
 }
 
@@ -111,10 +119,10 @@ func (c *refCache) kind(id string, now time.Time) (int, bool) {
 	if !ok {
 		e, ok = c.old[k]
 	}
-	if !ok || now.Sub(e.at) >= refCacheTTL {
+	if !ok || now.UnixNano()-e.at >= int64(refCacheTTL) {
 		return 0, false
 	}
-	return e.kind, true
+	return int(e.kind), true
 }
 
 // stored drops what storing evt may have removed: for a deletion, the ids
