@@ -17,6 +17,17 @@ type Lookup interface {
 	Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error)
 }
 
+// KindLookup is an optional part of a Lookup: which of some ids are stored
+// events, and of which kinds. Rule 5's lookup of the events an event
+// references needs nothing more, and a store (or a cache in front of one)
+// may answer it without loading and decoding the events. When the Lookup
+// implements it, the policy asks it instead of Query; both must agree.
+type KindLookup interface {
+	// StoredKinds returns, for each of ids in order, the kind of the
+	// stored event with that id, or -1 when none is stored.
+	StoredKinds(ctx context.Context, ids []string) ([]int, error)
+}
+
 // query reads the store, dropping nil results so callers need not check.
 func (p *Policy) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
 	if p.Store == nil {

@@ -110,3 +110,96 @@ func (r *recordingLookup) Query(ctx context.Context, f nostr.Filter) ([]*nostr.E
 	r.filters = append(r.filters, f)
 	return r.inner.Query(ctx, f)
 }
+
+// kindsLookup is a store that also answers policy.KindLookup (from the
+// same store) and counts the calls.
+type kindsLookup struct {
+	badgerLookup
+	calls int
+	err   error
+}
+
+func (l *kindsLookup) StoredKinds(ctx context.Context, ids []string) ([]int, error) {
+	l.calls++
+	if l.err != nil {
+		return nil, l.err
+	}
+	kinds := make([]int, len(ids))
+	for n, id := range ids {
+		kinds[n] = -1
+		found, err := l.Query(ctx, nostr.Filter{IDs: []string{id}, Limit: 1})
+		if err != nil {
+			return nil, err
+		}
+		if len(found) > 0 {
+			kinds[n] = found[0].Kind
+		}
+	}
+	return kinds, nil
+}
+
+// TestKindLookupDecidesAsQuery: a store that can tell stored kinds by id
+// (policy.KindLookup) is asked for rule 5's referenced ids instead of
+// Query, and every decision (reason, message, missing) is the one Query
+// gives: a stored anchor accepts, a deleted event, a stored deletion and an
+// unknown id do not, and a failure fails closed.
+func TestKindLookupDecidesAsQuery(t *testing.T) {
+	e := newEnv(t)
+	alice, bob := newUser(t), newUser(t)
+	repo := nostr.Tag{"a", alice.coord("repo")}
+	issue := alice.ev(t, 1621, time.Second, "issue", repo)
+	doomed := alice.ev(t, 1621, 2*time.Second, "doomed", repo)
+	del := alice.ev(t, 5, 3*time.Second, "", nostr.Tag{"e", doomed.ID})
+	run(t, e, []step{
+		{"announcement", alice.served(t, "repo", 0), policy.ReasonAccepted},
+		{"issue", issue, policy.ReasonAccepted},
+		{"doomed issue", doomed, policy.ReasonAccepted},
+		{"its deletion", del, policy.ReasonAccepted},
+	})
+	if e.stored(t, doomed.ID) || !e.stored(t, del.ID) {
+		t.Fatal("the deletion was not applied")
+	}
+	unknown := strings.Repeat("f", 64)
+	reply := func(ids ...string) *nostr.Event {
+		var tags []nostr.Tag
+		for _, id := range ids {
+			tags = append(tags, nostr.Tag{"e", id})
+		}
+		return bob.ev(t, 1111, 4*time.Second, "reply", tags...)
+	}
+	tests := []struct {
+		name   string
+		evt    *nostr.Event
+		reason policy.Reason
+	}{
+		{"stored parent", reply(issue.ID), policy.ReasonAccepted},
+		{"unknown then stored parent", reply(unknown, issue.ID), policy.ReasonAccepted},
+		{"deleted parent", reply(doomed.ID), policy.ReasonNoReference},
+		{"a deletion does not anchor", reply(del.ID), policy.ReasonNoReference},
+		{"unknown parent", reply(unknown), policy.ReasonNoReference},
+		{"none of several", reply(unknown, doomed.ID, del.ID), policy.ReasonNoReference},
+	}
+	kl := &kindsLookup{badgerLookup: badgerLookup{e.db}}
+	byKinds := &policy.Policy{ServiceURL: service, Store: kl, Now: func() time.Time { return t0 }}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := e.p.Evaluate(context.Background(), tt.evt)
+			calls := kl.calls
+			got := byKinds.Evaluate(context.Background(), tt.evt)
+			if kl.calls == calls {
+				t.Fatal("StoredKinds was not asked")
+			}
+			if got.Reason != tt.reason || want.Reason != tt.reason {
+				t.Fatalf("reason %q by kinds, %q by Query; want %q", got.Reason, want.Reason, tt.reason)
+			}
+			if got.Message != want.Message || strings.Join(got.Missing, ",") != strings.Join(want.Missing, ",") {
+				t.Fatalf("by kinds %q missing %v; by Query %q missing %v", got.Message, got.Missing, want.Message, want.Missing)
+			}
+		})
+	}
+	boom := errors.New("disk on fire")
+	kl.err = boom
+	if d := byKinds.Evaluate(context.Background(), reply(issue.ID)); d.Reason != policy.ReasonStoreError || !errors.Is(d.Err, boom) {
+		t.Fatalf("a failing StoredKinds: got %+v, want a store error", d)
+	}
+}

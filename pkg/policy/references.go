@@ -105,9 +105,22 @@ func (p *Policy) anyCoordinateStored(ctx context.Context, coords []nip34.Coordin
 	return false, nil
 }
 
-// anyIDStored reports whether one of ids is a stored event that anchors.
+// anyIDStored reports whether one of ids is a stored event that anchors,
+// asking only for kinds when the store can tell them (KindLookup).
 func (p *Policy) anyIDStored(ctx context.Context, ids []string) (bool, error) {
 	if len(ids) == 0 {
+		return false, nil
+	}
+	if kl, ok := p.Store.(KindLookup); ok {
+		kinds, err := kl.StoredKinds(ctx, ids)
+		if err != nil {
+			return false, err
+		}
+		for _, k := range kinds {
+			if k >= 0 && anchors(k) {
+				return true, nil
+			}
+		}
 		return false, nil
 	}
 	found, err := p.query(ctx, nostr.Filter{IDs: ids, Limit: len(ids)})

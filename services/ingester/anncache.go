@@ -162,16 +162,25 @@ func (i *Ingester) AnnouncementNotices() int64 {
 	return i.anns.notices
 }
 
-// watchAnnouncements keeps the announcement cache in step with other
-// writers (relay replicas, other ingesters) from their grasp.stored.30617
-// and grasp.stored.5 notices, until ctx is done. Every replica takes every
-// notice (no queue group). The cache is in use only while the subscription
-// is: it is enabled once subscribed and disabled on return.
+// noticeLossCheck is how often watchAnnouncements looks for notices NATS
+// dropped on their way here.
+const noticeLossCheck = time.Second
+
+// watchAnnouncements keeps the announcement cache and the memory of stored
+// events in step with other writers (relay replicas, other ingesters) from
+// their grasp.stored.30617 and grasp.stored.5 notices, until ctx is done.
+// Every replica takes every notice (no queue group). The caches are in use
+// only while the subscription is: enabled once subscribed and disabled on
+// return. Notices this side can tell it lost (the subscription dropped
+// some as a slow consumer, or the connection was re-established) drop
+// everything both caches hold, within noticeLossCheck; a notice its writer
+// failed to send is covered by the caches' TTLs only.
 func (i *Ingester) watchAnnouncements(ctx context.Context) error {
 	ch := make(chan *nats.Msg, wakeQueue)
 	var subs []*nats.Subscription
 	defer func() {
 		i.anns.reset(false)
+		i.refs.reset(false)
 		for _, s := range subs {
 			_ = s.Unsubscribe()
 		}
@@ -195,20 +204,47 @@ func (i *Ingester) watchAnnouncements(ctx context.Context) error {
 		return fmt.Errorf("subscribe stored announcements: %w", err)
 	}
 	i.anns.reset(true)
+	i.refs.reset(true)
+	// Real time, not i.clk: this is no timer of the ingester's logic, and
+	// a fake clock in a test must not be made to fire it.
+	tick := time.NewTicker(noticeLossCheck)
+	defer tick.Stop()
+	lost := i.noticesLost(subs)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-tick.C:
+			if n := i.noticesLost(subs); n != lost {
+				lost = n
+				i.log.Warn("stored notices lost (slow consumer or reconnect): dropping the cached lookups", "consumer", i.cfg.Consumer)
+				i.anns.clearAll()
+				i.refs.clearAll()
+			}
 		case msg := <-ch:
 			if evt, err := decode(msg.Data); err == nil {
 				i.anns.stored(evt)
+				i.refs.stored(evt)
 			} else {
 				// Cannot tell which identifier: drop everything.
 				i.anns.clearAll()
+				i.refs.clearAll()
 			}
 			i.anns.mu.Lock()
 			i.anns.notices++
 			i.anns.mu.Unlock()
 		}
 	}
+}
+
+// noticesLost counts what says notices may have been lost: messages the
+// subscriptions dropped and reconnections of the connection.
+func (i *Ingester) noticesLost(subs []*nats.Subscription) uint64 {
+	n := i.bus.Conn.Stats().Reconnects
+	for _, s := range subs {
+		if d, err := s.Dropped(); err == nil {
+			n += uint64(d)
+		}
+	}
+	return n
 }

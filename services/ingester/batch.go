@@ -72,6 +72,43 @@ func (b *batch) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, erro
 	return r, nil
 }
 
+// StoredKinds implements policy.KindLookup, for rule 5's lookup of the
+// events an event references: the ids this replica stored a moment ago
+// are answered from its memory of them (refCache), the others by the store
+// (through Query, so its deferral and batch cache apply).
+func (b *batch) StoredKinds(ctx context.Context, ids []string) ([]int, error) {
+	kinds := make([]int, len(ids))
+	var miss []string
+	now := b.i.clk.Now()
+	for n, id := range ids {
+		if b.pending.has(id) || b.deferred.has(id) {
+			// As Query: the decision waits for the event's write.
+			return nil, errDeferred
+		}
+		k, ok := b.i.refs.kind(id, now)
+		if !ok {
+			k = -1
+			miss = append(miss, id)
+		}
+		kinds[n] = k
+	}
+	if len(miss) == 0 {
+		return kinds, nil
+	}
+	found, err := b.Query(ctx, nostr.Filter{IDs: miss, Limit: len(miss)})
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range found {
+		for n, id := range ids {
+			if id == e.ID {
+				kinds[n] = e.Kind
+			}
+		}
+	}
+	return kinds, nil
+}
+
 // prefetch answers the two lookups the policy makes for every event (is
 // its id stored, is it deleted by its author) for the whole batch with one
 // query each (none for ids the verify stage just found unstored), into the
@@ -175,6 +212,10 @@ func (b *batch) flush(ctx context.Context) error {
 		evts[n] = it.evt
 	}
 	var failed error
+	// Read before the write: a deletion noticed after it began may have
+	// removed what it stored, which is then not remembered.
+	gen := b.i.refs.generation()
+	var stored []*nostr.Event
 	for n, r := range b.i.store.SaveBatch(ctx, evts) {
 		it := items[n]
 		switch {
@@ -200,8 +241,10 @@ func (b *batch) flush(ctx context.Context) error {
 				continue
 			}
 			b.i.done(it, outcomeStored)
+			stored = append(stored, it.evt)
 		}
 	}
+	b.i.refs.put(stored, gen, b.i.clk.Now())
 	return failed
 }
 

@@ -225,6 +225,7 @@ func (i *Ingester) duplicate(ctx context.Context, it *item) {
 		// It may just have removed announcements (an earlier attempt died
 		// before applying it), with no notice to say so.
 		i.anns.clearAll()
+		i.refs.clearAll()
 	}
 	if md, err := it.msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		// A redelivery: an earlier attempt may have stored the event and

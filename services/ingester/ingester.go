@@ -159,6 +159,9 @@ type Ingester struct {
 	// anns caches the policy's announcement lookups across decide batches
 	// (see annCache); in use while Run watches the stored notices.
 	anns *annCache
+	// refs remembers the events this replica just stored, for the
+	// policy's lookups of referenced events (refcache.go).
+	refs *refCache
 }
 
 // New builds an ingester. serviceURL is this GRASP server's public relay URL,
@@ -186,6 +189,7 @@ func New(cfg Config, b *bus.Bus, st Store, serviceURL string, log *slog.Logger, 
 		clk:     clock.Real{},
 		m:       newMetrics(reg),
 		anns:    newAnnCache(),
+		refs:    newRefCache(),
 	}
 	return i
 }
@@ -261,6 +265,7 @@ func (i *Ingester) publishStored(evt *nostr.Event, data []byte) {
 	// Before the notice, and after the store committed (and applied a
 	// deletion): the next decision of this replica sees the change.
 	i.anns.stored(evt)
+	i.refs.stored(evt)
 	out := nats.NewMsg(i.bus.Names.StoredSubject(evt.Kind))
 	out.Data = data
 	out.Header.Set(bus.HeaderOrigin, "ingester")
