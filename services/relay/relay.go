@@ -47,8 +47,10 @@ type Config struct {
 	// PublicURL is the relay's public websocket URL; its host and port are
 	// what "an announcement lists this service" compares against. Default:
 	// ws:// + Addr.
-	PublicURL   string `envconfig:"PUBLIC_URL"`
-	Name        string `envconfig:"RELAY_NAME" default:"grasp-sync"`
+	PublicURL string `envconfig:"PUBLIC_URL"`
+	// Name is the relay's name, shown in NIP-11.
+	Name string `envconfig:"RELAY_NAME" default:"grasp-sync"`
+	// Description is the relay's description, shown in NIP-11.
 	Description string `envconfig:"RELAY_DESCRIPTION" default:"GRASP relay with proactive sync (GRASP-02)" zero:"off"`
 	// PubKey is the operator's hex public key, shown in NIP-11.
 	PubKey string `envconfig:"RELAY_PUBKEY"`
