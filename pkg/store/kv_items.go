@@ -162,18 +162,6 @@ func kvItemsByIDs(ctx context.Context, r kvReader, check *kvItemCheck, ids []str
 	return out, nil
 }
 
-// kvSerial reads the serial an id is stored under.
-func kvSerial(r kvReader, id []byte) (serial uint64, found bool, err error) {
-	found, err = r.get(kvIDKey(id), func(v []byte) error {
-		if len(v) != 8 {
-			return fmt.Errorf("id %x: serial of %d bytes", id, len(v))
-		}
-		serial = binary.BigEndian.Uint64(v)
-		return nil
-	})
-	return serial, found, err
-}
-
 // kvLoadItem reads the event stored under serial and reports its item if
 // it matches (not if there is none).
 func kvLoadItem(r kvReader, serial uint64, check *kvItemCheck) (it Item, ok bool, err error) {

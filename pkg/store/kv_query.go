@@ -13,19 +13,24 @@ import (
 
 // kvLookup finds the stored event with this id: nil if there is none.
 func kvLookup(r kvReader, id []byte) (uint64, *nostr.Event, error) {
-	var serial uint64
-	found, err := r.get(kvIDKey(id), func(v []byte) error {
+	serial, found, err := kvSerial(r, id)
+	if err != nil || !found {
+		return 0, nil, err
+	}
+	evt, err := kvLoad(r, serial)
+	return serial, evt, err
+}
+
+// kvSerial reads the serial an id is stored under.
+func kvSerial(r kvReader, id []byte) (serial uint64, found bool, err error) {
+	found, err = r.get(kvIDKey(id), func(v []byte) error {
 		if len(v) != 8 {
 			return fmt.Errorf("id %x: serial of %d bytes", id, len(v))
 		}
 		serial = binary.BigEndian.Uint64(v)
 		return nil
 	})
-	if err != nil || !found {
-		return 0, nil, err
-	}
-	evt, err := kvLoad(r, serial)
-	return serial, evt, err
+	return serial, found, err
 }
 
 // kvLoad reads the event stored under serial: nil if there is none.
