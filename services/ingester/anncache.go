@@ -179,8 +179,7 @@ func (i *Ingester) watchAnnouncements(ctx context.Context) error {
 	ch := make(chan *nats.Msg, wakeQueue)
 	var subs []*nats.Subscription
 	defer func() {
-		i.anns.reset(false)
-		i.refs.reset(false)
+		i.lookupCaches(false)
 		for _, s := range subs {
 			_ = s.Unsubscribe()
 		}
@@ -203,8 +202,7 @@ func (i *Ingester) watchAnnouncements(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("subscribe stored announcements: %w", err)
 	}
-	i.anns.reset(true)
-	i.refs.reset(true)
+	i.lookupCaches(true)
 	// Real time, not i.clk: this is no timer of the ingester's logic, and
 	// a fake clock in a test must not be made to fire it.
 	tick := time.NewTicker(noticeLossCheck)
@@ -218,23 +216,43 @@ func (i *Ingester) watchAnnouncements(ctx context.Context) error {
 			if n := i.noticesLost(subs); n != lost {
 				lost = n
 				i.log.Warn("stored notices lost (slow consumer or reconnect): dropping the cached lookups", "consumer", i.cfg.Consumer)
-				i.anns.clearAll()
-				i.refs.clearAll()
+				i.forgetLookups()
 			}
 		case msg := <-ch:
 			if evt, err := decode(msg.Data); err == nil {
-				i.anns.stored(evt)
-				i.refs.stored(evt)
+				i.noteStored(evt)
 			} else {
 				// Cannot tell which identifier: drop everything.
-				i.anns.clearAll()
-				i.refs.clearAll()
+				i.forgetLookups()
 			}
 			i.anns.mu.Lock()
 			i.anns.notices++
 			i.anns.mu.Unlock()
 		}
 	}
+}
+
+// The decide stage's cross-batch lookup caches (anns, refs) follow the
+// stored events together: every place that learns of a store, of a
+// possible loss of notices, or of the notices starting or stopping tells
+// both through these.
+
+// noteStored updates the lookup caches for an event just stored.
+func (i *Ingester) noteStored(evt *nostr.Event) {
+	i.anns.stored(evt)
+	i.refs.stored(evt)
+}
+
+// forgetLookups empties the lookup caches.
+func (i *Ingester) forgetLookups() {
+	i.anns.clearAll()
+	i.refs.clearAll()
+}
+
+// lookupCaches empties the lookup caches and turns them on or off.
+func (i *Ingester) lookupCaches(on bool) {
+	i.anns.reset(on)
+	i.refs.reset(on)
 }
 
 // noticesLost counts what says notices may have been lost: messages the

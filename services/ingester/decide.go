@@ -224,8 +224,7 @@ func (i *Ingester) duplicate(ctx context.Context, it *item) {
 	if it.evt.Kind == nip34.KindDeletion {
 		// It may just have removed announcements (an earlier attempt died
 		// before applying it), with no notice to say so.
-		i.anns.clearAll()
-		i.refs.clearAll()
+		i.forgetLookups()
 	}
 	if md, err := it.msg.Metadata(); err == nil && md.NumDelivered > 1 {
 		// A redelivery: an earlier attempt may have stored the event and

@@ -264,8 +264,7 @@ func (i *Ingester) storeAccepted(ctx context.Context, evtp *nostr.Event, data []
 func (i *Ingester) publishStored(evt *nostr.Event, data []byte) {
 	// Before the notice, and after the store committed (and applied a
 	// deletion): the next decision of this replica sees the change.
-	i.anns.stored(evt)
-	i.refs.stored(evt)
+	i.noteStored(evt)
 	out := nats.NewMsg(i.bus.Names.StoredSubject(evt.Kind))
 	out.Data = data
 	out.Header.Set(bus.HeaderOrigin, "ingester")
