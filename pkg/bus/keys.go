@@ -23,6 +23,15 @@ func RelayStateKey(url string) string {
 	return RelayStateKeyPrefix + base64.RawURLEncoding.EncodeToString([]byte(url))
 }
 
+// RelayLimitsKeyPrefix starts every key of RelayLimitsBucket.
+const RelayLimitsKeyPrefix = "limits."
+
+// RelayLimitsKey is the RelayLimitsBucket key of a relay: the prefix and
+// the URL in unpadded base64url, as RelayStateKey.
+func RelayLimitsKey(url string) string {
+	return RelayLimitsKeyPrefix + base64.RawURLEncoding.EncodeToString([]byte(url))
+}
+
 // FetcherShardKey is the FetcherLeaseBucket key of one shard's lease.
 func FetcherShardKey(shard int) string { return "s." + strconv.Itoa(shard) }
 

@@ -107,6 +107,13 @@ func (n Names) FetcherLeaseBucket() string { return n.prefix() + "_fetcher_lease
 // takes a shard over reconnects them. The fetchers create it.
 func (n Names) FetcherRelayBucket() string { return n.prefix() + "_fetcher_relays" }
 
+// RelayLimitsBucket keeps what the fetchers know of each remote relay's
+// limits (keys RelayLimitsKey, values graspv1.RelayLimits): advertised in
+// NIP-11, learned from refusals, and the reads it refuses. It outlives
+// restarts and shard moves, so a relay's budget is learned once. The
+// fetchers create and write it; graspctl reads it.
+func (n Names) RelayLimitsBucket() string { return n.prefix() + "_relay_limits" }
+
 // BootstrapRelaysKey is the reserved key of RepoIndexBucket under which
 // discovery publishes the configured bootstrap relays (a
 // graspv1.BootstrapRelays value) so the planner keeps them connected. It can

@@ -126,7 +126,7 @@ func Reconcile(ctx context.Context, c *relayconn.Conn, filter nostr.Filter, loca
 	neg := negentropy.New(vec, opts.FrameSize)
 
 	id := c.NewID()
-	ch, err := c.OpenChannel(id)
+	ch, err := c.OpenChannel(ctx, id)
 	if err != nil {
 		return res, err
 	}

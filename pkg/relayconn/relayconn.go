@@ -13,9 +13,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +27,8 @@ import (
 	"github.com/mailru/easyjson"
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/tidwall/gjson"
+
+	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
 // Defaults of Options.
@@ -62,6 +66,13 @@ type Options struct {
 	Header http.Header
 	// SubscriptionBuffer is the event buffer of each subscription.
 	SubscriptionBuffer int
+	// OnLimit is told of every refusal of a budget the relay sent (a
+	// NOTICE or CLOSED that relaylimits.Classify calls a limit), with what
+	// was open and sent when it came: open subscriptions (the refused one
+	// included), the refused REQ's filters and its size. It runs on the read
+	// goroutine: do not block. The connection has already lowered its own
+	// subscription gate when the refusal was of a count.
+	OnLimit func(r relaylimits.Refusal, open, filters, size int)
 }
 
 // ErrDead is the cause of a connection that stopped answering pings.
@@ -96,8 +107,17 @@ type Conn struct {
 	mu       sync.Mutex
 	subs     map[string]*Subscription
 	channels map[string]*Channel
-	watchers map[*noticeWatcher]struct{}
-	serial   atomic.Uint64
+	// lastREQ is the REQ sent last that has had no answer yet (no EVENT,
+	// EOSE or CLOSED): strfry's NOTICE refusing a subscription names none,
+	// and the one it refuses is that one (docs/dependencies.md).
+	lastREQ *Subscription
+	// maxOut bounds the messages we send (0: unbounded); maxWritten is
+	// the largest one sent, what a 1009 close refused at most.
+	maxOut     atomic.Int64
+	maxWritten atomic.Int64
+	gate       slotGate
+	watchers   map[*noticeWatcher]struct{}
+	serial     atomic.Uint64
 	// BytesIn counts the bytes of every message received.
 	BytesIn   atomic.Uint64
 	malformed atomic.Uint64
@@ -124,25 +144,7 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
-	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
-	transport := &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			host, _, _ := net.SplitHostPort(addr)
-			if opts.CheckDial != nil {
-				// Vet the address the dialer picks, not the name: a name may
-				// resolve differently at dial time than when it was checked.
-				d := *dialer
-				d.Control = func(network, address string, _ syscallRawConn) error {
-					return opts.CheckDial(host, address)
-				}
-				return d.DialContext(ctx, network, addr)
-			}
-			return dialer.DialContext(ctx, network, addr)
-		},
-		TLSHandshakeTimeout: 15 * time.Second,
-		ForceAttemptHTTP2:   false,
-	}
+	transport := vettedTransport(opts.CheckDial)
 	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{
 		HTTPClient: &http.Client{Transport: transport},
 		HTTPHeader: opts.Header,
@@ -157,6 +159,7 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	ws.SetReadLimit(opts.MaxMessageBytes)
 	c := &Conn{url: url, ws: ws, opts: opts,
 		subs: map[string]*Subscription{}, channels: map[string]*Channel{}, watchers: map[*noticeWatcher]struct{}{}}
+	c.gate.init()
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	c.loops.Add(1)
 	go c.readLoop()
@@ -165,6 +168,76 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		go c.keepalive()
 	}
 	return c, nil
+}
+
+// vettedTransport is an HTTP transport whose every dial is vetted by
+// checkDial on the address actually dialled (nil: none), without proxies:
+// the websocket and the NIP-11 document of a relay go through the same
+// guard.
+func vettedTransport(checkDial func(host, address string) error) *http.Transport {
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, _, _ := net.SplitHostPort(addr)
+			if checkDial != nil {
+				// Vet the address the dialer picks, not the name: a name may
+				// resolve differently at dial time than when it was checked.
+				d := *dialer
+				d.Control = func(network, address string, _ syscallRawConn) error {
+					return checkDial(host, address)
+				}
+				return d.DialContext(ctx, network, addr)
+			}
+			return dialer.DialContext(ctx, network, addr)
+		},
+		TLSHandshakeTimeout: 15 * time.Second,
+		ForceAttemptHTTP2:   false,
+	}
+}
+
+// MaxInfoBytes bounds a NIP-11 document: real ones are a few KiB.
+const MaxInfoBytes = 256 << 10
+
+// FetchInfo reads a relay's NIP-11 document (GET on the relay's http(s)
+// URL with Accept: application/nostr+json), its dial vetted by checkDial as
+// the websocket's is. A document over MaxInfoBytes, a status other than
+// 200 or a redirect is an error: the document must come from the relay
+// itself, not from wherever it points.
+func FetchInfo(ctx context.Context, relayURL string, checkDial func(host, address string) error) ([]byte, error) {
+	u := relayURL
+	switch {
+	case strings.HasPrefix(u, "wss://"):
+		u = "https://" + u[len("wss://"):]
+	case strings.HasPrefix(u, "ws://"):
+		u = "http://" + u[len("ws://"):]
+	default:
+		return nil, fmt.Errorf("NIP-11 of %s: not a websocket URL", relayURL)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("NIP-11 of %s: %w", relayURL, err)
+	}
+	req.Header.Set("Accept", "application/nostr+json")
+	transport := vettedTransport(checkDial)
+	defer transport.CloseIdleConnections()
+	client := &http.Client{Transport: transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("NIP-11 of %s: %w", relayURL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("NIP-11 of %s: HTTP %d", relayURL, resp.StatusCode)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxInfoBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("NIP-11 of %s: %w", relayURL, err)
+	}
+	if len(body) > MaxInfoBytes {
+		return nil, fmt.Errorf("NIP-11 of %s: document over %d bytes", relayURL, MaxInfoBytes)
+	}
+	return body, nil
 }
 
 // URL is the relay's URL.
@@ -217,8 +290,42 @@ func (c *Conn) Write(ctx context.Context, msg any) error {
 	return c.WriteRaw(ctx, data)
 }
 
+// TooLargeError is a message we did not send because it is over the
+// relay's message budget (SetLimits): the caller splits what it carries.
+type TooLargeError struct{ Size, Limit int }
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("message of %d bytes is over the relay's limit of %d", e.Size, e.Limit)
+}
+
+// SetLimits sets the budgets the connection keeps to from now on: the
+// largest message it sends (larger ones fail with *TooLargeError, unsent),
+// how many subscriptions and channels may be open at once (Subscribe and
+// OpenChannel wait for a free one), and how many of those are kept for
+// short reads (live subscriptions may hold at most subs − reserved, so
+// history is never starved by them). 0 leaves a budget unbounded.
+func (c *Conn) SetLimits(maxMessage, subs, reserved int) {
+	c.maxOut.Store(int64(maxMessage))
+	c.gate.setLimit(subs, reserved)
+}
+
+// MaxWritten is the size of the largest message sent on the connection.
+func (c *Conn) MaxWritten() int { return int(c.maxWritten.Load()) }
+
+// OpenSubscriptions is how many subscriptions and channels hold a slot.
+func (c *Conn) OpenSubscriptions() int { return c.gate.inUse() }
+
 // WriteRaw sends one message that is already JSON.
 func (c *Conn) WriteRaw(ctx context.Context, data []byte) error {
+	if limit := int(c.maxOut.Load()); limit > 0 && len(data) > limit {
+		return &TooLargeError{Size: len(data), Limit: limit}
+	}
+	for {
+		prev := c.maxWritten.Load()
+		if int64(len(data)) <= prev || c.maxWritten.CompareAndSwap(prev, int64(len(data))) {
+			break
+		}
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.WriteTimeout)
@@ -341,6 +448,9 @@ func (c *Conn) dispatch(data []byte) {
 	case "EVENT", "EOSE", "CLOSED":
 		c.mu.Lock()
 		s := c.subs[subID]
+		if s != nil && c.lastREQ == s {
+			c.lastREQ = nil // answered
+		}
 		c.mu.Unlock()
 		if s == nil {
 			return
@@ -368,14 +478,25 @@ func (c *Conn) dispatch(data []byte) {
 			s.eoseOnce.Do(func() { close(s.eose) })
 		case "CLOSED":
 			reason := gjson.GetBytes(data, "2").String()
-			select {
-			case s.closed <- reason:
-			default:
-			}
-			c.forget(s)
+			c.refused(s, relaylimits.Classify(reason), reason)
 		}
 	case "NOTICE":
 		msg := gjson.GetBytes(data, "1").String()
+		if r := relaylimits.Classify(msg); r.IsLimit() {
+			// strfry refuses a subscription over its count (and a REQ of
+			// too many filters) with a NOTICE naming none: it is the REQ
+			// sent last that has had no answer. Without this it would wait
+			// for an EOSE that never comes.
+			c.mu.Lock()
+			s := c.lastREQ
+			c.lastREQ = nil
+			c.mu.Unlock()
+			if s != nil {
+				c.refused(s, r, "NOTICE: "+msg)
+			} else if c.opts.OnLimit != nil {
+				c.opts.OnLimit(r, c.gate.inUse()+1, 0, c.MaxWritten())
+			}
+		}
 		c.mu.Lock()
 		for w := range c.watchers {
 			select {
@@ -442,6 +563,11 @@ type Subscription struct {
 	doneOnce  sync.Once
 	malformed atomic.Uint64
 	bytes     atomic.Uint64
+	// filters and size are the REQ's, for OnLimit; slot is set while it
+	// holds a place in the connection's subscription gate.
+	filters, size int
+	live          bool
+	slot          atomic.Bool
 }
 
 // Events delivers the subscription's events.
@@ -465,29 +591,84 @@ func (s *Subscription) Malformed() uint64 { return s.malformed.Load() }
 // Bytes counts the bytes of the subscription's messages (EVENT, EOSE, CLOSED).
 func (s *Subscription) Bytes() uint64 { return s.bytes.Load() }
 
-func (s *Subscription) end() { s.doneOnce.Do(func() { close(s.done) }) }
+func (s *Subscription) end() {
+	s.doneOnce.Do(func() { close(s.done) })
+	if s.slot.CompareAndSwap(true, false) {
+		s.conn.gate.release(s.live)
+	}
+}
 
-// Subscribe sends a REQ.
+// Subscribe sends a REQ for a read that ends (a page, an id fetch). It
+// waits for a free subscription slot when the relay's count is reached
+// (SetLimits), and fails with *TooLargeError, unsent, when the REQ is over
+// the relay's message budget.
 func (c *Conn) Subscribe(ctx context.Context, fs nostr.Filters) (*Subscription, error) {
+	return c.subscribe(ctx, fs, false, nil)
+}
+
+// SubscribeLive sends a REQ that stays open (a live subscription). Live
+// subscriptions hold at most the slots SetLimits does not reserve; onWait,
+// if set, is called once when the REQ has to wait for one, so a caller
+// replacing old live subscriptions with new ones can close the old first
+// instead of waiting forever for slots they hold.
+func (c *Conn) SubscribeLive(ctx context.Context, fs nostr.Filters, onWait func()) (*Subscription, error) {
+	return c.subscribe(ctx, fs, true, onWait)
+}
+
+func (c *Conn) subscribe(ctx context.Context, fs nostr.Filters, live bool, onWait func()) (*Subscription, error) {
 	if err := context.Cause(c.ctx); err != nil {
 		return nil, fmt.Errorf("subscribe on %s: %w", c.url, err)
 	}
 	s := &Subscription{
-		ID:     c.NewID(),
-		conn:   c,
-		events: make(chan *nostr.Event, c.opts.SubscriptionBuffer),
-		eose:   make(chan struct{}),
-		closed: make(chan string, 1),
-		done:   make(chan struct{}),
+		ID:      c.NewID(),
+		conn:    c,
+		events:  make(chan *nostr.Event, c.opts.SubscriptionBuffer),
+		eose:    make(chan struct{}),
+		closed:  make(chan string, 1),
+		done:    make(chan struct{}),
+		filters: len(fs),
+		live:    live,
 	}
+	data, err := json.Marshal(nostr.ReqEnvelope{SubscriptionID: s.ID, Filters: fs})
+	if err != nil {
+		return nil, fmt.Errorf("encode REQ: %w", err)
+	}
+	s.size = len(data)
+	if limit := int(c.maxOut.Load()); limit > 0 && len(data) > limit {
+		return nil, &TooLargeError{Size: len(data), Limit: limit}
+	}
+	if err := c.gate.acquire(ctx, c.ctx, live, onWait); err != nil {
+		return nil, fmt.Errorf("subscribe on %s: %w", c.url, err)
+	}
+	s.slot.Store(true)
 	c.mu.Lock()
 	c.subs[s.ID] = s
+	c.lastREQ = s
 	c.mu.Unlock()
-	if err := c.Write(ctx, nostr.ReqEnvelope{SubscriptionID: s.ID, Filters: fs}); err != nil {
+	if err := c.WriteRaw(ctx, data); err != nil {
 		c.forget(s)
 		return nil, err
 	}
 	return s, nil
+}
+
+// refused ends a subscription the relay refused (its CLOSED, or a NOTICE
+// taken as refusing it): a refusal of the subscription count lowers the
+// gate to what was open without it, so the caller's retry waits for a slot
+// instead of being refused again; every limit is told to OnLimit.
+func (c *Conn) refused(s *Subscription, r relaylimits.Refusal, reason string) {
+	open := c.gate.inUse()
+	if r == relaylimits.TooManySubscriptions {
+		c.gate.lower(open - 1)
+	}
+	if r.IsLimit() && c.opts.OnLimit != nil {
+		c.opts.OnLimit(r, open, s.filters, s.size)
+	}
+	select {
+	case s.closed <- reason:
+	default:
+	}
+	c.forget(s)
 }
 
 // NewID returns a subscription id unique on this connection.
@@ -531,17 +712,31 @@ type Channel struct {
 	done  chan struct{}
 	once  sync.Once
 	bytes atomic.Uint64
+	slot  atomic.Bool
 }
 
-// OpenChannel registers a channel for id (use NewID for a fresh one).
-func (c *Conn) OpenChannel(id string) (*Channel, error) {
+// OpenChannel registers a channel for id (use NewID for a fresh one). A
+// channel is a subscription to the relay (a NIP-77 session counts toward
+// strfry's limit), so it waits for a slot like Subscribe.
+func (c *Conn) OpenChannel(ctx context.Context, id string) (*Channel, error) {
 	if err := context.Cause(c.ctx); err != nil {
 		return nil, fmt.Errorf("open channel on %s: %w", c.url, err)
 	}
 	ch := &Channel{ID: id, conn: c, msgs: make(chan Message, 16), done: make(chan struct{})}
 	c.mu.Lock()
+	_, taken := c.channels[id]
+	c.mu.Unlock()
+	if taken {
+		return nil, fmt.Errorf("channel %s already open on %s", id, c.url)
+	}
+	if err := c.gate.acquire(ctx, c.ctx, false, nil); err != nil {
+		return nil, fmt.Errorf("open channel on %s: %w", c.url, err)
+	}
+	ch.slot.Store(true)
+	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, taken := c.channels[id]; taken {
+		ch.end()
 		return nil, fmt.Errorf("channel %s already open on %s", id, c.url)
 	}
 	c.channels[id] = ch
@@ -557,7 +752,12 @@ func (ch *Channel) Done() <-chan struct{} { return ch.done }
 // Bytes counts the bytes of the messages routed to the channel.
 func (ch *Channel) Bytes() uint64 { return ch.bytes.Load() }
 
-func (ch *Channel) end() { ch.once.Do(func() { close(ch.done) }) }
+func (ch *Channel) end() {
+	ch.once.Do(func() { close(ch.done) })
+	if ch.slot.CompareAndSwap(true, false) {
+		ch.conn.gate.release(false)
+	}
+}
 
 // Close stops routing messages to the channel.
 func (ch *Channel) Close() {

@@ -193,7 +193,7 @@ func TestMalformedNoticesAndChannels(t *testing.T) {
 	if n := <-notices; n != "hello" {
 		t.Fatalf("notice %q", n)
 	}
-	ch, err := c.OpenChannel("neg1")
+	ch, err := c.OpenChannel(ctx, "neg1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/leader"
+	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
 // ErrBucketMissing means a KV bucket the services create does not exist:
@@ -76,7 +77,51 @@ type Relay struct {
 	ResyncMissed uint64    `json:"resync_missed"`
 	LastMissedAt time.Time `json:"last_missed_at,omitzero"`
 
+	// Limits is what the fetchers know of the relay's limits (nil when
+	// they have recorded nothing yet): docs/sync.md, "What relays allow".
+	Limits *Limits `json:"limits,omitempty"`
+
 	state *graspv1.RelayState
+}
+
+// Limits are a relay's budgets as the fetchers keep to them: InForce is
+// what they send within — Advertised in NIP-11 or the defaults, lowered by
+// Learned from the relay's refusals —, Refusals the reads it refuses us.
+type Limits struct {
+	InForce    relaylimits.Limits `json:"in_force"`
+	Advertised relaylimits.Limits `json:"advertised"`
+	Learned    relaylimits.Limits `json:"learned"`
+	// NIP11Error is why the relay's NIP-11 document could not be read.
+	NIP11Error string `json:"nip11_error,omitempty"`
+	// LimitRefusals counts refusals of a budget by kind (message_size,
+	// subscriptions, filters).
+	LimitRefusals map[string]uint64 `json:"limit_refusals,omitempty"`
+	Refusals      []ReadRefusal     `json:"refusals,omitempty"`
+}
+
+// ReadRefusal is a kind of read the relay refuses us, asked again at
+// RetryAt.
+type ReadRefusal struct {
+	FilterKind string    `json:"filter_kind"`
+	Reason     string    `json:"reason"`
+	At         time.Time `json:"at"`
+	RetryAt    time.Time `json:"retry_at"`
+}
+
+// FromRelayLimits turns the fetchers' record into Limits.
+func FromRelayLimits(rec *graspv1.RelayLimits) *Limits {
+	conv := func(l *graspv1.Limits) relaylimits.Limits {
+		return relaylimits.Limits{MaxMessageBytes: int(l.GetMaxMessageBytes()), MaxSubscriptions: int(l.GetMaxSubscriptions()),
+			MaxFilters: int(l.GetMaxFilters()), MaxLimit: int(l.GetMaxLimit())}
+	}
+	l := &Limits{Advertised: conv(rec.GetAdvertised()), Learned: conv(rec.GetLearned()), NIP11Error: rec.GetNip11Error(),
+		LimitRefusals: rec.GetLimitRefusals()}
+	l.InForce = relaylimits.Effective(l.Advertised, l.Learned)
+	for _, rf := range rec.GetRefusals() {
+		l.Refusals = append(l.Refusals, ReadRefusal{FilterKind: rf.GetFilterKind(), Reason: rf.GetReason(),
+			At: time.UnixMilli(rf.GetAt()).UTC(), RetryAt: time.UnixMilli(rf.GetRetryAt()).UTC()})
+	}
+	return l
 }
 
 // Repo is one RepoSyncIndex entry.
@@ -248,8 +293,30 @@ func Read(ctx context.Context, js jetstream.JetStream, names bus.Names) (*Snapsh
 			}
 		}
 	}
+	if lims, err := readLimits(ctx, js, names); err == nil {
+		for i := range s.Relays {
+			if rec, ok := lims[s.Relays[i].URL]; ok {
+				s.Relays[i].Limits = FromRelayLimits(rec)
+			}
+		}
+	}
 	s.Leases = readLeases(ctx, js, names)
 	return s, nil
+}
+
+// readLimits reads the fetchers' limits records by relay URL; a missing
+// bucket (no fetcher has run yet) is ErrBucketMissing.
+func readLimits(ctx context.Context, js jetstream.JetStream, names bus.Names) (map[string]*graspv1.RelayLimits, error) {
+	out := map[string]*graspv1.RelayLimits{}
+	err := eachEntry(ctx, js, names.RelayLimitsBucket(), bus.RelayLimitsKeyPrefix, func(_ string, v []byte) error {
+		var rec graspv1.RelayLimits
+		if err := proto.Unmarshal(v, &rec); err != nil {
+			return err
+		}
+		out[rec.GetRelayUrl()] = &rec
+		return nil
+	})
+	return out, err
 }
 
 func openKV(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
+	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
 // batchRun accumulates one historic batch's facts.
@@ -37,6 +38,9 @@ type batchRun struct {
 	countMissed bool
 	missed      uint64
 	counted     map[string]struct{}
+	// refused counts parts the relay refused to serve (remembered, asked
+	// again a day later).
+	refused int
 }
 
 // batchSpec is one AddFilters' historic part as runBatch needs it.
@@ -151,6 +155,26 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 // cannot (docs/sync.md, "Catch-ups and back-dated events"). Not when the
 // local set holds refusals only: every stored event would be a difference.
 func (b *batchRun) part(f nostr.Filter) error {
+	kind := filterKind(f)
+	if reason := b.w.lims.refusedRead(kind, b.w.f.clock.Now()); reason != "" {
+		b.refused++
+		return nil // asked again when the refusal expires (a day)
+	}
+	err := b.partRead(f)
+	var rr *readRefusedError
+	if errors.As(err, &rr) {
+		b.refused++
+		b.w.refusedRead(b.s, nostr.Filters{f}, rr.reason)
+		return nil
+	}
+	if err == nil && b.w.lims.clearRefusal(kind) {
+		b.w.saveLimitsAsync(b.s)
+	}
+	return err
+}
+
+// partRead reads one historic filter (part).
+func (b *batchRun) partRead(f nostr.Filter) error {
 	w := b.w
 	reqF := f
 	if b.since != nil {
@@ -264,13 +288,21 @@ func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) (rounds int,
 	nf := f
 	nf.Limit, nf.LimitZero = 0, false
 	res, err := negsync.Reconcile(b.s.ctx, b.s.conn, nf, local, negsync.Options{
-		FrameSize: w.f.cfg.NegentropyFrameSize, RoundTimeout: w.f.cfg.NegentropyTimeout})
+		FrameSize: w.frameSize(nf), RoundTimeout: w.f.cfg.NegentropyTimeout})
 	b.bytes += res.BytesIn
 	w.f.m.historicBytes.WithLabelValues("negentropy").Add(float64(res.BytesIn))
 	if err != nil {
 		return res.Rounds, err
 	}
 	return res.Rounds, b.fetchNeeded(res.Need)
+}
+
+// frameSize is the NIP-77 frame size that keeps every NEG-OPEN and NEG-MSG
+// for f within the relay's message budget: a frame's bytes travel
+// hex-encoded (twice as many), the NEG-OPEN carries the filter too.
+func (w *relayWorker) frameSize(f nostr.Filter) int {
+	fit := (w.lims.effective().MaxMessageBytes - relaylimits.FilterSize(f) - 256) / 2
+	return max(min(w.f.cfg.NegentropyFrameSize, fit), 4096)
 }
 
 // fetchNeeded fetches by id what a reconciliation found we lack.
@@ -410,7 +442,9 @@ func (b *batchRun) dropHeld(missing map[string]struct{}) error {
 // returned as a *history.IncompleteError after everything else was read.
 func (b *batchRun) req(f nostr.Filter) error {
 	w := b.w
-	f.Limit, f.LimitZero = w.f.cfg.PageSize, false
+	lim := w.lims.effective()
+	pageSize := min(w.f.cfg.PageSize, lim.MaxLimit)
+	f.Limit, f.LimitZero = pageSize, false
 	rd := &history.Reader{
 		Page: func(_ context.Context, pf nostr.Filter) ([]*nostr.Event, error) {
 			page, n, err := b.page(pf)
@@ -418,7 +452,7 @@ func (b *batchRun) req(f nostr.Filter) error {
 			w.f.m.historicBytes.WithLabelValues("req").Add(float64(n))
 			return page, err
 		},
-		Full:          min(w.f.cfg.PageSize, w.f.cfg.RelayMinCap),
+		Full:          min(pageSize, w.f.cfg.RelayMinCap),
 		MaxPages:      w.f.cfg.MaxPages,
 		ShortPageEnds: true,
 		Cap:           &b.s.relayCap,
@@ -512,6 +546,17 @@ func (b *batchRun) page(f nostr.Filter) ([]*nostr.Event, uint64, error) {
 		if err != nil || reason == "" {
 			return evts, bytes, err
 		}
+		switch refusal := relaylimits.Classify(reason); {
+		case refusal == relaylimits.TooManySubscriptions && attempt < 100:
+			// Over the relay's count: the connection lowered its gate,
+			// so the REQ waits for a free slot and goes again.
+			b.pages--
+			continue
+		case refusal == relaylimits.TooManyFilters || refusal == relaylimits.MessageTooLarge:
+			// One filter per REQ, at most IDsPerREQ ids: nothing smaller
+			// to send.
+			return evts, bytes, fmt.Errorf("REQ to %s refused at the smallest size we send: %s", w.url, reason)
+		}
 		w.f.m.subClosed.WithLabelValues("historic").Inc()
 		switch {
 		case IsRateLimit(reason) && attempt < 20:
@@ -527,9 +572,20 @@ func (b *batchRun) page(f nostr.Filter) ([]*nostr.Event, uint64, error) {
 				continue
 			}
 		}
+		if readRefusal(reason) {
+			return evts, bytes, &readRefusedError{reason: reason}
+		}
 		return evts, bytes, fmt.Errorf("REQ to %s closed: %s", w.url, reason)
 	}
 }
+
+// readRefusedError is a read the relay refused us (auth-required: that we
+// cannot answer, restricted:): the part is remembered as refused and
+// skipped (batchRun.part), not failed, so the batch does not come back
+// every few minutes; the refusal is asked again a day later.
+type readRefusedError struct{ reason string }
+
+func (e *readRefusedError) Error() string { return "read refused: " + e.reason }
 
 func (b *batchRun) pageOnce(f nostr.Filter) (out []*nostr.Event, bytes uint64, closedReason string, err error) {
 	ctx := b.s.ctx

@@ -193,7 +193,11 @@ type Fetcher struct {
 	// nip77 is what each relay answered to NEG-OPEN: it outlives the
 	// relay's worker, which ends with a lost shard; a dropped relay's
 	// entry is deleted, so it holds at most the relays assigned to us.
-	nip77    map[string]*nip77Support
+	nip77 map[string]*nip77Support
+	// limits is what each relay allows (limits.go), kept like nip77 and
+	// stored in limitsKV.
+	limits   map[string]*relayLimits
+	limitsKV jetstream.KeyValue
 	shards   map[int]*shardRun
 	epoch    uint64
 	relaysKV jetstream.KeyValue
@@ -227,6 +231,7 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 		recentByID:  newRecentIDs(cfg.RecentIDs, recentTTL),
 		relays:      map[string]*relayWorker{},
 		nip77:       map[string]*nip77Support{},
+		limits:      map[string]*relayLimits{},
 		shards:      map[int]*shardRun{},
 	}
 }
@@ -279,8 +284,14 @@ func (f *Fetcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay bucket: %w", err)
 	}
+	limitsKV, err := bus.EnsureKeyValue(ctx, f.bus.JS, jetstream.KeyValueConfig{
+		Bucket: f.bus.Names.RelayLimitsBucket(), Description: "what each remote relay allows: NIP-11, learned limits, refused reads", History: 1, Replicas: f.replicas})
+	if err != nil {
+		return fmt.Errorf("relay limits bucket: %w", err)
+	}
 	f.mu.Lock()
 	f.relaysKV = relaysKV
+	f.limitsKV = limitsKV
 	f.mu.Unlock()
 	leases := newShardLeases(leasesKV, f.cfg.ID, ShardLeaseConfig{TTL: f.cfg.LeaseTTL, Shards: f.cfg.Shards, Fixed: f.cfg.OwnedShards},
 		f.log, func(s int) { f.gainShard(ctx, s) }, f.loseShard)

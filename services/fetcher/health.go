@@ -86,6 +86,10 @@ const (
 	ClassHTTPStatus     = "http_status"
 	ClassClosed         = "closed"
 	ClassAddressRefused = "address_refused"
+	// ClassLimit is a session the relay ended because a message was over
+	// its limit (websocket status 1009): learned, reconnected at once,
+	// never a failure (limits.go).
+	ClassLimit = "limit"
 )
 
 // ClassifyFailure names the class of a connection failure: a failed dial or

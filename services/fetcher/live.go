@@ -2,6 +2,7 @@ package fetcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
+	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
 // liveGroup is one live REQ the planner asked for. It is its own
@@ -35,30 +37,41 @@ type liveGroup struct {
 	// groups open until the new ones are in place.
 	live     chan struct{}
 	liveOnce sync.Once
+	// starved is closed when the group's REQ has to wait for a slot of
+	// the relay's subscription budget: a replacement waiting on it then
+	// closes the groups it replaces first, whose slots it needs.
+	starved    chan struct{}
+	starveOnce sync.Once
 }
 
-func (g *liveGroup) markLive() { g.liveOnce.Do(func() { close(g.live) }) }
+func (g *liveGroup) markLive()    { g.liveOnce.Do(func() { close(g.live) }) }
+func (g *liveGroup) markStarved() { g.starveOnce.Do(func() { close(g.starved) }) }
 
 // liveReopenMax caps the backoff of a live subscription the relay keeps
 // closing.
 const liveReopenMax = 10 * time.Minute
 
-// openLive starts live groups for fs, LiveFiltersPerREQ filters per REQ,
-// each with limit 0 (only new events), named id.
+// openLive starts live groups for fs, each with limit 0 (only new
+// events), named id: one group per REQ, the filters packed into as few
+// REQs as the relay's budget allows (message size, filters per REQ, and
+// at most LiveFiltersPerREQ filters; relaylimits.Pack).
 func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
 	if w.sess == nil || len(fs) == 0 {
 		return
 	}
-	n := w.f.cfg.LiveFiltersPerREQ
+	lim := w.lims.effective()
+	lim.MaxFilters = min(lim.MaxFilters, w.f.cfg.LiveFiltersPerREQ)
+	lim.MaxSubscriptions, lim.MaxLimit = 0, 0
+	live := make([]nostr.Filter, len(fs))
+	for i, f := range fs {
+		f.Limit, f.LimitZero = 0, true
+		live[i] = f
+	}
 	share := hexShare{}
-	for start := 0; start < len(fs); start += n {
-		chunk := make(nostr.Filters, 0, n)
-		for _, f := range fs[start:min(start+n, len(fs))] {
-			f.Limit, f.LimitZero = 0, true
-			chunk = append(chunk, f)
-		}
+	for _, chunk := range relaylimits.Pack(live, lim) {
 		ctx, cancel := context.WithCancel(w.sess.ctx)
-		g := &liveGroup{id: id, filters: compactFilters(chunk, share), cancel: cancel, done: make(chan struct{}), live: make(chan struct{})}
+		g := &liveGroup{id: id, filters: compactFilters(chunk, share), cancel: cancel, done: make(chan struct{}),
+			live: make(chan struct{}), starved: make(chan struct{})}
 		w.live[g] = struct{}{}
 		s := w.sess
 		w.tasks.Add(1)
@@ -127,7 +140,16 @@ func (w *relayWorker) retire(old map[*liveGroup]struct{}, fresh []*liveGroup) {
 	go func() {
 		defer w.tasks.Done()
 		for _, g := range fresh {
-			<-g.live // closed on EOSE, or when the group ends (session end included)
+			// Closed on EOSE, or when the group ends (session end
+			// included). A group waiting for a subscription slot would
+			// wait for the old groups' slots forever: the old ones are
+			// closed first then (break before make), within the relay's
+			// budget; the gap is the time to reopen.
+			select {
+			case <-g.live:
+			case <-g.starved:
+				w.f.m.liveBreakBeforeMake.Inc()
+			}
 		}
 		for g := range old {
 			g.cancel()
@@ -164,7 +186,14 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
 		if err := w.cooldown.Wait(ctx); err != nil {
 			return
 		}
-		sub, err := s.conn.Subscribe(ctx, g.filters.filters())
+		sub, err := s.conn.SubscribeLive(ctx, g.filters.filters(), g.markStarved)
+		var tooLarge *relayconn.TooLargeError
+		if errors.As(err, &tooLarge) {
+			// The budget went down since the group was packed: open its
+			// filters again in REQs that fit.
+			w.askRepack(ctx, g)
+			return
+		}
 		if err != nil {
 			return // the connection is gone: the session ends
 		}
@@ -175,6 +204,17 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
 			sub.Close()
 			return
 		}
+		refusal := relaylimits.Classify(reason)
+		switch {
+		case refusal == relaylimits.TooManySubscriptions:
+			// Over the relay's count: the connection lowered its gate,
+			// so the REQ goes again once a slot is free. Not a closure
+			// of a live subscription that was open: none was.
+			continue
+		case refusal.IsLimit():
+			w.askRepack(ctx, g)
+			return
+		}
 		// The relay closed this subscription: the connection lives on.
 		w.f.m.subClosed.WithLabelValues("live").Inc()
 		closes++
@@ -183,15 +223,20 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
 		case IsRateLimit(reason):
 			w.rateLimited("CLOSED: " + reason)
 			wait = w.cooldown.Until().Sub(w.f.clock.Now()) // cooldown.Wait does the waiting; this is for the report
-		case strings.HasPrefix(reason, "auth-required:") && s.auth.sk != "":
+		case strings.HasPrefix(reason, "auth-required:") && s.auth.sk != "" && closes <= 3:
 			actx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			ok := s.auth.wait(actx)
 			cancel()
-			if ok && closes <= 3 {
+			if ok {
 				closes-- // an authentication retry is not the relay refusing us
 				continue
 			}
 			wait = Backoff(w.f.cfg.BackoffBase, liveReopenMax, closes)
+		case readRefusal(reason):
+			// The relay will not serve this read to us: asked again a
+			// day later, not in a loop.
+			retry := w.refusedRead(s, g.filters.filters(), reason)
+			wait = retry.Sub(w.f.clock.Now())
 		default:
 			wait = Backoff(w.f.cfg.BackoffBase, liveReopenMax, closes)
 		}
@@ -207,6 +252,34 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
 			}
 		}
 	}
+}
+
+// askRepack hands a live group the relay refused for its size or filter
+// count to run, which opens its filters again within the budget now in
+// force (relayWorker.run).
+func (w *relayWorker) askRepack(ctx context.Context, g *liveGroup) {
+	select {
+	case w.repack <- g:
+	case <-ctx.Done():
+	}
+}
+
+// refusedRead remembers that the relay refused reads of fs's kinds and
+// returns when they are asked again.
+func (w *relayWorker) refusedRead(s *session, fs nostr.Filters, reason string) time.Time {
+	now := w.f.clock.Now()
+	var retry time.Time
+	kinds := map[string]bool{}
+	for _, f := range fs {
+		kinds[filterKind(f)] = true
+	}
+	for kind := range kinds {
+		retry = w.lims.refuse(kind, reason, now)
+		w.f.m.readRefusals.WithLabelValues(relaylimits.Classify(reason).String()).Inc()
+	}
+	w.log.Warn("relay refuses a read; asking again later", "session", s.id, "reason", reason, "retry_at", retry)
+	w.saveLimitsAsync(s)
+	return retry
 }
 
 // readLive publishes the subscription's events until it ends; closed says

@@ -38,6 +38,14 @@ type metrics struct {
 	// batchesWaiting counts historic batches waiting for a turn
 	// (Config.MaxRunningBatches).
 	batchesWaiting prometheus.Gauge
+	// limitRefusals counts refusals of a relay's budget, by kind
+	// (relaylimits.Refusal: message_size, subscriptions, filters).
+	limitRefusals *prometheus.CounterVec
+	// liveBreakBeforeMake counts live replacements that closed the old
+	// groups before the new were open, for lack of subscription slots.
+	liveBreakBeforeMake prometheus.Counter
+	// readRefusals counts reads relays refused (auth_required, restricted).
+	readRefusals *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -86,11 +94,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "One-second slices that still filled a capped page with nothing left to split: their batch is reported INCOMPLETE and retried, never confirmed."}),
 		batchesWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_fetcher_batches_waiting",
 			Help: "Historic batches waiting for a turn: GRASP_FETCHER_MAX_RUNNING_BATCHES are running across all relays."}),
+		limitRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_limit_refusals_total",
+			Help: "Refusals of a relay's budget (a 1009 close, a NOTICE or CLOSED), by kind: message_size, subscriptions, filters. Each lowers that relay's budget; none counts as a failure."}, []string{"kind"}),
+		liveBreakBeforeMake: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_live_break_before_make_total",
+			Help: "Live subscriptions replaced by closing the old ones first, because the relay's subscription budget had no slot for the new ones while both were open."}),
+		readRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_read_refusals_total",
+			Help: "Reads a relay refused (CLOSED auth-required: or restricted:), by kind; each is remembered for the relay and filter kind and asked again a day later."}, []string{"kind"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
 			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
-			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting)
+			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake)
 	}
 	return m
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
 // rateLimitText matches what relays say when they want us to slow down, in
@@ -15,9 +16,15 @@ import (
 var rateLimitText = regexp.MustCompile(`(?i)rate[-_ ]?limit|too many|slow down|throttl`)
 
 // IsRateLimit reports whether a relay message (a CLOSED reason, NOTICE or
-// OK message) asks us to slow down.
+// OK message) asks us to slow down. A refusal of a budget ("too many
+// concurrent REQs", "too many filters") is not one: it is a property of
+// the relay, learned and kept to (limits.go), never a cooldown of the
+// whole relay.
 func IsRateLimit(msg string) bool {
-	return strings.HasPrefix(msg, "rate-limited:") || rateLimitText.MatchString(msg)
+	if strings.HasPrefix(msg, "rate-limited:") {
+		return true
+	}
+	return rateLimitText.MatchString(msg) && !relaylimits.Classify(msg).IsLimit()
 }
 
 // Cooldown is a relay's rate-limit state: after the relay asks us to slow

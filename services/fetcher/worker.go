@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
+	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
 // relayWorker owns one relay: its connection, its session, its live
@@ -42,6 +44,13 @@ type relayWorker struct {
 	// nip77 is what the relay answered to NEG-OPEN, across sessions and
 	// workers (Fetcher.nip77).
 	nip77 *nip77Support
+	// lims is what the relay allows (Fetcher.limits), set at the first
+	// connect.
+	lims *relayLimits
+	// repack carries live groups whose REQ the relay refused for its size
+	// or filter count to run, which opens them again within the new
+	// budget.
+	repack chan *liveGroup
 	// previous is the session another replica held before this one took
 	// the shard over (reported once with the first Connected).
 	previous *graspv1.FetcherRelay
@@ -75,6 +84,9 @@ type session struct {
 	// connection: a shorter page is proven complete (docs/decisions.md,
 	// "History: reading a crowded second completely").
 	relayCap history.Cap
+
+	// saveLimits asks keepLimits to store the relay's limits record.
+	saveLimits chan struct{}
 
 	// looseTags is set once the relay answered a REQ with events that do
 	// not match it (khatru v0.19.1 on badger ignores the tag letter): an
@@ -120,6 +132,7 @@ func newRelayWorker(f *Fetcher, url string, shard int) *relayWorker {
 		cmds:     make(chan *graspv1.FetchCommand, 256),
 		done:     make(chan struct{}),
 		signals:  make(chan signal, 16),
+		repack:   make(chan *liveGroup, 64),
 		cooldown: &Cooldown{Base: f.cfg.RateLimitCooldown, Max: f.cfg.RateLimitMaxCooldown, Clock: f.clock},
 		health: RelayHealth{Policy: HealthPolicy{Base: f.cfg.BackoffBase, Max: f.cfg.BackoffMax,
 			DeadAfter: f.cfg.DeadAfter, DeadRetry: f.cfg.DeadRetry, StableAfter: time.Minute}},
@@ -150,9 +163,38 @@ func (w *relayWorker) run(ctx context.Context) {
 			}
 		case <-lost:
 			cause := context.Cause(w.sess.conn.Context())
+			if websocket.CloseStatus(cause) == websocket.StatusMessageTooBig {
+				// The relay's message limit is below what we sent: learn
+				// it and reconnect at once, not as a failure (the planner
+				// resends what the session carried).
+				s := w.sess
+				w.onLimit(s, relaylimits.MessageTooLarge, 0, 0, s.conn.MaxWritten())
+				w.f.saveLimits(w.lims)
+				w.endSession(cause.Error(), ClassLimit, true)
+				retry = w.f.clock.After(0)
+				continue
+			}
 			class := ClassifyFailure(cause)
 			w.endSession(cause.Error(), class, true)
 			retry = w.failed(cause, class, false)
+		case g := <-w.repack:
+			if _, ok := w.live[g]; ok && w.sess != nil {
+				// Opened again under its name within the budget in force;
+				// the refused group ends once they are live.
+				delete(w.live, g)
+				before := map[*liveGroup]struct{}{}
+				for h := range w.live {
+					before[h] = struct{}{}
+				}
+				w.openLive(g.filters.filters(), g.id)
+				var fresh []*liveGroup
+				for h := range w.live {
+					if _, old := before[h]; !old {
+						fresh = append(fresh, h)
+					}
+				}
+				w.retire(map[*liveGroup]struct{}{g: {}}, fresh)
+			}
 		case sig := <-w.signals:
 			w.reportRateLimit(sig)
 		case cmd := <-w.cmds:
@@ -211,11 +253,15 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 	if err := w.f.guard.CheckURL(w.url); err != nil {
 		return w.failed(fmt.Errorf("%w: %v", errAddressRefused, err), ClassAddressRefused, true)
 	}
+	if w.lims == nil {
+		w.lims = w.f.limitsFor(ctx, w.url)
+	}
 	cctx, cancel := context.WithTimeout(ctx, w.f.cfg.ConnectTimeout)
 	defer cancel()
 	s := &session{id: newSessionID(),
-		histSem: make(chan struct{}, w.f.cfg.MaxConcurrentBatches),
-		pending: make(chan struct{}, w.f.cfg.MaxPendingBatches)}
+		histSem:    make(chan struct{}, w.f.cfg.MaxConcurrentBatches),
+		pending:    make(chan struct{}, w.f.cfg.MaxPendingBatches),
+		saveLimits: make(chan struct{}, 1)}
 	s.auth = newAuthState(w.f.authKey)
 	opts := relayconn.Options{
 		// The dialled address is vetted as it is dialled, so a name that
@@ -224,6 +270,9 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 		MaxMessageBytes: w.f.cfg.MaxMessageBytes,
 		PingInterval:    w.f.cfg.PingInterval,
 		PongTimeout:     w.f.cfg.PongTimeout,
+		OnLimit: func(r relaylimits.Refusal, open, filters, size int) {
+			w.onLimit(s, r, open, filters, size)
+		},
 		OnNotice: func(msg string) {
 			if IsRateLimit(msg) {
 				w.rateLimited("NOTICE: " + msg)
@@ -247,6 +296,7 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 	}
 	s.conn = c
 	s.ctx, s.cancel = context.WithCancel(ctx)
+	w.applyLimits(s, w.lims.effective())
 	w.sess = s
 	w.health.Connected(w.f.clock.Now())
 	w.f.m.attempts.WithLabelValues(w.url, "ok").Inc()
@@ -258,6 +308,11 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 	go func() {
 		defer w.tasks.Done()
 		s.auth.run(s.ctx, c, w.url, w.log)
+	}()
+	w.tasks.Add(1)
+	go func() {
+		defer w.tasks.Done()
+		w.keepLimits(s)
 	}()
 	connected := &graspv1.Connected{}
 	if w.previous != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -17,6 +18,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/pkg/targetstatus"
 )
@@ -101,18 +103,18 @@ func WriteStatus(out io.Writer, s *syncstatus.Snapshot) error {
 	}
 	fmt.Fprintf(out, "leaders %s\n\n", strings.Join(leases, ", "))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RELAY\tSTATUS\tHEALTH\tREPOS\tCONFIRMED\tPENDING\tROOTS OK\tROOTS PENDING\tBATCHES\tINCOMPLETE\tMISSED\tLIVE FILTERS\tLAST CONNECTED\tLAST ERROR")
+	fmt.Fprintln(tw, "RELAY\tSTATUS\tHEALTH\tREPOS\tCONFIRMED\tPENDING\tROOTS OK\tROOTS PENDING\tBATCHES\tINCOMPLETE\tMISSED\tLIVE FILTERS\tLIMITS\tLAST CONNECTED\tLAST ERROR")
 	for _, r := range s.Relays {
 		url := r.URL
 		if r.Bootstrap {
 			url += " (bootstrap)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", url, r.Status, dash(r.Health),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", url, r.Status, dash(r.Health),
 			r.ListedRepos, r.ConfirmedRepos, r.PendingRepos, r.ConfirmedRoots, r.PendingRoots, r.PendingBatches,
-			r.IncompleteBatches, r.ResyncMissed, r.LiveFilters, ago(r.LastConnected, s.Taken), dash(r.LastError))
+			r.IncompleteBatches, r.ResyncMissed, r.LiveFilters, limitsColumn(r.Limits), ago(r.LastConnected, s.Taken), dash(r.LastError))
 	}
 	if len(s.Relays) == 0 {
-		fmt.Fprintln(tw, "(no remote relay tracked yet: is the planner running?)\t\t\t\t\t\t\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "(no remote relay tracked yet: is the planner running?)\t\t\t\t\t\t\t\t\t\t\t\t\t\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -124,6 +126,11 @@ func WriteStatus(out io.Writer, s *syncstatus.Snapshot) error {
 			fmt.Fprintf(out, "\nincomplete %s (%d batches): %s\n", r.URL, r.IncompleteBatches, r.LastIncomplete)
 		}
 	}
+	// LIMITS: the budgets in force; where they came from and what the
+	// relay refused, below the table (docs/sync.md, "What relays allow").
+	for _, r := range s.Relays {
+		writeLimits(out, r, s.Taken)
+	}
 	// MISSED: events only a daily resync found, so each reached us up to a
 	// day late (docs/sync.md, "Counting what the daily resync finds").
 	for _, r := range s.Relays {
@@ -133,6 +140,72 @@ func WriteStatus(out io.Writer, s *syncstatus.Snapshot) error {
 		}
 	}
 	return nil
+}
+
+// limitsColumn is the LIMITS column: bytes per message, subscriptions,
+// filters per REQ in force, "learned" when a refusal lowered one of them,
+// "-" when the fetchers recorded nothing yet.
+func limitsColumn(l *syncstatus.Limits) string {
+	if l == nil {
+		return "-"
+	}
+	v := fmt.Sprintf("%dK/%d/%d", l.InForce.MaxMessageBytes>>10, l.InForce.MaxSubscriptions, l.InForce.MaxFilters)
+	switch {
+	case !l.Learned.IsZero():
+		v += " learned"
+	case l.Advertised.IsZero():
+		v += " default"
+	default:
+		v += " nip11"
+	}
+	return v
+}
+
+// writeLimits prints what lowered a relay's budgets and the reads it
+// refuses.
+func writeLimits(out io.Writer, r syncstatus.Relay, now time.Time) {
+	l := r.Limits
+	if l == nil {
+		return
+	}
+	if !l.Learned.IsZero() || len(l.LimitRefusals) > 0 {
+		var kinds []string
+		for k, n := range l.LimitRefusals {
+			kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
+		}
+		sort.Strings(kinds)
+		fmt.Fprintf(out, "\nlimits %s: in force %d bytes per message, %d subscriptions, %d filters per REQ, %d per filter; advertised %s; learned %s; refusals %s\n",
+			r.URL, l.InForce.MaxMessageBytes, l.InForce.MaxSubscriptions, l.InForce.MaxFilters, l.InForce.MaxLimit,
+			limitsText(l.Advertised), limitsText(l.Learned), dash(strings.Join(kinds, ", ")))
+	}
+	for _, rf := range l.Refusals {
+		fmt.Fprintf(out, "\nrefused %s: %s reads: %q (last %s, asked again %s)\n", r.URL, rf.FilterKind, rf.Reason,
+			ago(rf.At, now), until(rf.RetryAt, now))
+	}
+}
+
+func limitsText(l relaylimits.Limits) string {
+	if l.IsZero() {
+		return "nothing"
+	}
+	var parts []string
+	for _, p := range []struct {
+		name string
+		v    int
+	}{{"message bytes", l.MaxMessageBytes}, {"subscriptions", l.MaxSubscriptions}, {"filters", l.MaxFilters}, {"per filter", l.MaxLimit}} {
+		if p.v > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", p.name, p.v))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// until says how long until t, or "now".
+func until(t, now time.Time) string {
+	if !t.After(now) {
+		return "now"
+	}
+	return "in " + t.Sub(now).Round(time.Minute).String()
 }
 
 // Status prints the relay table (or JSON) once, or with Watch until ctx is

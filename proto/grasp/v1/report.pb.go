@@ -910,6 +910,260 @@ func (x *FetcherRelay) GetUpdatedAt() int64 {
 	return 0
 }
 
+// RelayLimits is what the fetchers know of one remote relay's limits, kept
+// in the <prefix>_relay_limits bucket under bus.RelayLimitsKey(url) so a
+// restart or another replica starts from what was learned: the budgets its
+// NIP-11 document advertises, those its refusals taught (each only ever
+// lower), and the reads it refuses us. docs/sync.md, "What relays allow".
+type RelayLimits struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RelayUrl string                 `protobuf:"bytes,1,opt,name=relay_url,json=relayUrl,proto3" json:"relay_url,omitempty"`
+	// advertised is NIP-11's limitation (0: not said).
+	Advertised *Limits `protobuf:"bytes,2,opt,name=advertised,proto3" json:"advertised,omitempty"`
+	// learned are budgets lowered by the relay's refusals (0: none).
+	Learned *Limits `protobuf:"bytes,3,opt,name=learned,proto3" json:"learned,omitempty"`
+	// nip11_at is when the NIP-11 document was last asked for (unix ms);
+	// nip11_error why that failed ("" when it was read).
+	Nip11At    int64  `protobuf:"varint,4,opt,name=nip11_at,json=nip11At,proto3" json:"nip11_at,omitempty"`
+	Nip11Error string `protobuf:"bytes,5,opt,name=nip11_error,json=nip11Error,proto3" json:"nip11_error,omitempty"`
+	// refusals are the reads the relay refused (auth-required:, restricted:),
+	// one per filter kind, retried at retry_at.
+	Refusals []*ReadRefusal `protobuf:"bytes,6,rep,name=refusals,proto3" json:"refusals,omitempty"`
+	// limit_refusals counts the refusals of a budget, by kind (message_size,
+	// subscriptions, filters), since the record was made.
+	LimitRefusals map[string]uint64 `protobuf:"bytes,7,rep,name=limit_refusals,json=limitRefusals,proto3" json:"limit_refusals,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// updated_at is unix milliseconds.
+	UpdatedAt     int64 `protobuf:"varint,8,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayLimits) Reset() {
+	*x = RelayLimits{}
+	mi := &file_grasp_v1_report_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayLimits) ProtoMessage() {}
+
+func (x *RelayLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_grasp_v1_report_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayLimits.ProtoReflect.Descriptor instead.
+func (*RelayLimits) Descriptor() ([]byte, []int) {
+	return file_grasp_v1_report_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RelayLimits) GetRelayUrl() string {
+	if x != nil {
+		return x.RelayUrl
+	}
+	return ""
+}
+
+func (x *RelayLimits) GetAdvertised() *Limits {
+	if x != nil {
+		return x.Advertised
+	}
+	return nil
+}
+
+func (x *RelayLimits) GetLearned() *Limits {
+	if x != nil {
+		return x.Learned
+	}
+	return nil
+}
+
+func (x *RelayLimits) GetNip11At() int64 {
+	if x != nil {
+		return x.Nip11At
+	}
+	return 0
+}
+
+func (x *RelayLimits) GetNip11Error() string {
+	if x != nil {
+		return x.Nip11Error
+	}
+	return ""
+}
+
+func (x *RelayLimits) GetRefusals() []*ReadRefusal {
+	if x != nil {
+		return x.Refusals
+	}
+	return nil
+}
+
+func (x *RelayLimits) GetLimitRefusals() map[string]uint64 {
+	if x != nil {
+		return x.LimitRefusals
+	}
+	return nil
+}
+
+func (x *RelayLimits) GetUpdatedAt() int64 {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return 0
+}
+
+// Limits are a relay's budgets for what a client sends it; 0 is unknown.
+type Limits struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	MaxMessageBytes  uint32                 `protobuf:"varint,1,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
+	MaxSubscriptions uint32                 `protobuf:"varint,2,opt,name=max_subscriptions,json=maxSubscriptions,proto3" json:"max_subscriptions,omitempty"`
+	MaxFilters       uint32                 `protobuf:"varint,3,opt,name=max_filters,json=maxFilters,proto3" json:"max_filters,omitempty"`
+	MaxLimit         uint32                 `protobuf:"varint,4,opt,name=max_limit,json=maxLimit,proto3" json:"max_limit,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Limits) Reset() {
+	*x = Limits{}
+	mi := &file_grasp_v1_report_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Limits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Limits) ProtoMessage() {}
+
+func (x *Limits) ProtoReflect() protoreflect.Message {
+	mi := &file_grasp_v1_report_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Limits.ProtoReflect.Descriptor instead.
+func (*Limits) Descriptor() ([]byte, []int) {
+	return file_grasp_v1_report_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Limits) GetMaxMessageBytes() uint32 {
+	if x != nil {
+		return x.MaxMessageBytes
+	}
+	return 0
+}
+
+func (x *Limits) GetMaxSubscriptions() uint32 {
+	if x != nil {
+		return x.MaxSubscriptions
+	}
+	return 0
+}
+
+func (x *Limits) GetMaxFilters() uint32 {
+	if x != nil {
+		return x.MaxFilters
+	}
+	return 0
+}
+
+func (x *Limits) GetMaxLimit() uint32 {
+	if x != nil {
+		return x.MaxLimit
+	}
+	return 0
+}
+
+// ReadRefusal is a kind of read a relay refuses us.
+type ReadRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// filter_kind: announcements, repository, states, roots, ids or other.
+	FilterKind string `protobuf:"bytes,1,opt,name=filter_kind,json=filterKind,proto3" json:"filter_kind,omitempty"`
+	Reason     string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// at is when it was last refused, retry_at when it is asked again (unix ms).
+	At            int64 `protobuf:"varint,3,opt,name=at,proto3" json:"at,omitempty"`
+	RetryAt       int64 `protobuf:"varint,4,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadRefusal) Reset() {
+	*x = ReadRefusal{}
+	mi := &file_grasp_v1_report_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadRefusal) ProtoMessage() {}
+
+func (x *ReadRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_grasp_v1_report_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadRefusal.ProtoReflect.Descriptor instead.
+func (*ReadRefusal) Descriptor() ([]byte, []int) {
+	return file_grasp_v1_report_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReadRefusal) GetFilterKind() string {
+	if x != nil {
+		return x.FilterKind
+	}
+	return ""
+}
+
+func (x *ReadRefusal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ReadRefusal) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+func (x *ReadRefusal) GetRetryAt() int64 {
+	if x != nil {
+		return x.RetryAt
+	}
+	return 0
+}
+
 var File_grasp_v1_report_proto protoreflect.FileDescriptor
 
 const file_grasp_v1_report_proto_rawDesc = "" +
@@ -975,7 +1229,35 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\n" +
 	"fetcher_id\x18\x04 \x01(\tR\tfetcherId\x12\x1d\n" +
 	"\n" +
-	"updated_at\x18\x05 \x01(\x03R\tupdatedAt*{\n" +
+	"updated_at\x18\x05 \x01(\x03R\tupdatedAt\"\xa9\x03\n" +
+	"\vRelayLimits\x12\x1b\n" +
+	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x120\n" +
+	"\n" +
+	"advertised\x18\x02 \x01(\v2\x10.grasp.v1.LimitsR\n" +
+	"advertised\x12*\n" +
+	"\alearned\x18\x03 \x01(\v2\x10.grasp.v1.LimitsR\alearned\x12\x19\n" +
+	"\bnip11_at\x18\x04 \x01(\x03R\anip11At\x12\x1f\n" +
+	"\vnip11_error\x18\x05 \x01(\tR\n" +
+	"nip11Error\x121\n" +
+	"\brefusals\x18\x06 \x03(\v2\x15.grasp.v1.ReadRefusalR\brefusals\x12O\n" +
+	"\x0elimit_refusals\x18\a \x03(\v2(.grasp.v1.RelayLimits.LimitRefusalsEntryR\rlimitRefusals\x12\x1d\n" +
+	"\n" +
+	"updated_at\x18\b \x01(\x03R\tupdatedAt\x1a@\n" +
+	"\x12LimitRefusalsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x9f\x01\n" +
+	"\x06Limits\x12*\n" +
+	"\x11max_message_bytes\x18\x01 \x01(\rR\x0fmaxMessageBytes\x12+\n" +
+	"\x11max_subscriptions\x18\x02 \x01(\rR\x10maxSubscriptions\x12\x1f\n" +
+	"\vmax_filters\x18\x03 \x01(\rR\n" +
+	"maxFilters\x12\x1b\n" +
+	"\tmax_limit\x18\x04 \x01(\rR\bmaxLimit\"q\n" +
+	"\vReadRefusal\x12\x1f\n" +
+	"\vfilter_kind\x18\x01 \x01(\tR\n" +
+	"filterKind\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x0e\n" +
+	"\x02at\x18\x03 \x01(\x03R\x02at\x12\x19\n" +
+	"\bretry_at\x18\x04 \x01(\x03R\aretryAt*{\n" +
 	"\fBatchOutcome\x12\x1d\n" +
 	"\x19BATCH_OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10BATCH_OUTCOME_OK\x10\x01\x12\x18\n" +
@@ -1005,7 +1287,7 @@ func file_grasp_v1_report_proto_rawDescGZIP() []byte {
 }
 
 var file_grasp_v1_report_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_grasp_v1_report_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_grasp_v1_report_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_grasp_v1_report_proto_goTypes = []any{
 	(BatchOutcome)(0),          // 0: grasp.v1.BatchOutcome
 	(SyncMethod)(0),            // 1: grasp.v1.SyncMethod
@@ -1018,22 +1300,30 @@ var file_grasp_v1_report_proto_goTypes = []any{
 	(*Health)(nil),             // 8: grasp.v1.Health
 	(*SubscriptionClosed)(nil), // 9: grasp.v1.SubscriptionClosed
 	(*FetcherRelay)(nil),       // 10: grasp.v1.FetcherRelay
+	(*RelayLimits)(nil),        // 11: grasp.v1.RelayLimits
+	(*Limits)(nil),             // 12: grasp.v1.Limits
+	(*ReadRefusal)(nil),        // 13: grasp.v1.ReadRefusal
+	nil,                        // 14: grasp.v1.RelayLimits.LimitRefusalsEntry
 }
 var file_grasp_v1_report_proto_depIdxs = []int32{
-	4, // 0: grasp.v1.FetchReport.connected:type_name -> grasp.v1.Connected
-	5, // 1: grasp.v1.FetchReport.disconnected:type_name -> grasp.v1.Disconnected
-	6, // 2: grasp.v1.FetchReport.batch_done:type_name -> grasp.v1.BatchDone
-	7, // 3: grasp.v1.FetchReport.rate_limited:type_name -> grasp.v1.RateLimited
-	8, // 4: grasp.v1.FetchReport.health:type_name -> grasp.v1.Health
-	9, // 5: grasp.v1.FetchReport.subscription_closed:type_name -> grasp.v1.SubscriptionClosed
-	0, // 6: grasp.v1.BatchDone.outcome:type_name -> grasp.v1.BatchOutcome
-	1, // 7: grasp.v1.BatchDone.method:type_name -> grasp.v1.SyncMethod
-	2, // 8: grasp.v1.Health.state:type_name -> grasp.v1.HealthState
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	4,  // 0: grasp.v1.FetchReport.connected:type_name -> grasp.v1.Connected
+	5,  // 1: grasp.v1.FetchReport.disconnected:type_name -> grasp.v1.Disconnected
+	6,  // 2: grasp.v1.FetchReport.batch_done:type_name -> grasp.v1.BatchDone
+	7,  // 3: grasp.v1.FetchReport.rate_limited:type_name -> grasp.v1.RateLimited
+	8,  // 4: grasp.v1.FetchReport.health:type_name -> grasp.v1.Health
+	9,  // 5: grasp.v1.FetchReport.subscription_closed:type_name -> grasp.v1.SubscriptionClosed
+	0,  // 6: grasp.v1.BatchDone.outcome:type_name -> grasp.v1.BatchOutcome
+	1,  // 7: grasp.v1.BatchDone.method:type_name -> grasp.v1.SyncMethod
+	2,  // 8: grasp.v1.Health.state:type_name -> grasp.v1.HealthState
+	12, // 9: grasp.v1.RelayLimits.advertised:type_name -> grasp.v1.Limits
+	12, // 10: grasp.v1.RelayLimits.learned:type_name -> grasp.v1.Limits
+	13, // 11: grasp.v1.RelayLimits.refusals:type_name -> grasp.v1.ReadRefusal
+	14, // 12: grasp.v1.RelayLimits.limit_refusals:type_name -> grasp.v1.RelayLimits.LimitRefusalsEntry
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_grasp_v1_report_proto_init() }
@@ -1056,7 +1346,7 @@ func file_grasp_v1_report_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grasp_v1_report_proto_rawDesc), len(file_grasp_v1_report_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   8,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
