@@ -72,7 +72,7 @@ type Options struct {
 	// included), the refused REQ's filters and its size. It runs on the read
 	// goroutine: do not block. The connection has already lowered its own
 	// subscription gate when the refusal was of a count.
-	OnLimit func(r relaylimits.Refusal, open, filters, size int)
+	OnLimit func(r relaylimits.Refusal, text string, open, filters, size int)
 }
 
 // ErrDead is the cause of a connection that stopped answering pings.
@@ -115,9 +115,14 @@ type Conn struct {
 	// the largest one sent, what a 1009 close refused at most.
 	maxOut     atomic.Int64
 	maxWritten atomic.Int64
-	gate       slotGate
-	watchers   map[*noticeWatcher]struct{}
-	serial     atomic.Uint64
+	// lastLarge is the size and time (unix ns) of the last message over
+	// largeWrite bytes sent: strfry drops a connection whose message is
+	// over its limit without a word (no close frame), and this is how
+	// the drop can be told from a failure (RecentLargeWrite).
+	lastLargeSize, lastLargeAt atomic.Int64
+	gate                       slotGate
+	watchers                   map[*noticeWatcher]struct{}
+	serial                     atomic.Uint64
 	// BytesIn counts the bytes of every message received.
 	BytesIn   atomic.Uint64
 	malformed atomic.Uint64
@@ -309,6 +314,21 @@ func (c *Conn) SetLimits(maxMessage, subs, reserved int) {
 	c.gate.setLimit(subs, reserved)
 }
 
+// largeWrite is the smallest message RecentLargeWrite remembers: below
+// relaylimits.Floors, no relay refuses it for its size.
+const largeWrite = 16 << 10
+
+// RecentLargeWrite is the size of the last message over 16 KiB sent within
+// d before now (0 when none): a connection that ends without a close frame
+// right after one was most likely dropped for its size.
+func (c *Conn) RecentLargeWrite(now time.Time, d time.Duration) int {
+	at := c.lastLargeAt.Load()
+	if at == 0 || now.Sub(time.Unix(0, at)) > d {
+		return 0
+	}
+	return int(c.lastLargeSize.Load())
+}
+
 // MaxWritten is the size of the largest message sent on the connection.
 func (c *Conn) MaxWritten() int { return int(c.maxWritten.Load()) }
 
@@ -319,6 +339,10 @@ func (c *Conn) OpenSubscriptions() int { return c.gate.inUse() }
 func (c *Conn) WriteRaw(ctx context.Context, data []byte) error {
 	if limit := int(c.maxOut.Load()); limit > 0 && len(data) > limit {
 		return &TooLargeError{Size: len(data), Limit: limit}
+	}
+	if len(data) > largeWrite {
+		c.lastLargeSize.Store(int64(len(data)))
+		c.lastLargeAt.Store(time.Now().UnixNano())
 	}
 	for {
 		prev := c.maxWritten.Load()
@@ -483,18 +507,28 @@ func (c *Conn) dispatch(data []byte) {
 	case "NOTICE":
 		msg := gjson.GetBytes(data, "1").String()
 		if r := relaylimits.Classify(msg); r.IsLimit() {
-			// strfry refuses a subscription over its count (and a REQ of
-			// too many filters) with a NOTICE naming none: it is the REQ
-			// sent last that has had no answer. Without this it would wait
-			// for an EOSE that never comes.
-			c.mu.Lock()
-			s := c.lastREQ
-			c.lastREQ = nil
-			c.mu.Unlock()
+			// strfry refuses a subscription over its count with a NOTICE
+			// naming none: it is the REQ sent last that has had no answer.
+			// Without this it would wait for an EOSE that never comes.
+			// Its NIP-77 sessions are counted apart and refused in their
+			// own words: those refuse the NEG-OPEN sent last, not a REQ.
+			var s *Subscription
+			if !relaylimits.SaysNegentropy(msg) {
+				c.mu.Lock()
+				s = c.lastREQ
+				c.lastREQ = nil
+				c.mu.Unlock()
+			}
 			if s != nil {
 				c.refused(s, r, "NOTICE: "+msg)
-			} else if c.opts.OnLimit != nil {
-				c.opts.OnLimit(r, c.gate.inUse()+1, 0, c.MaxWritten())
+			} else {
+				open := c.gate.inUse()
+				if r == relaylimits.TooManySubscriptions {
+					c.gate.lower(open - 1)
+				}
+				if c.opts.OnLimit != nil {
+					c.opts.OnLimit(r, msg, open, 0, c.MaxWritten())
+				}
 			}
 		}
 		c.mu.Lock()
@@ -662,7 +696,7 @@ func (c *Conn) refused(s *Subscription, r relaylimits.Refusal, reason string) {
 		c.gate.lower(open - 1)
 	}
 	if r.IsLimit() && c.opts.OnLimit != nil {
-		c.opts.OnLimit(r, open, s.filters, s.size)
+		c.opts.OnLimit(r, reason, open, s.filters, s.size)
 	}
 	select {
 	case s.closed <- reason:

@@ -176,17 +176,22 @@ func (r Refusal) IsLimit() bool {
 }
 
 var (
-	tooManySubs    = regexp.MustCompile(`(?i)too many (concurrent |open |active )?(subscriptions|subs|reqs|requests)|max(imum)?[ _-]?(number of )?(concurrent |open )?(subscriptions|subs)|subscription (limit|count)`)
-	tooManyFilters = regexp.MustCompile(`(?i)too many filters|max(imum)?[ _-]?(number of )?filters|filter (count|limit)|filters? (is|are) too (many|large)`)
+	tooManySubs    = regexp.MustCompile(`(?i)too many (concurrent |open |active )?(subscriptions|subs|reqs)\b|too many concurrent (neg |negentropy )?requests|max(imum)?[ _-]?(number of )?(concurrent |open )?(subscriptions|subs)|subscription (limit|count)`)
+	tooManyFilters = regexp.MustCompile(`(?i)too many filters|max(imum)?[ _-]?(number of )?filters|filter (count|limit)|filters? (is|are) too (many|large)|bad req: arr too big`)
 	tooLarge       = regexp.MustCompile(`(?i)(message|payload|frame|event|req(uest)?) (is |was )?too (big|large|long)|max(imum)?[ _-]?message[ _-]?(length|size)|exceeds? (the )?(max|maximum|size)`)
+	// sizeInText is nostr-rs-relay's "message too large (N > LIMIT)".
+	sizeInText = regexp.MustCompile(`\(\s*\d+\s*>\s*(\d+)\s*\)`)
 )
 
 // Classify says what a NOTICE or CLOSED text refuses. Machine-readable
-// prefixes (NIP-01: "auth-required:", "restricted:") are read first; limits
-// are recognised by the words strfry, nostr-rs-relay and khatru use
+// prefixes (NIP-01: "auth-required:", "restricted:") are read first, after
+// the "ERROR: " strfry puts before every error it sends; limits are
+// recognised by the words strfry, nostr-rs-relay and khatru use
 // (docs/dependencies.md, "What relays enforce").
 func Classify(text string) Refusal {
 	t := strings.TrimSpace(text)
+	t = strings.TrimPrefix(t, "NOTICE: ")
+	t = strings.TrimPrefix(t, "ERROR: ")
 	switch {
 	case strings.HasPrefix(t, "auth-required:"):
 		return AuthRequired
@@ -200,6 +205,31 @@ func Classify(text string) Refusal {
 		return MessageTooLarge
 	}
 	return NotARefusal
+}
+
+// SaysNegentropy reports whether a refusal of the subscription count is of
+// NIP-77 sessions (strfry counts them apart: "too many concurrent NEG
+// requests"), so it refuses the NEG-OPEN sent last, not a REQ.
+func SaysNegentropy(text string) bool {
+	l := strings.ToLower(text)
+	return strings.Contains(l, " neg ") || strings.Contains(l, "negentropy")
+}
+
+// SizeLimitIn reads the limit a refusal of a message's size names, as
+// nostr-rs-relay's "message too large (N > LIMIT)" does (0 when none).
+func SizeLimitIn(text string) int {
+	m := sizeInText.FindStringSubmatch(text)
+	if m == nil {
+		return 0
+	}
+	n := 0
+	for _, c := range m[1] {
+		n = n*10 + int(c-'0')
+		if n > 1<<31 {
+			return 0
+		}
+	}
+	return n
 }
 
 // Learn lowers l after a refusal of kind r. openSubs is how many

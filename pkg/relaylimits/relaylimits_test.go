@@ -51,22 +51,43 @@ func TestParseNIP11(t *testing.T) {
 
 func TestClassify(t *testing.T) {
 	for text, want := range map[string]Refusal{
-		"ERROR: too many concurrent REQs":                       TooManySubscriptions, // strfry
-		"error: too many subscriptions":                         TooManySubscriptions,
-		"blocked: max subscriptions reached":                    TooManySubscriptions,
-		"ERROR: too many filters":                               TooManyFilters,
-		"error: filter count exceeds maximum":                   TooManyFilters,
-		"invalid: message too large":                            MessageTooLarge,
-		"auth-required: we only serve this to members":          AuthRequired,
-		"restricted: not allowed":                               Restricted,
-		"rate-limited: slow down":                               NotARefusal,
-		"ERROR: bad msg: negentropy disabled":                   NotARefusal,
-		"":                                                      NotARefusal,
-		"blocked: too many filters, and auth-required: is text": TooManyFilters,
+		"ERROR: too many concurrent REQs":                                   TooManySubscriptions, // strfry
+		"ERROR: too many concurrent NEG requests":                           TooManySubscriptions, // strfry's NIP-77 pool
+		"Subscription error: Maximum concurrent subscription count reached": TooManySubscriptions, // nostr-rs-relay
+		"ERROR: bad req: arr too big":                                       TooManyFilters,       // strfry
+		"message too large (140000 > 131072)":                               MessageTooLarge,      // nostr-rs-relay
+		"ERROR: auth-required: requested filter requires authentication":    AuthRequired,         // strfry
+		"NOTICE: ERROR: too many concurrent REQs":                           TooManySubscriptions,
+		"error: too many subscriptions":                                     TooManySubscriptions,
+		"blocked: max subscriptions reached":                                TooManySubscriptions,
+		"ERROR: too many filters":                                           TooManyFilters,
+		"error: filter count exceeds maximum":                               TooManyFilters,
+		"invalid: message too large":                                        MessageTooLarge,
+		"auth-required: we only serve this to members":                      AuthRequired,
+		"restricted: not allowed":                                           Restricted,
+		"rate-limited: slow down":                                           NotARefusal,
+		"ERROR: bad msg: negentropy disabled":                               NotARefusal,
+		"":                                                                  NotARefusal,
+		"blocked: too many filters, and auth-required: is text":             TooManyFilters,
 	} {
 		if got := Classify(text); got != want {
 			t.Errorf("Classify(%q) = %v, want %v", text, got, want)
 		}
+	}
+}
+
+func TestSizeLimitIn(t *testing.T) {
+	for text, want := range map[string]int{
+		"message too large (140000 > 131072)": 131072,
+		"message too large":                   0,
+		"(5 > x)":                             0,
+	} {
+		if got := SizeLimitIn(text); got != want {
+			t.Errorf("SizeLimitIn(%q) = %d, want %d", text, got, want)
+		}
+	}
+	if !SaysNegentropy("ERROR: too many concurrent NEG requests") || SaysNegentropy("ERROR: too many concurrent REQs") {
+		t.Fatal("SaysNegentropy")
 	}
 }
 

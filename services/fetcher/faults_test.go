@@ -236,9 +236,33 @@ func TestAuth(t *testing.T) {
 		e.start(baseConfig("a"), nil)
 		s := e.connectRelay(r.URL)
 		e.addFilters(0, r.URL, s, "b1", kind1, nil)
+		// A read the relay will not serve us is remembered for the relay
+		// and the filter's kind and asked again a day later: the batch is
+		// not failed (which would bring it back every few minutes), and a
+		// later batch of the same kind sends no REQ for it.
 		done := e.batchDone(r.URL, "b1")
-		if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_FAILED || !strings.Contains(done.GetError(), "auth-required") {
+		if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
 			t.Fatalf("batch %v", done)
+		}
+		reqs := r.REQs()
+		e.addFilters(0, r.URL, s, "b2", kind1, nil)
+		if done := e.batchDone(r.URL, "b2"); done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+			t.Fatalf("second batch %v", done)
+		}
+		if r.REQs() != reqs {
+			t.Fatalf("the refused read was asked again at once: %d REQs, then %d", reqs, r.REQs())
+		}
+		rec := e.relayLimits(r.URL)
+		if len(rec.GetRefusals()) != 1 || !strings.HasPrefix(rec.GetRefusals()[0].GetReason(), "auth-required:") ||
+			rec.GetRefusals()[0].GetFilterKind() != "other" {
+			t.Fatalf("refusals kept %v", rec.GetRefusals())
+		}
+		// A day later it is asked again.
+		e.clock.Advance(24*time.Hour + time.Second)
+		e.addFilters(0, r.URL, s, "b3", kind1, nil)
+		e.batchDone(r.URL, "b3")
+		if r.REQs() == reqs {
+			t.Fatal("the refused read was not asked again after a day")
 		}
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
+	"google.golang.org/protobuf/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -358,3 +359,22 @@ func notes(k testkit.Key, n, per int, from nostr.Timestamp) []*nostr.Event {
 }
 
 var kind1 = []nostr.Filter{{Kinds: []int{1}}}
+
+// relayLimits reads the fetchers' limits record of a relay from its bucket,
+// waiting for it to appear (it is saved in the background).
+func (e *env) relayLimits(url string) *graspv1.RelayLimits {
+	e.t.Helper()
+	var rec graspv1.RelayLimits
+	e.waitFor("the relay's limits record", func() bool {
+		kv, err := e.bus.JS.KeyValue(e.ctx, e.bus.Names.RelayLimitsBucket())
+		if err != nil {
+			return false
+		}
+		entry, err := kv.Get(e.ctx, bus.RelayLimitsKey(url))
+		if err != nil {
+			return false
+		}
+		return proto.Unmarshal(entry.Value(), &rec) == nil && len(rec.GetRefusals())+len(rec.GetLimitRefusals()) > 0
+	})
+	return &rec
+}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nbd-wtf/go-nostr"
 	"google.golang.org/protobuf/proto"
@@ -69,13 +70,17 @@ func (r *relayLimits) effective() relaylimits.Limits {
 
 // learn lowers the learned budget after a refusal; changed says whether
 // the budget in force went down.
-func (r *relayLimits) learn(kind relaylimits.Refusal, open, filters, size int, now time.Time) (eff relaylimits.Limits, changed bool) {
+func (r *relayLimits) learn(kind relaylimits.Refusal, text string, open, filters, size int, now time.Time) (eff relaylimits.Limits, changed bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	before := relaylimits.Effective(toLimits(r.rec.GetAdvertised()), toLimits(r.rec.GetLearned()))
 	// Learn from the budget in force, so a refusal at or above it says
 	// nothing new and one below it lowers it.
 	learned, _ := relaylimits.Learn(before, kind, open, filters, size)
+	if n := relaylimits.SizeLimitIn(text); kind == relaylimits.MessageTooLarge && n >= relaylimits.Floors.MaxMessageBytes {
+		// The relay named its limit (nostr-rs-relay): take it as said.
+		learned.MaxMessageBytes = min(before.MaxMessageBytes, n)
+	}
 	learned = learned.Min(toLimits(r.rec.GetLearned()))
 	if r.rec.LimitRefusals == nil {
 		r.rec.LimitRefusals = map[string]uint64{}
@@ -229,9 +234,9 @@ func (w *relayWorker) applyLimits(s *session, l relaylimits.Limits) {
 
 // onLimit is the connection's OnLimit hook: a refusal of a budget lowers
 // it for the relay, for good. It runs on the connection's read goroutine.
-func (w *relayWorker) onLimit(s *session, kind relaylimits.Refusal, open, filters, size int) {
+func (w *relayWorker) onLimit(s *session, kind relaylimits.Refusal, text string, open, filters, size int) {
 	w.f.m.limitRefusals.WithLabelValues(kind.String()).Inc()
-	eff, changed := w.lims.learn(kind, open, filters, size, w.f.clock.Now())
+	eff, changed := w.lims.learn(kind, text, open, filters, size, w.f.clock.Now())
 	if changed {
 		w.applyLimits(s, eff)
 		w.log.Info("relay limit learned", "session", s.id, "refusal", kind.String(), "open", open, "filters", filters, "size", size,
@@ -240,6 +245,30 @@ func (w *relayWorker) onLimit(s *session, kind relaylimits.Refusal, open, filter
 		w.log.Debug("relay refused within a known limit", "session", s.id, "refusal", kind.String(), "open", open, "filters", filters, "size", size)
 	}
 	w.saveLimitsAsync(s)
+}
+
+// droppedForSize says whether a lost connection was the relay refusing a
+// message for its size, and returns that message's size (0: it was not):
+// khatru closes with status 1009; strfry and nostr-rs-relay drop the
+// connection without a close frame (docs/dependencies.md, "What relays
+// enforce"), which is read as a refusal of size only when a message over
+// 16 KiB, larger than the floor of the budget, went out in the seconds
+// before. That guess lowers the budget at most down to the floor
+// (relaylimits.Floors); below it every message is smaller than the guess
+// needs, so a relay that keeps dropping us is a failure again.
+func (w *relayWorker) droppedForSize(cause error) int {
+	c := w.sess.conn
+	if websocket.CloseStatus(cause) == websocket.StatusMessageTooBig {
+		return max(c.MaxWritten(), 1)
+	}
+	if websocket.CloseStatus(cause) != -1 || errors.Is(cause, relayconn.ErrClosed) || errors.Is(cause, relayconn.ErrDead) {
+		return 0 // a close frame of another kind, our own close, a dead peer
+	}
+	size := c.RecentLargeWrite(time.Now(), 5*time.Second)
+	if size <= relaylimits.Floors.MaxMessageBytes || size > w.lims.effective().MaxMessageBytes {
+		return 0
+	}
+	return size
 }
 
 // saveLimitsAsync stores the record from a goroutine of the session (the

@@ -178,7 +178,7 @@ func TestRateLimitNotice(t *testing.T) {
 	r.Add(t, notes(testkit.NewKey(), 5, 1, 1000)...)
 	e.start(baseConfig("a"), nil)
 	s := e.connectRelay(r.URL)
-	r.Set(testkit.Faults{NoticeOnREQ: "ERROR: too many concurrent REQs"})
+	r.Set(testkit.Faults{NoticeOnREQ: "rate-limited: slow down"})
 	e.addFilters(0, r.URL, s, "", nil, kind1)
 	rl := e.report(r.URL, func(r *graspv1.FetchReport) bool { return r.GetRateLimited() != nil }).GetRateLimited()
 	if rl.GetUntil() != e.clock.Now().Add(65*time.Second).UnixMilli() {

@@ -89,7 +89,10 @@ func TestLogLimiter(t *testing.T) {
 func TestIsRateLimit(t *testing.T) {
 	for msg, want := range map[string]bool{
 		"rate-limited: slow down":              true,
-		"ERROR: too many concurrent REQs":      true,
+		// A refusal of a budget is learned, never a cooldown (limits.go).
+		"ERROR: too many concurrent REQs":      false,
+		"ERROR: bad req: arr too big":          false,
+		"too many requests, try later":         true,
 		"you are being throttled":              true,
 		"Rate limit exceeded":                  true,
 		"please slow down":                     true,

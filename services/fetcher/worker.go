@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go"
 	"github.com/nbd-wtf/go-nostr"
 
@@ -163,12 +162,12 @@ func (w *relayWorker) run(ctx context.Context) {
 			}
 		case <-lost:
 			cause := context.Cause(w.sess.conn.Context())
-			if websocket.CloseStatus(cause) == websocket.StatusMessageTooBig {
+			if size := w.droppedForSize(cause); size > 0 {
 				// The relay's message limit is below what we sent: learn
 				// it and reconnect at once, not as a failure (the planner
 				// resends what the session carried).
 				s := w.sess
-				w.onLimit(s, relaylimits.MessageTooLarge, 0, 0, s.conn.MaxWritten())
+				w.onLimit(s, relaylimits.MessageTooLarge, cause.Error(), 0, 0, size)
 				w.f.saveLimits(w.lims)
 				w.endSession(cause.Error(), ClassLimit, true)
 				retry = w.f.clock.After(0)
@@ -270,8 +269,8 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 		MaxMessageBytes: w.f.cfg.MaxMessageBytes,
 		PingInterval:    w.f.cfg.PingInterval,
 		PongTimeout:     w.f.cfg.PongTimeout,
-		OnLimit: func(r relaylimits.Refusal, open, filters, size int) {
-			w.onLimit(s, r, open, filters, size)
+		OnLimit: func(r relaylimits.Refusal, text string, open, filters, size int) {
+			w.onLimit(s, r, text, open, filters, size)
 		},
 		OnNotice: func(msg string) {
 			if IsRateLimit(msg) {
