@@ -88,7 +88,7 @@ func TestLogLimiter(t *testing.T) {
 
 func TestIsRateLimit(t *testing.T) {
 	for msg, want := range map[string]bool{
-		"rate-limited: slow down":              true,
+		"rate-limited: slow down": true,
 		// A refusal of a budget is learned, never a cooldown (limits.go).
 		"ERROR: too many concurrent REQs":      false,
 		"ERROR: bad req: arr too big":          false,
