@@ -34,8 +34,7 @@ TESTFLAGS ?=
 # is built with the tag libsecp256k1 (go-nostr compiles libsecp256k1's C
 # sources, ~4x faster than pure Go); otherwise, or with CGO_ENABLED=0, the
 # pure-Go fallback. Each binary logs which one it runs ("verifier").
-# docs/decisions.md, "Signature verification: libsecp256k1 by default, pure
-# Go as fallback". GOTAGS= (empty) forces the fallback.
+# docs/decisions/0027-signature-verification-libsecp256k1.md. GOTAGS= (empty) forces the fallback.
 CGO_ON := $(shell $(GO) env CGO_ENABLED 2>/dev/null)
 CGO_CC := $(shell $(GO) env CC 2>/dev/null)
 ifeq ($(CGO_ON),1)

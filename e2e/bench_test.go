@@ -502,7 +502,7 @@ func renderBench(r benchResult) string {
 			"the way, 32 EVENTs in flight), timed from publishing the announcements to the target until the target holds "+
 			"every event. Target writes/s counts its OK answers; khatru answers a duplicate with a bare OK too, so OK answers "+
 			"can exceed the distinct events (an announcement the sidecar fetched before discovery mirrored it from the "+
-			"target) (docs/decisions.md, \"Bolt-on\").\n\n")
+			"target) (docs/decisions/0035-bolt-on-target-relay.md).\n\n")
 	}
 	fmt.Fprintf(&b, "The pipeline is timed from publishing the announcements to our relay until the last event is in the "+
 		"store (discovery, planning, NIP-77 reconciliation, id fetches, layer 3, policy, parking, storage). The baseline "+

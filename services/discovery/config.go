@@ -15,8 +15,7 @@ type Config struct {
 	TargetRelay string `envconfig:"TARGET_RELAY"`
 	// BatchQuiet is how long index changes must have been quiet before
 	// they are written: a single announcement reaches the planner after
-	// this, not after the whole window (docs/decisions.md, "Discovery
-	// batches: quiet period, window as the maximum"). A quiet period
+	// this, not after the whole window (docs/decisions/0005-discovery-batch-quiet-period.md). A quiet period
 	// longer than the window acts as the window.
 	BatchQuiet time.Duration `envconfig:"DISCOVERY_BATCH_QUIET" default:"150ms"`
 	// BatchWindow is the longest a change waits to be written: it starts at

@@ -438,7 +438,7 @@ const MaxMaintainers = 100
 // not deleted, that announcement's, cycle-safe and bounded by
 // MaxMaintainers. aliases are the repositories (coordinates) of those
 // maintainers' announcements: events tagging them are about this
-// repository too (docs/decisions.md, "Maintainers' coordinates").
+// repository too (docs/decisions/0023-maintainers-coordinates-layer-2.md).
 func (x *RepoSyncIndex) maintainersOf(ref nip34.RepoRef) (maintainers []string, aliases []nip34.RepoRef) {
 	seen := map[string]bool{ref.PubKey: true}
 	queue := []*nostr.Event{x.announcements[ref]}

@@ -14,8 +14,7 @@ import (
 // (64 lowercase hex digits) as 32 bytes, sorted, instead of the command's
 // decoded strings (80 bytes each plus the slices naming them). A relay's
 // live filters name every root of every repository it serves, so at the
-// design's scale this is most of the fetcher's state (docs/decisions.md,
-// "Live filters kept compact"). The REQ is built from it again when the
+// design's scale this is most of the fetcher's state (docs/decisions/0041-live-filters-compact.md). The REQ is built from it again when the
 // subscription is (re)opened.
 type liveFilter struct {
 	// base is the filter without its tags.

@@ -150,8 +150,7 @@ const probeID = "000000000000000000000000000000000000000000000000000000000000000
 // message is redelivered whole (its settled events are found duplicates
 // then) until its MaxDeliver-th delivery; then each of its failed events is
 // dead-lettered alone and the message acked, so one poisoned event never
-// takes its neighbours with it (docs/decisions.md, "Events travel in
-// batches").
+// takes its neighbours with it (docs/decisions/0053-events-travel-in-batches.md).
 func (i *Ingester) failedItems(ctx context.Context, items []*item) {
 	byMsg := map[*delivery][]*item{}
 	var order []*delivery
@@ -364,7 +363,7 @@ func (o *outageState) end() bool {
 // remembered too, although that can change: the one change that revives them
 // — a served repository's maintainer set gaining the author — makes the
 // planner fetch the author's announcement and state of that repository again
-// with REQ, past this record (docs/decisions.md, "Remembered refusals").
+// with REQ, past this record (docs/decisions/0022-remembered-refusals-revived.md).
 // Without it every resync downloads every foreign announcement of every
 // relay again.
 func rememberable(r policy.Reason) bool {
