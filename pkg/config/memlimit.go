@@ -45,7 +45,7 @@ type MemorySample struct {
 // collections the heap holds up to the collector's goal (about twice the
 // live heap), and the runtime keeps that memory while nothing allocates, so
 // an idle graspd held ~60 MB of garbage at the design's target world
-// (docs/performance.md, "Design scale: memory (issue 23 §2)"). One
+// (docs/measurements/2026-12-04-design-scale-memory.md). One
 // collection per quiet spell costs nothing measurable.
 type IdleTrim struct {
 	// Quiet is how long the process must be quiet first.
@@ -97,7 +97,7 @@ func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
 // collector's dedicated workers take while a collection runs: more, over a
 // whole second, means collections back to back with allocations assisting
 // them — thrash, not a busy sync (a first try at 10 % lifted the limit
-// during a sync and let the heap reach 333 MB; docs/performance.md).
+// during a sync and let the heap reach 333 MB; docs/measurements/2026-12-04-design-scale-costs-removed.md).
 const (
 	gcBackOffShare = 0.25
 	gcRelaxShare   = 0.05

@@ -132,7 +132,7 @@ type RepoSyncIndex struct {
 	// (yet) hosted, so roots that arrive before their announcement attach.
 	// Ids are kept as 32 bytes, not 64 hex digits: at design scale the
 	// index holds every root of every repository for as long as it runs
-	// (docs/performance.md, "Design scale: memory (issue 23 §2)").
+	// (docs/measurements/2026-12-04-design-scale-memory.md).
 	roots map[nip34.RepoRef]*rootSet
 	// rootRefs remembers which repositories each root tags, so a deletion
 	// can detach it: the first in rootRefs, any others (rare: a root

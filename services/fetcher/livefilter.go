@@ -34,7 +34,7 @@ type liveTag struct {
 // together, by their SHA-256, so equal lists are kept once: the planner's
 // layer-3 filters ask for the same chunk of root ids under #e, #E and #q
 // (pkg/filters.Layer3), which kept every live root three times
-// (docs/performance.md, "Design scale: memory (issue 23 §2)"). The lists
+// (docs/measurements/2026-12-04-design-scale-memory.md). The lists
 // are never modified once made, so sharing them is safe.
 type hexShare map[[sha256.Size]byte][][32]byte
 
