@@ -20,10 +20,6 @@ import (
 
 // Headers the ingester reads or writes.
 const (
-	// HeaderFetchedAt is when the fetcher received the event (Unix
-	// nanoseconds, decimal). Optional: without it the stream's timestamp
-	// starts the fetch → stored latency.
-	HeaderFetchedAt = "Grasp-Fetched-At"
 	// HeaderDeadReason carries why a message was dead-lettered.
 	HeaderDeadReason = "Grasp-Dead-Reason"
 	// HeaderDeadSubject is the subject the dead-lettered message came from.
@@ -74,14 +70,11 @@ func verified(r policy.Reason) bool {
 	return true
 }
 
-// fetchedAt is when the fetcher received the message's event: its
-// HeaderFetchedAt, else the stream's timestamp.
-func fetchedAt(msg jetstream.Msg) time.Time {
-	if v := msg.Headers().Get(HeaderFetchedAt); v != "" {
-		if ns, err := strconv.ParseInt(v, 10, 64); err == nil {
-			return time.Unix(0, ns)
-		}
-	}
+// publishedAt is when the fetcher published the message's event to the
+// events stream: the stream's timestamp of the message, milliseconds after
+// the fetcher read it from the relay (a page or a live burst is published
+// as soon as it ends). No header carries an earlier time.
+func publishedAt(msg jetstream.Msg) time.Time {
 	if md, err := msg.Metadata(); err == nil {
 		return md.Timestamp
 	}

@@ -271,7 +271,7 @@ func (i *Ingester) done(it *item, outcome string) {
 	}
 	switch outcome {
 	case outcomeStored:
-		i.m.storedAfter(i.clk.Now().Sub(fetchedAt(it.msg)))
+		i.m.storedAfter(i.clk.Now().Sub(publishedAt(it.msg)))
 	case outcomeDuplicate:
 		i.m.incDuplicate()
 	case outcomeParked:

@@ -81,7 +81,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "grasp_ingester_fetch_to_stored_seconds",
-			Help:    "Time from the fetcher receiving an event (Grasp-Fetched-At header, else the stream's timestamp) to its storage.",
+			Help:    "Time from the fetcher publishing an event to the events stream (the message's stream timestamp) to its storage.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18), // 1 ms … ~2 min
 		}),
 		nRefused: map[string]int64{},
