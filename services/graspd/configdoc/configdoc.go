@@ -45,6 +45,9 @@ var Binaries = []Binary{
 type Var struct {
 	Name, Type, Default, Doc string
 	Required                 bool
+	// Formerly is the variable's former name, still read with a warning
+	// (pkg/config's formerly tag).
+	Formerly string
 }
 
 type parsedPkg struct {
@@ -84,8 +87,28 @@ func Generate(root string) ([]byte, error) {
 		}
 		writeTable(&b, vars)
 	}
+	if len(Retired) > 0 {
+		b.WriteString("## No longer read\n\n")
+		b.WriteString("Variables earlier versions read. Setting one does nothing; graspd and the services ignore it.\n\n")
+		b.WriteString("| variable | now |\n| --- | --- |\n")
+		for _, r := range Retired {
+			fmt.Fprintf(&b, "| `%s` | %s |\n", r.Name, strings.ReplaceAll(r.Now, "|", "\\|"))
+		}
+		b.WriteString("\n")
+	}
 	return b.Bytes(), nil
 }
+
+// RetiredVar is a variable no binary reads any more, and what took its
+// place (a constant, another variable, nothing).
+type RetiredVar struct {
+	Name, Now string
+}
+
+// Retired lists the variables removed from the configuration structs, so
+// docs that name them (decision records, measurements of the time) still
+// lead somewhere, and the doc check (deploy/validate) accepts them there.
+var Retired = []RetiredVar{}
 
 func writeTable(b *bytes.Buffer, vars []Var) {
 	b.WriteString("| variable | type | default | meaning |\n| --- | --- | --- | --- |\n")
@@ -97,7 +120,11 @@ func writeTable(b *bytes.Buffer, vars []Var) {
 		case v.Default == "":
 			def = ""
 		}
-		fmt.Fprintf(b, "| `%s` | %s | %s | %s |\n", v.Name, v.Type, def, strings.ReplaceAll(v.Doc, "|", "\\|"))
+		doc := v.Doc
+		if v.Formerly != "" {
+			doc += " Formerly `" + v.Formerly + "`, still read (with a warning) when this one is unset."
+		}
+		fmt.Fprintf(b, "| `%s` | %s | %s | %s |\n", v.Name, v.Type, def, strings.ReplaceAll(doc, "|", "\\|"))
 	}
 	b.WriteString("\n")
 }
@@ -181,6 +208,9 @@ func (g *Generator) collect(dir, typ string, seen map[string]Var) error {
 			Default:  st.Get("default"),
 			Required: st.Get("required") == "true",
 			Doc:      doc,
+		}
+		if old := st.Get("formerly"); old != "" {
+			v.Formerly = "GRASP_" + old
 		}
 		if old, ok := seen[v.Name]; ok && old.Doc != "" {
 			continue
