@@ -33,7 +33,7 @@ type Binary struct {
 
 // Binaries is every binary, in the order the page lists them.
 var Binaries = []Binary{
-	{Name: "graspd", Dir: "services/graspd", Type: "Configs", Intro: "The all-in-one server reads its own variables and those of every service below (not the common service-binary block: its NATS and metrics variables are its own)."},
+	{Name: "graspd", Dir: "services/graspd", Type: "Configs", Intro: "The all-in-one server reads its own variables and those of every service below (not the common service-binary block: its NATS and metrics variables are its own). They are grouped by what an operator is doing, as in the packaged env file (/etc/grasp-sync/graspd.env), which lists the groups' settings only; the tuning at the end is read too."},
 	{Name: "relay", Dir: "services/relay/cmd/relay", Type: "config", Common: true},
 	{Name: "discovery", Dir: "services/discovery/cmd/discovery", Type: "config", Common: true},
 	{Name: "planner", Dir: "services/planner", Type: "Config", Common: true},
@@ -85,7 +85,25 @@ func Generate(root string) ([]byte, error) {
 		if bin.Intro != "" {
 			b.WriteString(bin.Intro + "\n\n")
 		}
-		writeTable(&b, vars)
+		if bin.Name != "graspd" {
+			writeTable(&b, vars)
+			continue
+		}
+		// graspd's variables by what an operator is doing, as in the
+		// packaged env file, then the tuning.
+		groups, tuning, err := groupVars(vars)
+		if err != nil {
+			return nil, err
+		}
+		for i, g := range EnvGroups {
+			fmt.Fprintf(&b, "### %s\n\n", g.Title)
+			if g.Intro != "" {
+				b.WriteString(g.Intro + "\n\n")
+			}
+			writeTable(&b, groups[i])
+		}
+		b.WriteString("### Tuning\n\n" + TuningIntro + "\n\n")
+		writeTable(&b, tuning)
 	}
 	if len(Retired) > 0 {
 		b.WriteString("## No longer read\n\n")
@@ -108,7 +126,16 @@ type RetiredVar struct {
 // Retired lists the variables removed from the configuration structs, so
 // docs that name them (decision records, measurements of the time) still
 // lead somewhere, and the doc check (deploy/validate) accepts them there.
-var Retired = []RetiredVar{}
+var Retired = []RetiredVar{
+	{"GRASP_INGESTER_CONSUMER", "the constant `ingester` (the durable consumer every ingester replica shares; an internal name)."},
+	{"GRASP_INGESTER_RETRY_DELAY", "fixed at 1 s: the wait before redelivering a message that failed while the store was healthy."},
+	{"GRASP_INGESTER_OUTAGE_BACKOFF_MAX", "fixed at 5 s: the longest wait between store probes during an outage."},
+	{"GRASP_INGESTER_PARK_SWEEP", "fixed at 30 s: how often every parked event is evaluated again, whatever the wake-ups said."},
+	{"GRASP_INGESTER_PARK_SWEEP_MAX", "fixed at 1,000: the parked events one sweep evaluates."},
+	{"GRASP_PARKING_MAX_WAKE_KEYS", "fixed at 16: the references one parked event waits on."},
+	{"GRASP_PARKING_MAX_SIGNALS", "fixed at 32: the references of a stored event looked up to wake parked events."},
+	{"GRASP_PARKING_SWEEP_INTERVAL", "fixed at 1 min: how often expired parked events are removed."},
+}
 
 func writeTable(b *bytes.Buffer, vars []Var) {
 	b.WriteString("| variable | type | default | meaning |\n| --- | --- | --- | --- |\n")
