@@ -11,7 +11,7 @@ import (
 type Config struct {
 	// RelayURL is the own relay discovery subscribes to.
 	RelayURL string `envconfig:"DISCOVERY_RELAY_URL"`
-	// TargetRelay is the GRASP relay bolt-on mode syncs into (pkg/target): discovery subscribes to it when GRASP_DISCOVERY_RELAY_URL is unset.
+	// TargetRelay is the GRASP relay bolt-on mode syncs into (services/ingester/target): discovery subscribes to it when GRASP_DISCOVERY_RELAY_URL is unset.
 	TargetRelay string `envconfig:"TARGET_RELAY"`
 	// BatchQuiet is how long index changes must have been quiet before
 	// they are written: a single announcement reaches the planner after

@@ -13,7 +13,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/target"
+	"github.com/grasp-sync/grasp-sync/services/ingester/target"
 )
 
 // When an event cannot be processed: a store outage (messages held, the
@@ -49,7 +49,7 @@ func (i *Ingester) storeReachable(ctx context.Context) bool {
 }
 
 // targetUnavailable reports whether one of the items failed because the
-// target relay could not be asked now (pkg/target.ErrUnavailable): such
+// target relay could not be asked now (target.ErrUnavailable): such
 // items are held like in a store outage, never counted against MaxDeliver
 // (a target that rate-limits us for hours must not dead-letter anything).
 func targetUnavailable(items []*item) bool {

@@ -36,8 +36,8 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
-	"github.com/grasp-sync/grasp-sync/pkg/target"
 	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
+	"github.com/grasp-sync/grasp-sync/services/ingester/target"
 )
 
 // Config is the ingester's configuration (GRASP_* variables). Fields
@@ -90,7 +90,7 @@ type Config struct {
 	policy.Limits
 	// Settings, when GRASP_TARGET_RELAY is set, make the ingester publish
 	// accepted events to that relay and keep its store as a mirror of what
-	// the target holds (bolt-on mode, pkg/target).
+	// the target holds (bolt-on mode, services/ingester/target).
 	target.Settings
 }
 

@@ -8,7 +8,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
-	"github.com/grasp-sync/grasp-sync/pkg/target"
+	"github.com/grasp-sync/grasp-sync/services/ingester/target"
 )
 
 // verdict is what one evaluated event calls for.
