@@ -148,7 +148,7 @@ func writeTable(b *bytes.Buffer, vars []Var) {
 			def = ""
 		}
 		doc := v.Doc
-		if v.Formerly != "" {
+		if v.Formerly != "" && !strings.Contains(doc, v.Formerly) {
 			doc += " Formerly `" + v.Formerly + "`, still read (with a warning) when this one is unset."
 		}
 		fmt.Fprintf(b, "| `%s` | %s | %s | %s |\n", v.Name, v.Type, def, strings.ReplaceAll(doc, "|", "\\|"))
