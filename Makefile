@@ -34,8 +34,7 @@ TESTFLAGS ?=
 # is built with the tag libsecp256k1 (go-nostr compiles libsecp256k1's C
 # sources, ~4x faster than pure Go); otherwise, or with CGO_ENABLED=0, the
 # pure-Go fallback. Each binary logs which one it runs ("verifier").
-# docs/decisions.md, "Signature verification: libsecp256k1 by default, pure
-# Go as fallback". GOTAGS= (empty) forces the fallback.
+# docs/decisions/0027-signature-verification-libsecp256k1.md. GOTAGS= (empty) forces the fallback.
 CGO_ON := $(shell $(GO) env CGO_ENABLED 2>/dev/null)
 CGO_CC := $(shell $(GO) env CC 2>/dev/null)
 ifeq ($(CGO_ON),1)
@@ -228,7 +227,7 @@ demo:
 # is printed as a "bench row:" line (ingest per core count, initial sync and CPU per event with the relays in
 # their own process, relay reads); the in-process rows are kept for continuity.
 # The ingester benchmark runs first: events/s on 1 and 2 cores beside raw
-# signature verification (docs/performance.md, "Ingester").
+# signature verification (docs/performance.md, "Ingest").
 bench: build
 	cd services/ingester && $(GO) test $(TAGFLAGS) -run '^$$' -bench . -benchtime 3x -cpu 1,2 .
 	cd e2e && GRASP_BENCH=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run TestBenchEndToEnd -v .
@@ -244,13 +243,12 @@ bench: build
 	cd services/graspd && $(GO) test $(TAGFLAGS) -count=1 -run TestAnnouncementToHistoryLatency -v .
 	# Issue 24 §3: the initial sync with the remote relays in their own process (a relay farm: NIP-77 relays, then
 	# plain khatru ones), graspd (bin/graspd, its defaults) and the baseline (e2e/cmd/syncbaseline) each in a process
-	# of its own: events/s and CPU-s per 1,000 events of each, read from /proc (docs/performance.md, "A benchmark
-	# with the relays in their own process"). GRASP_BENCH_REPOS / GRASP_BENCH_EVENTS_PER_REPO scale it too.
+	# of its own: events/s and CPU-s per 1,000 events of each, read from /proc (docs/measurements/2026-12-04-relays-in-own-process.md). GRASP_BENCH_REPOS / GRASP_BENCH_EVENTS_PER_REPO scale it too.
 	cd e2e && $(GO) build $(TAGFLAGS) -o $(BIN)/ ./cmd/relayfarm ./cmd/syncbaseline
 	cd e2e && GRASP_BENCH=1 GRASP_BENCH_REMOTE_GRASPD=$(BIN)/graspd GRASP_BENCH_REMOTE_FARM=$(BIN)/relayfarm \
 		GRASP_BENCH_REMOTE_BASELINE=$(BIN)/syncbaseline $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run '^TestBenchRemote$$' -v .
 	# Issue 24 §4: the own relay's reads against plain khatru on eventstore's badger, each relay in its own
-	# process, the clients in the test's, alternating rounds (docs/performance.md, "The relay's reads").
+	# process, the clients in the test's, alternating rounds (docs/performance.md, "The own relay's reads").
 	cd services/relay && GRASP_BENCH=1 $(GO) test $(TAGFLAGS) -count=1 -timeout 30m -run '^TestBenchReads$$' -v .
 	rm -rf $(CURDIR)/bin/bench-kv1m
 	cd pkg && GRASP_STORE_BENCH_1M=1 GRASP_STORE_BENCH_DIR=$(CURDIR)/bin/bench-kv1m $(GO) test $(TAGFLAGS) -run '^$$' -bench 'BenchmarkStore1M/kv\+pebble$$' -benchtime 1x -timeout 1h ./store/

@@ -27,7 +27,7 @@ import (
 // and GRASP_BENCH_IDLE_SECONDS (60) size it; GRASP_BENCH_GRASPD names
 // another graspd binary to measure; GRASP_BENCH_PROFILE (a
 // directory) keeps graspd's heap, goroutine and CPU profiles at rest.
-// docs/performance.md, "Design scale: costs removed", records the runs.
+// docs/measurements/2026-12-04-design-scale-costs-removed.md records the runs.
 func TestBenchIdleCost(t *testing.T) {
 	if os.Getenv("GRASP_BENCH_IDLE") == "" {
 		t.Skip("SKIP: benchmark; run with GRASP_BENCH_IDLE=1")

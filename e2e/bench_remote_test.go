@@ -20,8 +20,7 @@ import (
 
 // TestBenchRemote is `make bench`'s initial sync with the remote relays in
 // a process of their own, as they are on other machines in a deployment
-// (issue 24 §3; docs/performance.md, "A benchmark with the relays in their
-// own process"). TestBenchEndToEnd runs the relays, graspd and the baseline
+// (issue 24 §3; docs/measurements/2026-12-04-relays-in-own-process.md). TestBenchEndToEnd runs the relays, graspd and the baseline
 // in one process, so neither side's CPU can be told apart from the relays'.
 //
 // Per kind of relay, a relay farm (e2e/cmd/relayfarm: 5 relays, 500 events
@@ -198,7 +197,7 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 // profile of graspd over the first GRASP_BENCH_PROFILE_SECONDS (default 5)
 // of its sync and says on the channel how many events its ingesters stored
 // meanwhile, so the profile's seconds can be read as µs per event
-// (docs/performance.md, "Where each remaining µs goes"). Without it the
+// (docs/measurements/2026-12-04-issue24-hot-path.md). Without it the
 // channel has an empty line at once.
 func profileRemote(ctx context.Context, tgt *scaleTarget, kind string) <-chan string {
 	done := make(chan string, 1)

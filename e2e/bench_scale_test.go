@@ -840,8 +840,7 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 	}
 }
 
-// renderScaleTable renders the growth table of docs/performance.md,
-// "Design scale".
+// renderScaleTable renders the growth table of docs/performance.md, "Design scale".
 func renderScaleTable(rs []scaleResult) string {
 	var b strings.Builder
 	host, _ := os.Hostname()

@@ -119,7 +119,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	// How many times the pipeline handled each event: the fetchers receive
 	// every copy (relaysPerRepo of them), JetStream drops the copies with the
 	// same Nats-Msg-Id, the ingester verifies what is not yet stored
-	// (docs/performance.md, "Where the initial sync's time goes").
+	// (docs/measurements/2026-12-02-initial-sync-profile.md).
 	// The fetchers' per-relay event counters are dropped with a relay's
 	// series, so copies fetched are estimated from the historic bytes (NIP-77
 	// and REQ framing included) over the mean event size.
@@ -140,7 +140,7 @@ func TestBenchEndToEnd(t *testing.T) {
 
 	if os.Getenv("GRASP_BENCH_INITIAL_ONLY") != "" {
 		// Only the two initial syncs, for comparing builds or profiling
-		// (docs/performance.md, "Where the initial sync's time goes"); the
+		// (docs/measurements/2026-12-02-initial-sync-profile.md); the
 		// report would lack rows, so performance.md is left alone.
 		stop()
 		res.baselineWall = baseline(t, ds, urls)
@@ -262,8 +262,7 @@ func waitAllOn(ctx context.Context, r *testkit.Relay, evts []*nostr.Event) error
 // missing event per poll. Polling the pipeline's store shares the CPU with
 // the pipeline while it is timed (the baseline's wall time is taken before
 // its waitAll); checking every missing id every 200 ms was 6 % of the
-// pipeline phase's CPU (docs/performance.md, "Where the initial sync's time
-// goes").
+// pipeline phase's CPU (docs/measurements/2026-12-02-initial-sync-profile.md).
 func waitAll(ctx context.Context, st *store.Store, evts []*nostr.Event) error {
 	ids := IDs(evts...)
 	next := 0
@@ -426,7 +425,7 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 // benchmark ("pipeline" or "baseline") when GRASP_BENCH_CPUPROFILE names a
 // path prefix: the profile goes to <prefix>.<phase>.pprof and covers exactly
 // the phase's timed interval, so the two can be compared
-// (docs/performance.md, "Where the initial sync's time goes"). Everything
+// (docs/measurements/2026-12-02-initial-sync-profile.md). Everything
 // in the process is sampled, the testkit relays included. The returned stop
 // is idempotent; it is a no-op when the variable is unset.
 func startCPUProfile(t *testing.T, phase string) (stop func()) {
@@ -502,7 +501,7 @@ func renderBench(r benchResult) string {
 			"the way, 32 EVENTs in flight), timed from publishing the announcements to the target until the target holds "+
 			"every event. Target writes/s counts its OK answers; khatru answers a duplicate with a bare OK too, so OK answers "+
 			"can exceed the distinct events (an announcement the sidecar fetched before discovery mirrored it from the "+
-			"target) (docs/decisions.md, \"Bolt-on\").\n\n")
+			"target) (docs/decisions/0035-bolt-on-target-relay.md).\n\n")
 	}
 	fmt.Fprintf(&b, "The pipeline is timed from publishing the announcements to our relay until the last event is in the "+
 		"store (discovery, planning, NIP-77 reconciliation, id fetches, layer 3, policy, parking, storage). The baseline "+

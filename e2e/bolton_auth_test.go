@@ -7,7 +7,7 @@ package e2e
 // handler's goroutine and reads it in each EVENT's goroutine without
 // synchronisation, so a client that sends EVENTs right after its AUTH (the
 // sidecar does) makes -race fail on the relay's code, not ours
-// (docs/dependencies.md). pkg/target's TestAuthRequired covers NIP-42 under
+// (docs/dependencies.md). services/ingester/target's TestAuthRequired covers NIP-42 under
 // -race, where the AUTH follows a refusal.
 
 import (

@@ -53,8 +53,7 @@ func GenerateDataset(serviceURL string, relayURLs []string, repos, eventsPerRepo
 		}
 		// Announcements are spread over the same 90 days as the events: a
 		// relay holding more of them in one second than it returns for a
-		// REQ cannot be read completely without NIP-77 (docs/decisions.md,
-		// "Failed batches back off"), and signing them all now would
+		// REQ cannot be read completely without NIP-77 (docs/decisions/0032-failed-batches-back-off.md), and signing them all now would
 		// crowd a thousand into a second or two on a fast machine.
 		ann := owner.Announcement(d, []string{testkit.GraspCloneURL(serviceURL, owner.PubKey, d)}, urls, nil,
 			testkit.At(nostr.Timestamp(base+rng.Int64N(89*24*3600))))

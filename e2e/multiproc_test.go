@@ -46,7 +46,7 @@ func TestMultiProcess(t *testing.T) {
 // The same scenario on a 3-node NATS JetStream cluster (R3 streams and
 // buckets) with two fetchers and two ingesters, the production layout.
 // Long: a cluster takes a while to form. Consumers created as the cluster
-// forms may miss their first pull (see docs/decisions.md, "Pull consumers").
+// forms may miss their first pull (see docs/decisions/0028-pull-consumer-idle-heartbeat.md).
 // Every stream and bucket, the fetchers' own included, is then R3: an R1
 // one would stop the services that need it while its one node is down.
 func TestMultiProcessNATSCluster(t *testing.T) {

@@ -443,6 +443,7 @@ func checkScaling(t *testing.T, r rendered, overlay string) {
 	names := bus.Names{Prefix: prefix}
 	var ing ingester.Config
 	loadEnv(t, nil, &ing)
+	config.FillDefaults(&ing) // the consumer's name is a default, not a variable
 	autoscalers := 0
 	for _, v := range r.typed {
 		switch x := v.(type) {

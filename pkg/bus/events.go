@@ -13,7 +13,7 @@ import (
 // (a batch): its value is how many, and the data is their JSON, one event
 // per line. A message without it carries one event's JSON, as every message
 // did before batches, and is still accepted: an upgrade may find such
-// messages in the stream (docs/decisions.md, "Events travel in batches").
+// messages in the stream (docs/decisions/0053-events-travel-in-batches.md).
 const HeaderEvents = "Grasp-Events"
 
 // EventBatchMaxBytes bounds the data of one batch message: far below the
@@ -62,7 +62,7 @@ func SplitEvents(header nats.Header, data []byte) [][]byte {
 // EventBatchMsgID is the Nats-Msg-Id of a batch whose events carry the
 // given EventMsgIDs: a hash of them in order, so a publish retried after a
 // lost acknowledgement is stored once (per-event de-duplication is the
-// fetcher's and the store's, see docs/decisions.md).
+// fetcher's and the store's, see docs/decisions/0053-events-travel-in-batches.md).
 func EventBatchMsgID(eventMsgIDs []string) string {
 	h := sha256.New()
 	for _, id := range eventMsgIDs {

@@ -239,7 +239,7 @@ func (b *Bus) ConsumeRestarting(ctx context.Context, clk clock.Clock, bo Restart
 // of the digest. A digest, not the 128-digit signature: the stream holds
 // every id of its 2-minute window in memory (and each message carries it),
 // ~300 bytes an entry with the signature, ~110 with the digest
-// (docs/performance.md, "Design scale: memory (issue 23 §2)").
+// (docs/measurements/2026-12-04-design-scale-memory.md).
 func EventMsgID(id, sig string) string {
 	d := sha256.Sum256([]byte(sig))
 	return id + ":" + base64.RawURLEncoding.EncodeToString(d[:16])

@@ -80,7 +80,7 @@ func (b ByteSize) String() string {
 // (debug.SetMemoryLimit) to limit when it is set, and reports the limit now
 // in force and where it came from: "GRASP_MEMORY_LIMIT", "GOMEMLIMIT" (the
 // runtime read it at start) or "none". Why a soft limit and why no default:
-// docs/decisions.md, "Memory on a small machine".
+// docs/decisions/0030-memory-on-a-small-machine.md.
 func ApplyMemoryLimit(limit ByteSize) (inForce int64, source string) {
 	if limit > 0 {
 		debug.SetMemoryLimit(int64(limit))

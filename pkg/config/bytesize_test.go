@@ -140,7 +140,7 @@ func TestGuardMemoryLimitRaisesWithTheLiveHeap(t *testing.T) {
 // alone sets a limit under what the process already uses once it has many
 // goroutines, and the collector runs back to back. That was graspd at rest
 // with ~1,500 goroutines: 83 % of its CPU in the collector
-// (docs/decisions.md, "A default soft memory limit for graspd"). Here 1,000
+// (docs/decisions/0039-default-soft-memory-limit.md). Here 1,000
 // goroutines hold ~128 MiB of stacks beside a 16 MiB live heap: the guarded
 // limit must leave the live heap room to grow by half above the stacks, and
 // churning garbage must cost about as many collections as without a limit.

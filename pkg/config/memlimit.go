@@ -14,8 +14,7 @@ import (
 // (source "default") and keeps it only while the live heap is small enough
 // for it not to make the collector thrash: GuardMemoryLimit raises it with
 // the live heap. GOMEMLIMIT=off is the way to run without any limit. An
-// explicit limit is taken as given (docs/decisions.md, "A default soft
-// memory limit for graspd").
+// explicit limit is taken as given (docs/decisions/0039-default-soft-memory-limit.md).
 func ApplyDefaultMemoryLimit(ctx context.Context, limit, def ByteSize) (inForce int64, source string) {
 	if limit > 0 || os.Getenv("GOMEMLIMIT") != "" || def <= 0 {
 		return ApplyMemoryLimit(limit)
@@ -46,7 +45,7 @@ type MemorySample struct {
 // collections the heap holds up to the collector's goal (about twice the
 // live heap), and the runtime keeps that memory while nothing allocates, so
 // an idle graspd held ~60 MB of garbage at the design's target world
-// (docs/performance.md, "Design scale: memory (issue 23 §2)"). One
+// (docs/measurements/2026-12-04-design-scale-memory.md). One
 // collection per quiet spell costs nothing measurable.
 type IdleTrim struct {
 	// Quiet is how long the process must be quiet first.
@@ -84,8 +83,7 @@ const idleTrimAfter = 10 * time.Second
 // most about twice the collections of GOGC=100. The memory besides heap
 // objects must be counted because the soft limit counts it: without it, at
 // rest with 1,500 goroutines, the heap could grow by almost nothing and the
-// collector took 83 % of graspd's CPU (docs/decisions.md, "A default soft
-// memory limit for graspd").
+// collector took 83 % of graspd's CPU (docs/decisions/0039-default-soft-memory-limit.md).
 func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
 	want := float64(s.Other) + float64(s.Live)*1.5*max(boost, 1)
 	if want >= math.MaxInt64/2 {
@@ -99,7 +97,7 @@ func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
 // collector's dedicated workers take while a collection runs: more, over a
 // whole second, means collections back to back with allocations assisting
 // them — thrash, not a busy sync (a first try at 10 % lifted the limit
-// during a sync and let the heap reach 333 MB; docs/performance.md).
+// during a sync and let the heap reach 333 MB; docs/measurements/2026-12-04-design-scale-costs-removed.md).
 const (
 	gcBackOffShare = 0.25
 	gcRelaxShare   = 0.05

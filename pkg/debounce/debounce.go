@@ -2,8 +2,7 @@
 // updates have been quiet for a quiet period, and no later than a maximum
 // wait after the burst's first update. One update alone is handled after
 // the quiet period; a stream that never pauses is still handled every
-// maximum wait (see docs/decisions.md, "Planner recompute: debounced KV
-// watch" and "Discovery batches: quiet period, window as the maximum").
+// maximum wait (see docs/decisions/0004-planner-recompute-debounce.md and docs/decisions/0005-discovery-batch-quiet-period.md).
 package debounce
 
 import "time"

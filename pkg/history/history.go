@@ -142,7 +142,7 @@ type Stats struct {
 
 // Reader reads a relay's stored events for a filter completely, including
 // seconds that hold more events than the relay returns for one REQ (see
-// docs/decisions.md, "History: reading a crowded second completely"). A
+// docs/decisions/0021-history-crowded-second.md). A
 // Reader runs one read at a time.
 type Reader struct {
 	// Page sends one REQ and returns what the relay sent before EOSE; a
@@ -181,7 +181,7 @@ type Reader struct {
 // page it has returned, so its cap is at least that. A page shorter than
 // that (and than the filter's limit) is everything the filter matches
 // below its until; nothing else proves it, since relays cap anywhere
-// (docs/decisions.md, "History: reading a crowded second completely").
+// (docs/decisions/0021-history-crowded-second.md).
 // It is one number, safe for concurrent reads.
 type Cap struct{ largest atomic.Int64 }
 

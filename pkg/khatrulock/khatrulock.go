@@ -4,7 +4,7 @@
 // Anyone who broadcasts must hold that lock: the own relay relaying other
 // writers' events, and — through SaveThenBroadcast — khatru's own handling of
 // a client's EVENT. Reaching the unexported field is the workaround, kept in
-// this one place (see docs/decisions.md).
+// this one place (see docs/decisions/0003-khatru-listener-race.md).
 package khatrulock
 
 import (

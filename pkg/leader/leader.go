@@ -22,7 +22,7 @@
 // TTL and the two clocks run at the same rate. So two leads never overlap,
 // provided lead returns promptly when its context ends.
 //
-// Liveness under load (docs/decisions.md "Leases that survive load"): until
+// Liveness under load (docs/decisions/0014-leases-survive-load.md): until
 // that deadline a holder keeps leading. A renewal that fails is retried every
 // TTL/15, and a renewal refused or unanswered is judged by reading the key
 // back: one of our own renewals stored with its answer lost (the key names

@@ -4,7 +4,7 @@
 // renewal whose answer did not come means, judged from the key read back.
 // It does no I/O, so the rules are tested with explicit times.
 //
-// The clock rule (docs/decisions.md "Leases that survive load"): the server
+// The clock rule (docs/decisions/0014-leases-survive-load.md): the server
 // expires a key MaxAge after it stored the key's last write, and it stored
 // that write after the holder sent it. So a holder that counts its lease from
 // the moment it sent its last stored write, and stops Guard before that plus

@@ -12,8 +12,7 @@ import (
 // VersionLine is what `<binary> --version` prints: the binary's name, the
 // version and the commit stamped by the build (Makefile LDFLAGS), and the
 // signature verifier the build carries, which the build tags choose
-// (docs/decisions.md, "Signature verification: libsecp256k1 by default, pure
-// Go as fallback"): an operator holding a release binary can tell which it is.
+// (docs/decisions/0027-signature-verification-libsecp256k1.md): an operator holding a release binary can tell which it is.
 func VersionLine(name string) string {
 	return fmt.Sprintf("%s %s (commit %s, verifier %s)", name, Version, Commit, verify.Backend())
 }

@@ -12,7 +12,7 @@ import (
 type LogFormat string
 
 // The log formats. Auto is text for a person at a terminal and JSON for a
-// log collector (docs/decisions.md, "Command lines and log format").
+// log collector (docs/decisions/0025-command-lines-and-log-format.md).
 const (
 	LogFormatAuto LogFormat = ""
 	LogFormatText LogFormat = "text"

@@ -33,8 +33,7 @@ const (
 // default" (see DefaultLimits). They are the one configuration of the policy
 // (GRASP_POLICY_*): the relay judges client events and the ingester synced
 // events with the same values, so an event is accepted or refused the same
-// way whichever path it arrives by (docs/decisions.md, "One policy,
-// configured once"). The former GRASP_RELAY_* names are still read.
+// way whichever path it arrives by (docs/decisions/0018-one-policy-configured-once.md). The former GRASP_RELAY_* names are still read.
 type Limits struct {
 	// MaxEventBytes bounds an accepted event's serialised size, for client
 	// and synced events alike (formerly GRASP_RELAY_MAX_EVENT_BYTES, still

@@ -9,7 +9,7 @@
 // into acceptances. Announcements and states refused because their author
 // maintains none of our repositories are here although that may change: the
 // planner then fetches them again explicitly with REQ, which does not consult
-// this bucket (docs/decisions.md, "Remembered refusals"). The ingester adds;
+// this bucket (docs/decisions/0022-remembered-refusals-revived.md). The ingester adds;
 // fetchers read through a Cache that follows the bucket.
 package rejected
 

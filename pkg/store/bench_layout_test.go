@@ -16,7 +16,7 @@ import (
 
 // BenchmarkTagLayout compares the kv store's tag keys of format v2 (one per
 // letter as given) and v3 (both cases of a letter in one key;
-// docs/decisions.md, "kv format v3") in one process, alternating: keys
+// docs/decisions/0051-kv-format-v3.md) in one process, alternating: keys
 // written per event, CPU per event stored (SaveBatch of 256, the
 // ingester's batch; the process's CPU, so pebble's flushes count), and CPU
 // per query for the tag shapes the relay, the policy and the local set

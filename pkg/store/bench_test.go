@@ -238,7 +238,7 @@ func queryKinds(c *corpus, stored []string) []queryKind {
 	}
 }
 
-// BenchmarkStore1M is the embedded-store measurement of docs/decisions.md:
+// BenchmarkStore1M is the embedded-store measurement of docs/decisions/0006-embedded-store-kv.md:
 // write a corpus of GRASP_STORE_BENCH_N events (default 1,000,000) into a
 // fresh store, then measure query latency, a complete Items read, disk use
 // and memory. It runs only with GRASP_STORE_BENCH_1M=1; run one backend per

@@ -14,7 +14,7 @@ import (
 
 // kv is the store's own layout on an ordered key-value engine, pebble or
 // badger (kvEngine; "kv://DIR", and what a plain directory opens). It exists because eventstore's badger backend costs the
-// ingester more than its signature checks (docs/performance.md, "Ingester"):
+// ingester more than its signature checks (docs/measurements/2026-12-01-ingester-kv-store.md):
 // a 64 KiB encoding buffer and a transaction with a duplicate-check
 // iterator per event, no multi-event write. Here a batch of events is one
 // transaction, events are kept as their JSON (no size caps), and tag values

@@ -83,8 +83,7 @@ var errKVTooBig = errors.New("write too big for one batch")
 const (
 	kvBadger = "badger"
 	kvPebble = "pebble"
-	// kvDefaultEngine is what a new directory gets (docs/decisions.md,
-	// "kv on pebble").
+	// kvDefaultEngine is what a new directory gets (docs/decisions/0036-kv-on-pebble.md).
 	kvDefaultEngine = kvPebble
 )
 

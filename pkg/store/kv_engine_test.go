@@ -14,7 +14,7 @@ import (
 // A kv directory keeps opening with the engine that wrote it, whatever the
 // default for new directories is, and a URL naming the other engine is
 // refused without touching the data: an operator's events are never lost
-// or silently ignored (docs/decisions.md, "kv on pebble").
+// or silently ignored (docs/decisions/0036-kv-on-pebble.md).
 func TestKVOpensTheEngineTheDirectoryHolds(t *testing.T) {
 	ctx := context.Background()
 	sk := nostr.GeneratePrivateKey()

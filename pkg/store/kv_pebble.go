@@ -13,7 +13,7 @@ import (
 )
 
 // kvPebbleDB is the kv layout on pebble ("kv+pebble://DIR", and what a new
-// directory gets): docs/decisions.md, "kv on pebble". Writes are committed
+// directory gets): docs/decisions/0036-kv-on-pebble.md. Writes are committed
 // without fsync, as badger's are (SyncWrites off): a commit is in pebble's
 // write-ahead log once the log writer has written it, which it does right
 // after the commit returns; an operating-system crash loses what the kernel

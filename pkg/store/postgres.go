@@ -99,7 +99,7 @@ func (p *pgBackend) createSchema(ctx context.Context, schema string) error {
 		// (kindsQuery). It replaces grasp_event_kind (kind, created_at
 		// DESC), which left the tie on id to a sort and, with kind =
 		// ANY(…), read every event of the kinds to sort them:
-		// docs/performance.md, "PostgreSQL: the hot statements". A
+		// docs/measurements/2026-12-04-postgres-hot-statements.md. A
 		// database created before gets it at its next start (built under
 		// the schema lock, blocking writes while it is built).
 		`CREATE INDEX IF NOT EXISTS grasp_event_kind_created ON `+t+` (kind, created_at DESC, id)`,
@@ -302,8 +302,7 @@ const pgMergeKinds = 16
 // authors or tags) so that PostgreSQL reads each kind's newest events from
 // grasp_event_kind_created and merges them (Merge Append), reading about
 // f.Limit rows. With kind = ANY(…) it reads every event of the kinds
-// through a bitmap and sorts them all (docs/performance.md, "PostgreSQL:
-// the hot statements"). ok is false for other filters.
+// through a bitmap and sorts them all (docs/measurements/2026-12-04-postgres-hot-statements.md). ok is false for other filters.
 func (p *pgBackend) kindsQuery(f nostr.Filter) (q string, args []any, ok bool) {
 	kinds := slices.Compact(slices.Sorted(slices.Values(f.Kinds)))
 	if len(kinds) == 0 || len(kinds) > pgMergeKinds || len(f.IDs) > 0 || len(f.Authors) > 0 || len(f.Tags) > 0 {

@@ -29,7 +29,7 @@ const DefaultQueryLimit = 100_000
 
 // DefaultScheme is the embedded backend a plain directory opens: kv on the
 // engine the directory holds, pebble for a new one. Chosen by measurement:
-// see docs/decisions.md, "Embedded store" and "kv on pebble".
+// see docs/decisions/0006-embedded-store-kv.md and docs/decisions/0036-kv-on-pebble.md.
 const DefaultScheme = "kv"
 
 // ErrUnstorable marks an event the backend cannot hold (for example content

@@ -447,7 +447,7 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
-// A new plain directory is kv on pebble (docs/decisions.md, "kv on pebble").
+// A new plain directory is kv on pebble (docs/decisions/0036-kv-on-pebble.md).
 func TestPlainDirectoryOpensDefault(t *testing.T) {
 	s, err := store.Open(t.TempDir())
 	if err != nil {

@@ -1,5 +1,5 @@
 // Package targetstatus is how writing to the target relay stands in bolt-on
-// mode (pkg/target), in a package of its own without dependencies, so that
+// mode (services/ingester/target), in a package of its own without dependencies, so that
 // graspctl can read it from the metrics without linking the publisher and
 // the event store, and the ingester does not import pkg/syncstatus (whose
 // bucket reads deploy/validate would grant it).

@@ -1,8 +1,7 @@
 // Package verify checks nostr event signatures with whichever verifier
 // go-nostr was compiled with, and names it: libsecp256k1 (C, through cgo,
 // when built with the tag `libsecp256k1`, the default of `make build`) or
-// pure Go (btcec, the fallback with CGO_ENABLED=0). See docs/decisions.md,
-// "Signature verification: libsecp256k1 by default, pure Go as fallback".
+// pure Go (btcec, the fallback with CGO_ENABLED=0). See docs/decisions/0027-signature-verification-libsecp256k1.md.
 package verify
 
 import (

@@ -11,12 +11,11 @@ import (
 type Config struct {
 	// RelayURL is the own relay discovery subscribes to.
 	RelayURL string `envconfig:"DISCOVERY_RELAY_URL"`
-	// TargetRelay is the GRASP relay bolt-on mode syncs into (pkg/target): discovery subscribes to it when GRASP_DISCOVERY_RELAY_URL is unset.
+	// TargetRelay is the GRASP relay bolt-on mode syncs into (services/ingester/target): discovery subscribes to it when GRASP_DISCOVERY_RELAY_URL is unset.
 	TargetRelay string `envconfig:"TARGET_RELAY"`
 	// BatchQuiet is how long index changes must have been quiet before
 	// they are written: a single announcement reaches the planner after
-	// this, not after the whole window (docs/decisions.md, "Discovery
-	// batches: quiet period, window as the maximum"). A quiet period
+	// this, not after the whole window (docs/decisions/0005-discovery-batch-quiet-period.md). A quiet period
 	// longer than the window acts as the window.
 	BatchQuiet time.Duration `envconfig:"DISCOVERY_BATCH_QUIET" default:"150ms"`
 	// BatchWindow is the longest a change waits to be written: it starts at

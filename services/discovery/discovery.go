@@ -377,7 +377,7 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 			if herr != nil {
 				if errors.Is(herr, history.ErrIncomplete) {
 					// Never caught up on a guess: not ready, read again
-					// after the backoff (docs/decisions.md).
+					// after the backoff (docs/decisions/0021-history-crowded-second.md).
 					d.metrics.historyIncomplete.Inc()
 				}
 				return time.Time{}, false, fmt.Errorf("history: %w", herr)
@@ -434,7 +434,7 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 // WithSeen makes discovery hand every event its self-subscription reads
 // (history pages and live events) to fn before folding them in: in bolt-on
 // mode graspd mirrors them, so the write policy and the fetcher's NIP-77
-// local set know what others wrote to the target (docs/decisions.md). fn
+// local set know what others wrote to the target (docs/decisions/0035-bolt-on-target-relay.md). fn
 // runs on discovery's loop: it must be quick and must not fail it. Call
 // before Run.
 func (d *Discovery) WithSeen(fn func(ctx context.Context, evts []*nostr.Event)) *Discovery {

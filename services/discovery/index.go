@@ -132,7 +132,7 @@ type RepoSyncIndex struct {
 	// (yet) hosted, so roots that arrive before their announcement attach.
 	// Ids are kept as 32 bytes, not 64 hex digits: at design scale the
 	// index holds every root of every repository for as long as it runs
-	// (docs/performance.md, "Design scale: memory (issue 23 §2)").
+	// (docs/measurements/2026-12-04-design-scale-memory.md).
 	roots map[nip34.RepoRef]*rootSet
 	// rootRefs remembers which repositories each root tags, so a deletion
 	// can detach it: the first in rootRefs, any others (rare: a root
@@ -438,7 +438,7 @@ const MaxMaintainers = 100
 // not deleted, that announcement's, cycle-safe and bounded by
 // MaxMaintainers. aliases are the repositories (coordinates) of those
 // maintainers' announcements: events tagging them are about this
-// repository too (docs/decisions.md, "Maintainers' coordinates").
+// repository too (docs/decisions/0023-maintainers-coordinates-layer-2.md).
 func (x *RepoSyncIndex) maintainersOf(ref nip34.RepoRef) (maintainers []string, aliases []nip34.RepoRef) {
 	seen := map[string]bool{ref.PubKey: true}
 	queue := []*nostr.Event{x.announcements[ref]}

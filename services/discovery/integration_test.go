@@ -456,7 +456,7 @@ func TestReconnectMissesNothing(t *testing.T) {
 	// Stored without a broadcast: nobody is subscribed during the gap, and
 	// a broadcast right after the proxy dropped the connections would race
 	// with khatru removing their listeners (khatru v0.19.1, see
-	// docs/decisions.md).
+	// docs/decisions/0003-khatru-listener-race.md).
 	for _, evt := range gap {
 		if err := relay.Store.SaveEvent(ctx, evt); err != nil {
 			t.Fatal(err)

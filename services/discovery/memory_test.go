@@ -22,8 +22,7 @@ func heapInUse() uint64 {
 
 // TestIndexBytesPerRoot bounds what the index keeps per root event: at
 // design scale (50 roots × 1,000 repositories) discovery holds every root
-// for as long as it runs (docs/performance.md, "Design scale: memory
-// (issue 23 §2)"). The events are decoded from JSON, as the store hands
+// for as long as it runs (docs/measurements/2026-12-04-design-scale-memory.md). The events are decoded from JSON, as the store hands
 // them over, so no string is shared between events; they are dropped once
 // applied.
 func TestIndexBytesPerRoot(t *testing.T) {

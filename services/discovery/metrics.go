@@ -23,7 +23,7 @@ type metrics struct {
 	storedSeen    prometheus.Counter
 	storedDropped prometheus.Counter
 	// historyIncomplete counts history reads that could not read some
-	// one-second slice completely (see docs/decisions.md).
+	// one-second slice completely (see docs/decisions/0021-history-crowded-second.md).
 	historyIncomplete prometheus.Counter
 
 	// batchEvents counts events applied since the last flush (owned by the

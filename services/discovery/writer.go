@@ -27,8 +27,7 @@ type IndexWriter struct {
 	// entry, with updated_at cleared, as last written or found in the
 	// bucket; the zero sum marks an entry to rewrite (undecodable). A sum,
 	// not the encoding: an entry names every root of its repository (~3.3
-	// KB for 50 roots), and the writer only compares (docs/performance.md,
-	// "Design scale: memory (issue 23 §2)").
+	// KB for 50 roots), and the writer only compares (docs/measurements/2026-12-04-design-scale-memory.md).
 	written map[string]contentSum
 }
 

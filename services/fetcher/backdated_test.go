@@ -67,8 +67,7 @@ func TestCatchUpSinceBoundsOnlyREQ(t *testing.T) {
 		// its catch-up is a REQ read and keeps since all the same.
 		{"REQ-only relay, refusal remembered", false, false, true, false, graspv1.SyncMethod_SYNC_METHOD_REQ},
 		// The refusals hold nothing since then: an empty local set is read
-		// with REQ (docs/decisions.md, "Initial sync: REQ when the local
-		// set is empty").
+		// with REQ (docs/decisions/0037-initial-sync-req-when-local-set-empty.md).
 		{"NIP-77 relay, local set of refusals only", true, true, false, false, graspv1.SyncMethod_SYNC_METHOD_REQ},
 	} {
 		t.Run(c.name, func(t *testing.T) {

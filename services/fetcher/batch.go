@@ -146,8 +146,7 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 // sync), reconciling would only list every id to fetch them all by id
 // afterwards: REQ+EOSE reads the same events with one query per page
 // instead of a reconciliation and id fetches, and NIP-77 is used only if
-// REQ cannot read a crowded second completely (docs/decisions.md, "Initial
-// sync: REQ when the local set is empty").
+// REQ cannot read a crowded second completely (docs/decisions/0037-initial-sync-req-when-local-set-empty.md).
 //
 // A catch-up's since bounds REQ reads only: NIP-77 reconciles the whole
 // filter, which costs bytes in proportion to the differences and finds
@@ -207,7 +206,7 @@ func (b *batchRun) partRead(f nostr.Filter) error {
 		}
 		// A relay that refused NIP-77 before (any session) is sent no
 		// NEG-OPEN; one not known yet is probed by one batch at a time
-		// (docs/decisions.md, "NEG-OPEN only to relays that answered it").
+		// (docs/decisions/0040-neg-open-only-to-relays-that-answered.md).
 		try, probe, refused := w.nip77.begin(b.s.ctx, w.f.clock.Now)
 		if !try {
 			if refused == "" {
@@ -388,8 +387,7 @@ func (b *batchRun) fetchIDs(missing map[string]struct{}, count bool) error {
 				delete(missing, evt.ID)
 				got++
 			}
-			// A page travels together (docs/decisions.md, "Events travel
-			// in batches").
+			// A page travels together (docs/decisions/0053-events-travel-in-batches.md).
 			if err := b.pub.send(b.s.ctx); err != nil {
 				return err
 			}
@@ -433,9 +431,9 @@ func (b *batchRun) dropHeld(missing map[string]struct{}) error {
 // req reads f completely with REQ+EOSE, paginating with until while pages
 // may have been capped: a short page ends the read only when the relay has
 // returned a longer one on this connection, otherwise one more page is
-// asked (docs/decisions.md). A capped page that falls entirely inside one second
+// asked (docs/decisions/0021-history-crowded-second.md). A capped page that falls entirely inside one second
 // makes that second read on its own, split into narrower REQs until each
-// comes back under the cap (history.Reader; docs/decisions.md). NIP-77 is
+// comes back under the cap (history.Reader; docs/decisions/0021-history-crowded-second.md). NIP-77 is
 // not tried for such a slice here: this path runs only when NIP-77 is
 // disabled or has failed for the session, and when it works it reads the
 // whole filter without a cap. A slice that cannot be narrowed further is

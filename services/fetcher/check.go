@@ -84,7 +84,7 @@ func matchesIgnoringLimit(fs nostr.Filters, evt *nostr.Event) bool {
 // maxEvents events and bus.EventBatchMaxBytes (send publishes what is
 // gathered; callers send at the end of a page or when no event is waiting),
 // so the stream and the ingesters handle one message per batch
-// (docs/decisions.md, "Events travel in batches"); a batch of one is
+// (docs/decisions/0053-events-travel-in-batches.md); a batch of one is
 // published in the one-event format, with its event's Nats-Msg-Id. A
 // publish that fails is retried synchronously; Flush reports a loss, so a
 // batch is never confirmed with an event missing. Acknowledged ids are
@@ -108,8 +108,7 @@ type windowPublisher struct {
 	// second copy of one of them from the same batch or subscription (a
 	// batch's filters overlap: one event answers several) is not sent
 	// again. One-event messages had the stream drop it by Nats-Msg-Id; a
-	// batch message's id covers the whole batch (docs/decisions.md,
-	// "Events travel in batches"). Bounded by the window and the batch.
+	// batch message's id covers the whole batch (docs/decisions/0053-events-travel-in-batches.md). Bounded by the window and the batch.
 	unsettled map[recentKey]struct{}
 }
 

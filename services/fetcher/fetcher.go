@@ -93,8 +93,7 @@ type Config struct {
 	// replica, all relays together; the others wait their turn. Without it
 	// a start or a daily resync over hundreds of relays runs a thousand
 	// batches at once, each with its publish window, and the process is
-	// too busy to renew its own leases (docs/decisions.md, "Fetcher: a
-	// bound on the batches running at once").
+	// too busy to renew its own leases (docs/decisions/0049-fetcher-running-batches-bound.md).
 	MaxRunningBatches int `envconfig:"FETCHER_MAX_RUNNING_BATCHES" default:"32"`
 	// PublishWindow is how many event publishes may await acknowledgement
 	// per batch or live subscription.
@@ -103,8 +102,7 @@ type Config struct {
 	// most: the events of a page (or of a burst on a live subscription)
 	// travel together, up to this many and bus.EventBatchMaxBytes, so the
 	// stream and the ingesters handle one message, delivery and ack per
-	// batch instead of per event (docs/decisions.md, "Events travel in
-	// batches"). 1 publishes one message per event, as before.
+	// batch instead of per event (docs/decisions/0053-events-travel-in-batches.md). 1 publishes one message per event, as before.
 	PublishBatch int `envconfig:"FETCHER_PUBLISH_BATCH" default:"64"`
 	// RecentIDs is how many acknowledged event publishes (30 s at most) the
 	// fetcher remembers, to skip other relays' copies of the same event and

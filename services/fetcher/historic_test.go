@@ -179,7 +179,7 @@ func TestNegentropyNeedsWeHoldAreNotFetched(t *testing.T) {
 // An initial sync: with nothing held for the filter, reconciling would only
 // list every id to fetch them all by id afterwards, so the batch reads with
 // REQ+EOSE and sends no NEG-OPEN; once something is held, NIP-77 is used
-// (docs/decisions.md, "Initial sync: REQ when the local set is empty").
+// (docs/decisions/0037-initial-sync-req-when-local-set-empty.md).
 func TestEmptyLocalSetReadsWithREQ(t *testing.T) {
 	e := newEnv(t)
 	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})

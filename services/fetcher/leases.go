@@ -18,7 +18,7 @@ import (
 )
 
 // Shard ownership is a lease per shard in a JetStream KV bucket whose
-// MaxAge is the lease TTL (see docs/decisions.md): a key written by its
+// MaxAge is the lease TTL (see docs/decisions/0014-leases-survive-load.md): a key written by its
 // owner every TTL/4 stays, the key of a replica that died disappears after
 // the TTL and the next replica in line creates it (compare-and-set). Live
 // replicas announce themselves with member keys in the same bucket and
@@ -28,8 +28,7 @@ import (
 // lost is recognised, until TTL − TTL/6 after the send of the last write
 // known stored; only then, or when another replica holds the key, does it
 // stop serving — before the server can expire the key — so two replicas
-// never serve one shard (or relay) longer than the TTL (docs/decisions.md
-// "Fetcher: shard leases in KV", pkg/lease).
+// never serve one shard (or relay) longer than the TTL (docs/decisions/0013-fetcher-shard-leases.md, pkg/lease).
 
 // ShardLeaseConfig configures shard ownership.
 type ShardLeaseConfig struct {
@@ -64,7 +63,7 @@ func RendezvousShards(members []string, me string, shards int) []int {
 
 // Why a shard stops being served (lose's reason), and the label each has on
 // grasp_fetcher_shard_releases_total: under load alone only the first two
-// should ever be counted (docs/decisions.md "Leases that survive load").
+// should ever be counted (docs/decisions/0014-leases-survive-load.md).
 const (
 	releaseRebalanced = "rebalanced to another replica"
 	releaseStopping   = "fetcher stopping"
@@ -127,8 +126,7 @@ func newShardLeases(kv jetstream.KeyValue, id string, cfg ShardLeaseConfig, log 
 	gain func(int), lose func(int, string)) *shardLeases {
 	return &shardLeases{kv: kv, id: id, cfg: cfg, log: log, gain: gain, lose: lose,
 		// The owner stops TTL/6 before the earliest server-side expiry: the
-		// time its relays' connections take to close (docs/decisions.md
-		// "Fetcher: shard leases in KV").
+		// time its relays' connections take to close (docs/decisions/0013-fetcher-shard-leases.md).
 		timing: lease.Timing{TTL: cfg.TTL, Guard: cfg.TTL / 6},
 		clock:  clock.Real{},
 		held:   map[int]*holder{}, gone: make(chan int, max(cfg.Shards, 1)),
@@ -232,8 +230,7 @@ func (l *shardLeases) claim(ctx context.Context, s int) {
 // every TTL/15 until the lease's deadline, and recognises a renewal stored
 // with its answer lost (pkg/lease). It calls lose only when another holder
 // has the key, the key is gone, or the deadline passed (the server may
-// expire the key from then on: docs/decisions.md "Leases that survive
-// load"). Asked to release, it hands the shard over (handOver). It tells
+// expire the key from then on: docs/decisions/0014-leases-survive-load.md). Asked to release, it hands the shard over (handOver). It tells
 // run when it ends.
 func (l *shardLeases) hold(ctx context.Context, s int, h *holder, ls lease.Held) {
 	defer func() { l.gone <- s }()

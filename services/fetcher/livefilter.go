@@ -14,8 +14,7 @@ import (
 // (64 lowercase hex digits) as 32 bytes, sorted, instead of the command's
 // decoded strings (80 bytes each plus the slices naming them). A relay's
 // live filters name every root of every repository it serves, so at the
-// design's scale this is most of the fetcher's state (docs/decisions.md,
-// "Live filters kept compact"). The REQ is built from it again when the
+// design's scale this is most of the fetcher's state (docs/decisions/0041-live-filters-compact.md). The REQ is built from it again when the
 // subscription is (re)opened.
 type liveFilter struct {
 	// base is the filter without its tags.
@@ -35,7 +34,7 @@ type liveTag struct {
 // together, by their SHA-256, so equal lists are kept once: the planner's
 // layer-3 filters ask for the same chunk of root ids under #e, #E and #q
 // (pkg/filters.Layer3), which kept every live root three times
-// (docs/performance.md, "Design scale: memory (issue 23 §2)"). The lists
+// (docs/measurements/2026-12-04-design-scale-memory.md). The lists
 // are never modified once made, so sharing them is safe.
 type hexShare map[[sha256.Size]byte][][32]byte
 

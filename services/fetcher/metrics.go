@@ -32,7 +32,7 @@ type metrics struct {
 	shardReleases *prometheus.CounterVec
 	// crowdedSeconds and incompleteSlices count the one-second slices read
 	// apart in REQ+EOSE history and those that could not be completed
-	// (docs/decisions.md, "History: reading a crowded second completely").
+	// (docs/decisions/0021-history-crowded-second.md).
 	crowdedSeconds   prometheus.Counter
 	incompleteSlices prometheus.Counter
 	// batchesWaiting counts historic batches waiting for a turn

@@ -17,7 +17,7 @@ import (
 const nip77Reprobe = 24 * time.Hour
 
 // nip77Support is what a relay worker learnt of the relay's NIP-77 across
-// sessions (docs/decisions.md, "NEG-OPEN only to relays that answered it"):
+// sessions (docs/decisions/0040-neg-open-only-to-relays-that-answered.md):
 // a relay that refused a NEG-OPEN (NEG-ERR, a NOTICE, a message it does not
 // understand) is sent none for nip77Reprobe; while nothing is known, one
 // NEG-OPEN at a time probes it and the other batches wait for its verdict

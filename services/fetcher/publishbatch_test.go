@@ -11,8 +11,7 @@ import (
 )
 
 // TestHistoricPagesTravelInBatches: a page's events reach the events stream
-// in batch messages of at most PublishBatch events (docs/decisions.md,
-// "Events travel in batches"), each event once with the batch's headers;
+// in batch messages of at most PublishBatch events (docs/decisions/0053-events-travel-in-batches.md), each event once with the batch's headers;
 // PublishBatch 1 (the switch back) publishes one message per event.
 func TestHistoricPagesTravelInBatches(t *testing.T) {
 	for _, tc := range []struct {

@@ -24,8 +24,7 @@ func recentKeyOf(msgID string) recentKey { return sha256.Sum256([]byte(msgID)) }
 // first). Every event lives on several relays and an initial sync reads them
 // concurrently, so the same event arrives twice or more within moments: the
 // fetcher skips the checks, encoding and publish of a copy whose id the
-// stream already holds (docs/decisions.md, "Fetcher: copies already
-// published"). It is shared by every relay worker of a fetcher.
+// stream already holds (docs/decisions/0043-fetcher-copies-already-published.md). It is shared by every relay worker of a fetcher.
 type recentIDs struct {
 	mu   sync.Mutex
 	ttl  time.Duration

@@ -80,8 +80,7 @@ type session struct {
 	pending chan struct{}
 	auth    *authState
 	// relayCap is the largest REQ page the relay has returned on this
-	// connection: a shorter page is proven complete (docs/decisions.md,
-	// "History: reading a crowded second completely").
+	// connection: a shorter page is proven complete (docs/decisions/0021-history-crowded-second.md).
 	relayCap history.Cap
 
 	// saveLimits asks keepLimits to store the relay's limits record.
@@ -453,8 +452,7 @@ func (w *relayWorker) reportFor(session string, r *graspv1.FetchReport) {
 	// A lost report (above all a BatchDone) leaves the planner waiting on a
 	// batch until the session ends, so a publish a busy NATS did not
 	// acknowledge is retried; the Nats-Msg-Id makes a retry of a stored
-	// report a duplicate the stream drops (docs/decisions.md, "Fetcher:
-	// reports are retried, not lost"). The waits are real time: they wait
+	// report a duplicate the stream drops (docs/decisions/0048-fetcher-reports-retried.md). The waits are real time: they wait
 	// on the server, as the leases do.
 	wait := reportRetryFirstWait
 	for attempt := 1; ; attempt++ {

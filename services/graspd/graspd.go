@@ -65,15 +65,14 @@ type Config struct {
 	LogFormat string `envconfig:"LOG_FORMAT"`
 	// StoreMemory is the embedded kv store's memory budget for its memtables and block and index caches (0: 96MiB); more makes reads of a large store faster. PostgreSQL ignores it.
 	StoreMemory config.ByteSize `envconfig:"STORE_MEMORY"`
-	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set (GOMEMLIMIT=off: no limit), else 256MiB minus the embedded store's budget (STORE_MEMORY, which lies outside the Go heap), at least 128MiB, so graspd fits in about 256 MB; that default rises with the live heap instead of making the collector thrash (docs/decisions.md, "A default soft memory limit for graspd"). With more memory to spare, set it to about three quarters of what graspd may use.
+	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set (GOMEMLIMIT=off: no limit), else 256MiB minus the embedded store's budget (STORE_MEMORY, which lies outside the Go heap), at least 128MiB, so graspd fits in about 256 MB; that default rises with the live heap instead of making the collector thrash (docs/decisions/0039-default-soft-memory-limit.md). With more memory to spare, set it to about three quarters of what graspd may use.
 	MemoryLimit config.ByteSize `envconfig:"MEMORY_LIMIT"`
 	// Services lists the services to run (all by default).
 	Services []string `envconfig:"SERVICES" default:"relay,discovery,planner,fetcher,ingester"`
 }
 
 // MemoryTotal is the memory graspd's defaults are sized for, the small
-// VPS of issue 17 (docs/decisions.md, "A default soft memory limit for
-// graspd").
+// VPS of issue 17 (docs/decisions/0039-default-soft-memory-limit.md).
 const MemoryTotal = 256 << 20
 
 // DefaultMemoryLimit is the soft memory limit graspd applies when none is
@@ -142,7 +141,7 @@ type App struct {
 // Start binds every listener, opens the store and starts NATS, so that every
 // start-up mistake is reported before anything runs. Run runs the services.
 func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
-	// One policy (docs/decisions.md): the relay and the ingester read the
+	// One policy (docs/decisions/0018-one-policy-configured-once.md): the relay and the ingester read the
 	// same GRASP_POLICY_* variables; a Configs built in code must not split
 	// them either.
 	if c.Relay.Limits.WithDefaults() != c.Ingester.Limits.WithDefaults() {
@@ -159,7 +158,7 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 
 	var err error
 	if a.BoltOn() {
-		// Bolt-on mode (docs/decisions.md): no relay of ours; discovery
+		// Bolt-on mode (docs/decisions/0035-bolt-on-target-relay.md): no relay of ours; discovery
 		// reads the target, the ingester publishes to it. Announcements
 		// list the target's public address, which defaults to its URL.
 		target := c.Ingester.Settings.Relay

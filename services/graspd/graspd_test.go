@@ -150,7 +150,7 @@ func TestNIP11(t *testing.T) {
 
 // TestDefaultMemoryLimit: graspd's default soft limit leaves the embedded
 // store's budget, which lies outside the Go heap, out of the 256 MiB it is
-// sized for (docs/decisions.md, "A default soft memory limit for graspd").
+// sized for (docs/decisions/0039-default-soft-memory-limit.md).
 func TestDefaultMemoryLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name string

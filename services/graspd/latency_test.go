@@ -21,7 +21,7 @@ import (
 // event of its history being stored: once for a repository on a remote
 // relay the fetcher is already connected to, once on a relay new to it
 // (which adds the connection). It asserts that the history arrives, and
-// only logs the time (docs/performance.md, "Announcement to history"),
+// only logs the time (docs/measurements/2026-12-02-announcement-to-history.md),
 // with the first moment each log message appeared as a breakdown.
 func TestAnnouncementToHistoryLatency(t *testing.T) {
 	t.Setenv("GRASP_DATA_DIR", t.TempDir())

@@ -19,8 +19,7 @@ import (
 // A client importing a repository sends its announcement and then the
 // issues tagging it on one connection, without waiting for each OK. Each
 // event must be judged after those sent before it, also right after graspd
-// starts (docs/decisions.md, "Messages of one connection take effect in
-// order"): all are accepted. The client is a plain websocket (the gorilla
+// starts (docs/decisions/0019-messages-of-one-connection-in-order.md): all are accepted. The client is a plain websocket (the gorilla
 // fork khatru uses), writing the whole burst in one write.
 //
 // 20 fresh graspd, 1,000 issues each (about 2 s a run here); with -race,

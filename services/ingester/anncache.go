@@ -27,8 +27,7 @@ const annCacheTTL = 2 * time.Second
 // annCache keeps the answers to the policy's announcement lookups (kind
 // 30617 by identifier, optionally by author) across decide batches: most
 // events of a sync name the same few repositories, and each asks for their
-// announcements (rules 1, 2 and 5). docs/decisions.md, "Ingester: a
-// cross-batch cache of announcement lookups".
+// announcements (rules 1, 2 and 5). docs/decisions/0052-ingester-announcement-cache.md.
 //
 // An entry is dropped when an announcement with one of its identifiers is
 // stored (by this ingester, synchronously in publishStored, and by any

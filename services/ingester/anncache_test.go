@@ -16,8 +16,7 @@ import (
 )
 
 // TestAnnouncementCacheFollowsNewAnnouncements: the decide stage caches
-// announcement lookups across batches (docs/decisions.md, "Ingester: a
-// cross-batch cache of announcement lookups"); a new announcement changes
+// announcement lookups across batches (docs/decisions/0052-ingester-announcement-cache.md); a new announcement changes
 // the maintainer set for the very next event, whether this ingester stored
 // it (a maintainer removed: their next state is not accepted) or another
 // writer did and said so on grasp.stored.30617 (a maintainer added: their

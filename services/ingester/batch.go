@@ -178,7 +178,7 @@ const fewDeletions = 64
 // fewDeletions deletions it reads them all from the kind index (one prefix;
 // nothing at all to load on a store without deletions) instead of asking
 // the "e" tag index for each id, which costs one index seek per id (~5
-// cpu-µs per event in BenchmarkIngest; docs/performance.md, "Ingester").
+// cpu-µs per event in BenchmarkIngest; docs/measurements/2026-12-02-ingester-where-the-us-go-acks-in-order.md).
 // The caller matches each event's filter against the result, so a superset
 // is as good. Once the store is found holding fewDeletions, that read is
 // never tried again (Ingester.manyDeletions): deletions are never removed.

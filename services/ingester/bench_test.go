@@ -194,8 +194,7 @@ func BenchmarkIngest(b *testing.B) {
 		e.inProcess = true // graspd's embedded deployment
 		// As the fetcher publishes them on its defaults (a page's events
 		// in one message, FETCHER_PUBLISH_BATCH): the format the ingester
-		// reads in a deployment (docs/decisions.md, "Events travel in
-		// batches"). BenchmarkIngestMessages compares it with one event per
+		// reads in a deployment (docs/decisions/0053-events-travel-in-batches.md). BenchmarkIngestMessages compares it with one event per
 		// message.
 		e.publishBatched(b, w.deliveries, fetcherPublishBatch)
 		// The deployed defaults (fetch batch 256, 30 s ack wait), not the
@@ -265,7 +264,7 @@ func finalRun(b *testing.B) bool {
 }
 
 // BenchmarkIngestMessages compares the two events-stream formats in one
-// run (docs/decisions.md, "Events travel in batches"): the benchmark's
+// run (docs/decisions/0053-events-travel-in-batches.md): the benchmark's
 // events published one message per event (the format before batches) and
 // in batch messages of 64 events (the fetcher's default), then ingested by
 // a fresh ingester on the embedded NATS and store. It reports the CPU of

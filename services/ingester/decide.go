@@ -158,7 +158,7 @@ func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
 // stream removes a message when it is acked: removals out of sequence order
 // leave holes in the stream's file blocks, which the server records and
 // compacts by rewriting the block (~6 cpu-µs per ack in BenchmarkIngest;
-// docs/performance.md, "Ingester"), while removals in order only advance
+// docs/measurements/2026-12-02-ingester-where-the-us-go-acks-in-order.md), while removals in order only advance
 // the block's first sequence. Every ack still follows its event's store
 // commit (or definitive refusal): the ack only moves to the end of decide.
 //
@@ -271,7 +271,7 @@ func (i *Ingester) done(it *item, outcome string) {
 	}
 	switch outcome {
 	case outcomeStored:
-		i.m.storedAfter(i.clk.Now().Sub(fetchedAt(it.msg)))
+		i.m.storedAfter(i.clk.Now().Sub(publishedAt(it.msg)))
 	case outcomeDuplicate:
 		i.m.incDuplicate()
 	case outcomeParked:

@@ -36,14 +36,18 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
-	"github.com/grasp-sync/grasp-sync/pkg/target"
 	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
+	"github.com/grasp-sync/grasp-sync/services/ingester/target"
 )
 
-// Config is the ingester's configuration (GRASP_* variables).
+// Config is the ingester's configuration (GRASP_* variables). Fields
+// tagged ignored:"true" are not read from the environment: their default
+// tag is the value (filled by withDefaults), and tests set them in code.
+// They were variables once; docs/configuration.md, "No longer read", lists
+// them.
 type Config struct {
 	// Consumer is the durable consumer name shared by all ingester replicas.
-	Consumer string `envconfig:"INGESTER_CONSUMER" default:"ingester"`
+	Consumer string `ignored:"true" default:"ingester"`
 	// MaxDeliver bounds the deliveries of a message that keeps failing for
 	// infrastructure reasons while the store is otherwise healthy; the last
 	// failure moves it to the dead-letter stream. Deliveries during a store
@@ -61,10 +65,10 @@ type Config struct {
 	FetchBatch int `envconfig:"INGESTER_FETCH_BATCH" default:"256"`
 	// RetryDelay is how long a message that failed while the store was
 	// healthy waits before its redelivery.
-	RetryDelay time.Duration `envconfig:"INGESTER_RETRY_DELAY" default:"1s"`
+	RetryDelay time.Duration `ignored:"true" default:"1s"`
 	// OutageBackoffMax caps the wait between store probes during an outage
 	// (the wait starts at 50 ms and doubles).
-	OutageBackoffMax time.Duration `envconfig:"INGESTER_OUTAGE_BACKOFF_MAX" default:"5s"`
+	OutageBackoffMax time.Duration `ignored:"true" default:"5s"`
 	// LagInterval is how often the consumer lag gauges are refreshed.
 	LagInterval time.Duration `envconfig:"INGESTER_LAG_INTERVAL" default:"5s"`
 	// ParkSweep is how often every parked event is re-evaluated whatever
@@ -73,11 +77,11 @@ type Config struct {
 	// by a writer that died before announcing it), so no parked event waits
 	// longer than about this (times lot size / ParkSweepMax) for a
 	// dependency that is stored.
-	ParkSweep time.Duration `envconfig:"INGESTER_PARK_SWEEP" default:"30s"`
+	ParkSweep time.Duration `ignored:"true" default:"30s"`
 	// ParkSweepMax bounds the parked events one sweep re-evaluates; a
 	// larger lot is covered over several sweeps, resuming where the last
 	// one stopped.
-	ParkSweepMax int `envconfig:"INGESTER_PARK_SWEEP_MAX" default:"1000"`
+	ParkSweepMax int `ignored:"true" default:"1000"`
 	// Parking bounds the lot of events waiting for what they reference
 	// (GRASP_PARKING_*).
 	parking.Config
@@ -86,7 +90,7 @@ type Config struct {
 	policy.Limits
 	// Settings, when GRASP_TARGET_RELAY is set, make the ingester publish
 	// accepted events to that relay and keep its store as a mirror of what
-	// the target holds (bolt-on mode, pkg/target).
+	// the target holds (bolt-on mode, services/ingester/target).
 	target.Settings
 }
 

@@ -1,11 +1,13 @@
 package ingester
 
 import (
+	"context"
 	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -81,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "grasp_ingester_fetch_to_stored_seconds",
-			Help:    "Time from the fetcher receiving an event (Grasp-Fetched-At header, else the stream's timestamp) to its storage.",
+			Help:    "Time from the fetcher publishing an event to the events stream (the message's stream timestamp) to its storage.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18), // 1 ms … ~2 min
 		}),
 		nRefused: map[string]int64{},
@@ -133,5 +135,36 @@ func (m *metrics) snapshot() Stats {
 		Consumed: m.nConsumed.Load(), Verified: m.nVerified.Load(), Stored: m.nStored.Load(),
 		Duplicates: m.nDuplicates.Load(), Parked: m.nParked.Load(), Unparked: m.nUnparked.Load(),
 		DeadLettered: m.nDead.Load(), Refused: refused,
+	}
+}
+
+// publishedAt is when the fetcher published the message's event to the
+// events stream: the stream's timestamp of the message, milliseconds after
+// the fetcher read it from the relay (a page or a live burst is published
+// as soon as it ends). No header carries an earlier time.
+func publishedAt(msg jetstream.Msg) time.Time {
+	if md, err := msg.Metadata(); err == nil {
+		return md.Timestamp
+	}
+	return time.Time{}
+}
+
+// watchLag refreshes the consumer lag gauges every LagInterval.
+func (i *Ingester) watchLag(ctx context.Context, cons jetstream.Consumer) {
+	for {
+		if info, err := cons.Info(ctx); err == nil {
+			i.m.pending.Set(float64(info.NumPending))
+			i.m.ackPending.Set(float64(info.NumAckPending))
+			if i.target != nil {
+				i.target.SetBacklog(int64(info.NumPending) + int64(info.NumAckPending))
+			}
+		} else if ctx.Err() == nil {
+			i.log.Debug("consumer info failed", "consumer", i.cfg.Consumer, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-i.clk.After(i.cfg.LagInterval):
+		}
 	}
 }

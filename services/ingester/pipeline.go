@@ -310,7 +310,7 @@ func (i *Ingester) verify(ctx context.Context, msgs []jetstream.Msg) []*item {
 	// Copies of one event (same id and signature) in this batch — other
 	// relays' copies that reached the stream together, which per-event
 	// Nats-Msg-Ids used to drop — are verified once: the first decides for
-	// the others (docs/decisions.md, "Events travel in batches").
+	// the others (docs/decisions/0053-events-travel-in-batches.md).
 	var copies map[*item]*item
 	if len(ids) > 1 {
 		first := make(map[string]*item, len(ids))

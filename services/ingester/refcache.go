@@ -33,8 +33,7 @@ const refCacheTTL = 30 * time.Second
 // refCache remembers the ids and kinds of the events this replica has just
 // stored, so that the policy's rule 5 lookup of a referenced event (a
 // comment's issue, stored a batch or a pass earlier) is answered without a
-// store read (policy.KindLookup; docs/decisions.md, "Ingester: a memory of
-// the events it stored"). It only ever says "stored": a miss reads the
+// store read (policy.KindLookup; docs/decisions/0054-ingester-memory-of-stored-events.md). It only ever says "stored": a miss reads the
 // store, so events other writers stored are found as before.
 //
 // Only events whose id stays stored until a deletion names it are kept:

@@ -18,8 +18,7 @@ import (
 
 // TestDeletedParentIsNotRemembered: the decide stage remembers the events
 // this ingester stored, to answer the policy's lookups of referenced events
-// without reading the store (docs/decisions.md, "Ingester: a memory of the
-// events it stored"); an issue deleted after that, whether through this
+// without reading the store (docs/decisions/0054-ingester-memory-of-stored-events.md); an issue deleted after that, whether through this
 // ingester or by another writer that says so on grasp.stored.5, no longer
 // anchors the next comment on it: the comment is parked, not stored. The
 // clock is fake and never advances, so nothing expires: only invalidation

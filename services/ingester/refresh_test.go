@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/grasp-sync/grasp-sync/pkg/target"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/services/ingester/target"
 )
 
 // In bolt-on mode the ingester runs the mirror refresh on its clock: an

@@ -14,8 +14,7 @@ import (
 // longer than 64 / 128 hex characters, with an id computed over that body,
 // is refused like any malformed event and the rest is ingested. go-nostr's
 // libsecp256k1 verifier panics on such an event, which would end the
-// ingester; the default build uses it (docs/decisions.md, "Signature
-// verification: libsecp256k1 by default, pure Go as fallback").
+// ingester; the default build uses it (docs/decisions/0027-signature-verification-libsecp256k1.md).
 func TestOversizedKeyOrSignatureRefused(t *testing.T) {
 	w := workloadFor(t, specSmall)
 	var base nostr.Event

@@ -211,7 +211,7 @@ func countNeedRepo(items []BatchItem) int {
 // refetchFilters asks for the announcements and states of the maintainers
 // of the repositories whose own part items fetch, by author and identifier:
 // the revival of refusals the ingester remembered while those authors
-// maintained nothing we serve (docs/decisions.md, "Remembered refusals").
+// maintained nothing we serve (docs/decisions/0022-remembered-refusals-revived.md).
 func (m *Machine) refetchFilters(items []BatchItem) []nostr.Filter {
 	var authors, idents []string
 	for _, it := range items {

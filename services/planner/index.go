@@ -100,8 +100,7 @@ type Repo struct {
 	// its owner, and Aliases the coordinates of their stored announcements
 	// of it (sorted). Layer 2 asks for events tagging Ref or an alias; the
 	// maintainers' announcements and states are read again with REQ
-	// whenever the repository's own part is fetched (docs/decisions.md,
-	// "Remembered refusals", "Maintainers' coordinates").
+	// whenever the repository's own part is fetched (docs/decisions/0022-remembered-refusals-revived.md, docs/decisions/0023-maintainers-coordinates-layer-2.md).
 	Maintainers []string
 	Aliases     []string
 }

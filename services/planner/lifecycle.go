@@ -280,8 +280,7 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 	ok := done.GetOutcome() == graspv1.BatchOutcome_BATCH_OUTCOME_OK
 	if done.GetOutcome() == graspv1.BatchOutcome_BATCH_OUTCOME_INCOMPLETE {
 		// Not everything could be read: nothing of it is confirmed, and it
-		// is retried like a failed batch (docs/decisions.md, "History:
-		// reading a crowded second completely").
+		// is retried like a failed batch (docs/decisions/0021-history-crowded-second.md).
 		s.Incomplete++
 		s.LastIncomplete = truncateText(done.GetError(), maxIncompleteText)
 		m.obs.BatchIncomplete(s.URL, b.Kind)

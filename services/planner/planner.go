@@ -38,7 +38,7 @@ type Config struct {
 	// so a newly hosted repository is planned within it however busy
 	// discovery is. A value below RecomputeDelay acts as RecomputeDelay.
 	// The default is four quiet periods, so a discovery batch written within
-	// a second is still one recompute (see docs/decisions.md).
+	// a second is still one recompute (see docs/decisions/0004-planner-recompute-debounce.md).
 	RecomputeMaxDelay time.Duration `envconfig:"PLANNER_RECOMPUTE_MAX_DELAY" default:"1s"`
 	// BootstrapRelays are kept connected whether or not a repository lists
 	// them (union with the list discovery publishes in the index bucket).
@@ -422,8 +422,7 @@ const (
 // publish sends one command and waits for the stream's acknowledgement,
 // retrying what a busy or restarting NATS recovers from. Giving up ends the
 // term, and a new term starts by catching up every relay, so a single
-// acknowledgement lost under load must not cost that (docs/decisions.md,
-// "Planner: a lost acknowledgement is retried, not a new term"). Each command
+// acknowledgement lost under load must not cost that (docs/decisions/0038-planner-lost-ack-retried.md). Each command
 // carries a Nats-Msg-Id unique to the term (epoch, sequence): when a publish
 // was stored but its acknowledgement lost, the retry is a duplicate the
 // stream drops, so a fetcher never runs a command twice.

@@ -48,7 +48,7 @@ type Rules struct {
 	// fully synced doubles the wait, up to FailureRetryMax: a batch that
 	// fails for good (a crowded second a relay without NIP-77 cannot
 	// serve completely) must not reread a whole layer every few minutes
-	// (docs/decisions.md, "Failed batches back off").
+	// (docs/decisions/0032-failed-batches-back-off.md).
 	FailureRetry time.Duration `envconfig:"PLANNER_FAILURE_RETRY" default:"5m"`
 	// FailureRetryMax bounds the doubled wait after repeated failures; it
 	// is also the longest a newly listed repository waits on a relay

@@ -100,8 +100,7 @@ func (c *guardConn) send(b []byte) error {
 	return nil
 }
 
-// Coalescing the answer to a REQ (docs/decisions.md, "Relay: a REQ's
-// stored events leave in few writes"): khatru writes every event as its own
+// Coalescing the answer to a REQ (docs/decisions/0045-relay-req-answer-few-writes.md): khatru writes every event as its own
 // websocket message, in frames of at most 1 KiB (its upgrader's write
 // buffer), and each frame as its own write to the socket: a REQ answered
 // with 500 events cost about a thousand write system calls, a fifth of the

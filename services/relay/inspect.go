@@ -130,8 +130,7 @@ func inspect(msg []byte, st *connState, lim connLimits, eventAllowed func() bool
 // badKeyOrSig returns why an EVENT message's event must not reach khatru,
 // or "": a pubkey or signature that is not 64 / 128 lower-case hex
 // characters. khatru verifies the signature before any hook of ours runs,
-// and go-nostr's libsecp256k1 verifier (the default build, docs/decisions.md
-// "Signature verification: libsecp256k1 by default, pure Go as fallback")
+// and go-nostr's libsecp256k1 verifier (the default build, docs/decisions/0027-signature-verification-libsecp256k1.md)
 // panics on an oversized pubkey or signature, which would end the process.
 // The event is split as go-nostr splits it (gjson, ["EVENT", ev] or
 // ["EVENT", sub, ev]) and every "pubkey" and "sig" member is checked, so a

@@ -16,7 +16,7 @@ import (
 )
 
 // Messages of one connection take effect in the order they were sent
-// (docs/decisions.md, "Messages of one connection take effect in order").
+// (docs/decisions/0019-messages-of-one-connection-in-order.md).
 // khatru v0.19.1 reads a connection's messages in order but handles each in a
 // goroutine of its own, so a CLOSE could run after the REQ sent after it
 // (cancelling it: no events, then EOSE) and an EVENT could be judged before
@@ -37,7 +37,7 @@ type awaitKind int
 
 const (
 	// awaitNothing: the message's effect can be ignored for ordering
-	// (NEG-CLOSE, see docs/decisions.md).
+	// (NEG-CLOSE, see docs/decisions/0019-messages-of-one-connection-in-order.md).
 	awaitNothing awaitKind = iota
 	// awaitAnswer: khatru's last act on the message is one of labels.
 	awaitAnswer

@@ -173,8 +173,7 @@ func sameSet(a, b []string) bool {
 // once REQ x with the next chunk. Every chunk must arrive complete before its
 // EOSE. khatru handles each message in a goroutine of its own, so without
 // the guard's ordering the CLOSE could run after the next REQ had started
-// and cancel it: no events, then EOSE (docs/decisions.md, "Messages of one
-// connection take effect in order").
+// and cancel it: no events, then EOSE (docs/decisions/0019-messages-of-one-connection-in-order.md).
 func TestReusedSubscriptionIDServesEveryChunk(t *testing.T) {
 	chunks, size := 1000, 20
 	if testing.Short() {

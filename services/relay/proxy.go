@@ -10,7 +10,7 @@ import (
 )
 
 // Who a websocket request is counted as, behind reverse proxies (see
-// docs/decisions.md, "Relay: client addresses behind a reverse proxy"):
+// docs/decisions/0017-relay-client-addresses-behind-proxy.md):
 //
 //   - A request that carries no forwarding header is a direct connection:
 //     its TCP peer is the client, and a peer in TrustedAddresses is exempt

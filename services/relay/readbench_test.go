@@ -35,8 +35,7 @@ import (
 
 // The read benchmark of issue 24 §4: our relay (the guard, per-connection
 // ordering, the kv store on pebble) against plain khatru on eventstore's
-// badger, serving the same events to the same clients. docs/performance.md,
-// "The relay's reads".
+// badger, serving the same events to the same clients. docs/performance.md, "The own relay's reads".
 //
 // How it is kept fair: each relay runs in a process of its own (this test
 // binary started again with GRASP_READBENCH_SERVE, see serveReadBench), over

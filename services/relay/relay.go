@@ -140,8 +140,8 @@ func (c *Config) Validate() error {
 var SupportedGrasps = []string{"GRASP-01", "GRASP-02"}
 
 // SupportedNIPs is what NIP-11 advertises under supported_nips: only what
-// the relay serves, each with its reason in docs/decisions.md ("NIP-11
-// advertises only what the relay serves"). Not NIP-40: expired events are
+// the relay serves, each with its reason in
+// docs/decisions/0024-nip11-advertises-what-is-served.md. Not NIP-40: expired events are
 // kept and served.
 var SupportedNIPs = []any{1, 9, 11, 34, 77}
 

@@ -1,6 +1,5 @@
 // Command cpuattr divides CPU profiles' samples among the pipeline's parts
-// and prints µs per event: the tables of docs/performance.md, "Where each
-// remaining µs goes". Each sample goes to the first part (in the order
+// and prints µs per event: the tables of docs/measurements/2026-12-04-issue24-hot-path.md. Each sample goes to the first part (in the order
 // below) that any frame of its stack matches, so parts do not overlap and
 // the rows add up to the profile's total.
 //

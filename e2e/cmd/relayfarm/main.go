@@ -1,6 +1,5 @@
 // Command relayfarm runs many khatru relays in one process, apart from the
-// graspd under test, for `make bench-scale` (issue 23; docs/performance.md,
-// "Design scale"). The relays listen on loopback, each on a port of its
+// graspd under test, for `make bench-scale` (issue 23; docs/performance.md, "Design scale"). The relays listen on loopback, each on a port of its
 // own; NIP-77 answers on a fraction of them, every REQ filter is capped
 // (500 by default, like strfry), and a fraction can match tags by value
 // only (plain khatru's quirk). Each relay counts connections, REQs,

@@ -429,8 +429,7 @@ func (x *ReplaceLive) GetLiveId() string {
 // relay's session (AddFilters.live_id, ReplaceLive.live_id): a
 // consolidation that merges a relay's recent small live sets, or a failed
 // batch's, is then a diff the size of what changed rather than a
-// ReplaceLive of the relay's whole live set (docs/decisions.md, "Planner:
-// closing live sets by name"). When after_live_id is set the fetcher closes
+// ReplaceLive of the relay's whole live set (docs/decisions/0034-planner-closing-live-sets-by-name.md). When after_live_id is set the fetcher closes
 // them only once every subscription opened under after_live_id so far is
 // registered at the relay (make before break), so no event falls between
 // the old subscriptions and the new. Unknown ids are ignored.

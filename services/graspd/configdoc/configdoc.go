@@ -33,7 +33,7 @@ type Binary struct {
 
 // Binaries is every binary, in the order the page lists them.
 var Binaries = []Binary{
-	{Name: "graspd", Dir: "services/graspd", Type: "Configs", Intro: "The all-in-one server reads its own variables and those of every service below (not the common service-binary block: its NATS and metrics variables are its own)."},
+	{Name: "graspd", Dir: "services/graspd", Type: "Configs", Intro: "The all-in-one server reads its own variables and those of every service below (not the common service-binary block: its NATS and metrics variables are its own). They are grouped by what an operator is doing, as in the packaged env file (/etc/grasp-sync/graspd.env), which lists the groups' settings only; the tuning at the end is read too."},
 	{Name: "relay", Dir: "services/relay/cmd/relay", Type: "config", Common: true},
 	{Name: "discovery", Dir: "services/discovery/cmd/discovery", Type: "config", Common: true},
 	{Name: "planner", Dir: "services/planner", Type: "Config", Common: true},
@@ -45,6 +45,9 @@ var Binaries = []Binary{
 type Var struct {
 	Name, Type, Default, Doc string
 	Required                 bool
+	// Formerly is the variable's former name, still read with a warning
+	// (pkg/config's formerly tag).
+	Formerly string
 }
 
 type parsedPkg struct {
@@ -82,9 +85,56 @@ func Generate(root string) ([]byte, error) {
 		if bin.Intro != "" {
 			b.WriteString(bin.Intro + "\n\n")
 		}
-		writeTable(&b, vars)
+		if bin.Name != "graspd" {
+			writeTable(&b, vars)
+			continue
+		}
+		// graspd's variables by what an operator is doing, as in the
+		// packaged env file, then the tuning.
+		groups, tuning, err := groupVars(vars)
+		if err != nil {
+			return nil, err
+		}
+		for i, g := range EnvGroups {
+			fmt.Fprintf(&b, "### %s\n\n", g.Title)
+			if g.Intro != "" {
+				b.WriteString(g.Intro + "\n\n")
+			}
+			writeTable(&b, groups[i])
+		}
+		b.WriteString("### Tuning\n\n" + TuningIntro + "\n\n")
+		writeTable(&b, tuning)
+	}
+	if len(Retired) > 0 {
+		b.WriteString("## No longer read\n\n")
+		b.WriteString("Variables earlier versions read. Setting one does nothing; graspd and the services ignore it.\n\n")
+		b.WriteString("| variable | now |\n| --- | --- |\n")
+		for _, r := range Retired {
+			fmt.Fprintf(&b, "| `%s` | %s |\n", r.Name, strings.ReplaceAll(r.Now, "|", "\\|"))
+		}
+		b.WriteString("\n")
 	}
 	return b.Bytes(), nil
+}
+
+// RetiredVar is a variable no binary reads any more, and what took its
+// place (a constant, another variable, nothing).
+type RetiredVar struct {
+	Name, Now string
+}
+
+// Retired lists the variables removed from the configuration structs, so
+// docs that name them (decision records, measurements of the time) still
+// lead somewhere, and the doc check (deploy/validate) accepts them there.
+var Retired = []RetiredVar{
+	{"GRASP_INGESTER_CONSUMER", "the constant `ingester` (the durable consumer every ingester replica shares; an internal name)."},
+	{"GRASP_INGESTER_RETRY_DELAY", "fixed at 1 s: the wait before redelivering a message that failed while the store was healthy."},
+	{"GRASP_INGESTER_OUTAGE_BACKOFF_MAX", "fixed at 5 s: the longest wait between store probes during an outage."},
+	{"GRASP_INGESTER_PARK_SWEEP", "fixed at 30 s: how often every parked event is evaluated again, whatever the wake-ups said."},
+	{"GRASP_INGESTER_PARK_SWEEP_MAX", "fixed at 1,000: the parked events one sweep evaluates."},
+	{"GRASP_PARKING_MAX_WAKE_KEYS", "fixed at 16: the references one parked event waits on."},
+	{"GRASP_PARKING_MAX_SIGNALS", "fixed at 32: the references of a stored event looked up to wake parked events."},
+	{"GRASP_PARKING_SWEEP_INTERVAL", "fixed at 1 min: how often expired parked events are removed."},
 }
 
 func writeTable(b *bytes.Buffer, vars []Var) {
@@ -97,7 +147,11 @@ func writeTable(b *bytes.Buffer, vars []Var) {
 		case v.Default == "":
 			def = ""
 		}
-		fmt.Fprintf(b, "| `%s` | %s | %s | %s |\n", v.Name, v.Type, def, strings.ReplaceAll(v.Doc, "|", "\\|"))
+		doc := v.Doc
+		if v.Formerly != "" && !strings.Contains(doc, v.Formerly) {
+			doc += " Formerly `" + v.Formerly + "`, still read (with a warning) when this one is unset."
+		}
+		fmt.Fprintf(b, "| `%s` | %s | %s | %s |\n", v.Name, v.Type, def, strings.ReplaceAll(doc, "|", "\\|"))
 	}
 	b.WriteString("\n")
 }
@@ -181,6 +235,9 @@ func (g *Generator) collect(dir, typ string, seen map[string]Var) error {
 			Default:  st.Get("default"),
 			Required: st.Get("required") == "true",
 			Doc:      doc,
+		}
+		if old := st.Get("formerly"); old != "" {
+			v.Formerly = "GRASP_" + old
 		}
 		if old, ok := seen[v.Name]; ok && old.Doc != "" {
 			continue

@@ -45,9 +45,10 @@ func TestGenerateFollowsEmbeddedStructs(t *testing.T) {
 	}
 }
 
-// The env file lists exactly graspd's variables of the configuration page,
-// each once, commented out at its default unless assigned, and refuses to
-// assign a variable graspd does not read.
+// The env file lists exactly the settings of configdoc.EnvGroups, each
+// once and each one of graspd's variables on the configuration page, at
+// most MaxEnvSettings, commented out at its default unless assigned; it
+// refuses to assign a variable that is not one of them.
 func TestEnvFileListsGraspdVariables(t *testing.T) {
 	root := filepath.Join("..", "..", "..")
 	got, err := configdoc.EnvFile(root, map[string]string{"GRASP_DATA_DIR": "/var/lib/grasp-sync"})
@@ -61,14 +62,23 @@ func TestEnvFileListsGraspdVariables(t *testing.T) {
 	// graspd's section of the page: from "## graspd" to the next section.
 	section := string(page)[strings.Index(string(page), "## graspd\n"):]
 	section = section[:strings.Index(section[1:], "\n## ")+1]
-	want := map[string]bool{}
+	onPage := map[string]bool{}
 	for _, line := range strings.Split(section, "\n") {
 		if name, ok := strings.CutPrefix(line, "| `GRASP_"); ok {
-			want["GRASP_"+name[:strings.Index(name, "`")]] = true
+			onPage["GRASP_"+name[:strings.Index(name, "`")]] = true
 		}
 	}
-	if len(want) < 50 {
-		t.Fatalf("found only %d variables in graspd's section of the page", len(want))
+	if len(onPage) < 50 {
+		t.Fatalf("found only %d variables in graspd's section of the page", len(onPage))
+	}
+	want := map[string]bool{}
+	for _, g := range configdoc.EnvGroups {
+		for _, n := range g.Names {
+			want[n] = true
+		}
+	}
+	if len(want) > configdoc.MaxEnvSettings {
+		t.Errorf("the env file offers %d settings, more than %d", len(want), configdoc.MaxEnvSettings)
 	}
 	seen := map[string]bool{}
 	for _, line := range strings.Split(string(got), "\n") {
@@ -81,8 +91,8 @@ func TestEnvFileListsGraspdVariables(t *testing.T) {
 			t.Errorf("%s appears twice", name)
 		}
 		seen[name] = true
-		if !want[name] {
-			t.Errorf("env file has %s, which graspd's section of the page does not", name)
+		if !want[name] || !onPage[name] {
+			t.Errorf("env file has %s, which is not a setting of the groups on graspd's section of the page", name)
 		}
 		if commented := strings.HasPrefix(line, "#"); commented == (name == "GRASP_DATA_DIR") {
 			t.Errorf("line %q: only GRASP_DATA_DIR is assigned", line)
@@ -95,6 +105,9 @@ func TestEnvFileListsGraspdVariables(t *testing.T) {
 		if !seen[name] {
 			t.Errorf("env file lacks %s", name)
 		}
+	}
+	if _, err := configdoc.EnvFile(root, map[string]string{"GRASP_INGESTER_FETCH_BATCH": "64"}); err == nil {
+		t.Error("assigning a tuning variable in the env file: no error")
 	}
 	if _, err := configdoc.EnvFile(root, map[string]string{"GRASP_NO_SUCH": "x"}); err == nil || !strings.Contains(err.Error(), "GRASP_NO_SUCH") {
 		t.Errorf("assigning an unknown variable: err = %v, want one naming it", err)

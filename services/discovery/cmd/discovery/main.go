@@ -15,6 +15,9 @@ import (
 
 type config struct {
 	discovery.Config
+	// PublicURL is the public websocket URL of the relay this deployment
+	// serves (ws:// or wss://): the repositories whose announcements list
+	// it are the ones discovery indexes.
 	PublicURL string `envconfig:"PUBLIC_URL" required:"true"`
 }
 

@@ -42,8 +42,7 @@ func run() error {
 	}
 	ctx, stop := obs.SignalContext(context.Background())
 	defer stop()
-	// Before anything allocates in bulk (docs/decisions.md, "Memory on a
-	// small machine" and "A default soft memory limit for graspd").
+	// Before anything allocates in bulk (docs/decisions/0030-memory-on-a-small-machine.md, docs/decisions/0039-default-soft-memory-limit.md).
 	memLimit, memSource := config.ApplyDefaultMemoryLimit(ctx, cfg.Graspd.MemoryLimit, graspd.DefaultMemoryLimit(cfg.Graspd))
 	// Libraries that log through the standard logger (eventstore, khatru)
 	// log as structured lines too.
@@ -54,8 +53,7 @@ func run() error {
 		return err
 	}
 	// Logged once start-up succeeded, so a start-up mistake stays one line.
-	// The verifier depends on the build (docs/decisions.md, "Signature
-	// verification: libsecp256k1 by default, pure Go as fallback").
+	// The verifier depends on the build (docs/decisions/0027-signature-verification-libsecp256k1.md).
 	log.Info("configuration", "version", obs.Version, "commit", obs.Commit, "verifier", verify.Backend(), "memory_limit", config.ByteSize(memLimit), "memory_limit_from", memSource, "config", config.Effective(&cfg))
 	defer app.Close()
 	if app.BoltOn() {

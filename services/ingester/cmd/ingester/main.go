@@ -12,7 +12,14 @@ import (
 
 type config struct {
 	ingester.Config
-	StoreURL  string `envconfig:"STORE_URL" required:"true"`
+	// StoreURL is the event store every ingester replica writes:
+	// postgres://user:password@host/db when several processes share it
+	// (the usual case for the separate binaries), or a directory for the
+	// embedded kv store when this is the only process using it.
+	StoreURL string `envconfig:"STORE_URL" required:"true"`
+	// PublicURL is the public websocket URL of the relay this deployment
+	// serves (ws:// or wss://): the write policy accepts announcements that
+	// list it, and the events about their repositories.
 	PublicURL string `envconfig:"PUBLIC_URL" required:"true"`
 }
 

@@ -42,7 +42,9 @@ import (
 )
 
 // Config bounds the lot. Services embed it anonymously in their own
-// configuration, so its variables read GRASP_PARKING_*.
+// configuration, so its variables read GRASP_PARKING_*. Fields tagged
+// ignored:"true" are not read from the environment: the default tag is the
+// value, and tests set them in code.
 type Config struct {
 	// MaxEvents bounds the parked events; parking beyond it evicts the
 	// oldest first.
@@ -52,12 +54,12 @@ type Config struct {
 	// MaxWakeKeys bounds the references one parked event waits on (its own
 	// id and coordinate included): a hostile event naming hundreds of
 	// unknown ids cannot make the wake index grow with it.
-	MaxWakeKeys int `envconfig:"PARKING_MAX_WAKE_KEYS" default:"16"`
+	MaxWakeKeys int `ignored:"true" default:"16"`
 	// MaxSignals bounds the references of a stored event that are looked up
 	// (one request each) to find the parked events it unblocks.
-	MaxSignals int `envconfig:"PARKING_MAX_SIGNALS" default:"32"`
+	MaxSignals int `ignored:"true" default:"32"`
 	// SweepInterval is how often Run removes expired events.
-	SweepInterval time.Duration `envconfig:"PARKING_SWEEP_INTERVAL" default:"1m"`
+	SweepInterval time.Duration `ignored:"true" default:"1m"`
 	// Replicas of the two streams (3 in a cluster).
 	Replicas int `envconfig:"PARKING_REPLICAS" default:"1"`
 }

@@ -13,6 +13,10 @@ import (
 
 type config struct {
 	relay.Config
+	// StoreURL is the event store the relay serves and writes:
+	// postgres://user:password@host/db, shared with the ingesters and any
+	// other relay replica, or a directory for the embedded kv store when the
+	// relay is the only process using it.
 	StoreURL string `envconfig:"STORE_URL" required:"true"`
 }
 

@@ -9,7 +9,7 @@ import (
 )
 
 // The kv store's badger options follow the memory budget, not badger's
-// server-sized defaults (docs/decisions.md, "Memory on a small machine").
+// server-sized defaults (docs/decisions/0030-memory-on-a-small-machine.md).
 func TestKVBadgerOptionsFollowTheBudget(t *testing.T) {
 	tests := []struct {
 		budget                           int64
@@ -62,7 +62,7 @@ func testKVSmallBudget(t *testing.T, engine string) {
 }
 
 // The pebble engine's memtables and block cache follow the same budget
-// (docs/decisions.md, "kv on pebble"): at most two memtables, so a budget
+// (docs/decisions/0036-kv-on-pebble.md): at most two memtables, so a budget
 // bounds what writes can hold in memory.
 func TestKVPebbleOptionsFollowTheBudget(t *testing.T) {
 	tests := []struct {

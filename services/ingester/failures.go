@@ -13,17 +13,15 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/policy"
-	"github.com/grasp-sync/grasp-sync/pkg/rejected"
-	"github.com/grasp-sync/grasp-sync/pkg/target"
+	"github.com/grasp-sync/grasp-sync/services/ingester/target"
 )
 
-// Headers the ingester reads or writes.
+// When an event cannot be processed: a store outage (messages held, the
+// store probed), a failure while the store is healthy (redelivery), and the
+// dead letter after MaxDeliver deliveries.
+
+// Headers of a dead letter.
 const (
-	// HeaderFetchedAt is when the fetcher received the event (Unix
-	// nanoseconds, decimal). Optional: without it the stream's timestamp
-	// starts the fetch → stored latency.
-	HeaderFetchedAt = "Grasp-Fetched-At"
 	// HeaderDeadReason carries why a message was dead-lettered.
 	HeaderDeadReason = "Grasp-Dead-Reason"
 	// HeaderDeadSubject is the subject the dead-lettered message came from.
@@ -34,59 +32,6 @@ const (
 
 // outageBackoffStart is the first wait between store probes in an outage.
 const outageBackoffStart = 50 * time.Millisecond
-
-// verdict is what one evaluated event calls for.
-type verdict int
-
-const (
-	verdictStore     verdict = iota // accepted: store and publish it
-	verdictDuplicate                // already stored: ack
-	verdictPark                     // refused for something missing: park it
-	verdictRefuse                   // refused for good: count and ack
-	verdictRetry                    // the store could not be read: infrastructure failure
-)
-
-// judge maps a policy decision to what the ingester does with the message.
-func judge(d policy.Decision) verdict {
-	switch {
-	case d.Accept:
-		return verdictStore
-	case d.Reason == policy.ReasonStoreError:
-		return verdictRetry
-	case d.Reason == policy.ReasonDuplicate:
-		return verdictDuplicate
-	case d.Parkable():
-		return verdictPark
-	default:
-		return verdictRefuse
-	}
-}
-
-// verified reports whether a decision with this reason was reached after the
-// id and the signature checked out (policy.Evaluate checks integrity first;
-// size and shape refusals come before the signature check).
-func verified(r policy.Reason) bool {
-	switch r {
-	case policy.ReasonBadID, policy.ReasonBadSignature, policy.ReasonMalformed, policy.ReasonTooLarge,
-		policy.ReasonTooManyTags, policy.ReasonFuture, policy.ReasonExpired:
-		return false
-	}
-	return true
-}
-
-// fetchedAt is when the fetcher received the message's event: its
-// HeaderFetchedAt, else the stream's timestamp.
-func fetchedAt(msg jetstream.Msg) time.Time {
-	if v := msg.Headers().Get(HeaderFetchedAt); v != "" {
-		if ns, err := strconv.ParseInt(v, 10, 64); err == nil {
-			return time.Unix(0, ns)
-		}
-	}
-	if md, err := msg.Metadata(); err == nil {
-		return md.Timestamp
-	}
-	return time.Time{}
-}
 
 // storeReachable probes the store with a lookup that finds nothing and, in
 // bolt-on mode, asks the target store whether a write would be tried now
@@ -104,7 +49,7 @@ func (i *Ingester) storeReachable(ctx context.Context) bool {
 }
 
 // targetUnavailable reports whether one of the items failed because the
-// target relay could not be asked now (pkg/target.ErrUnavailable): such
+// target relay could not be asked now (target.ErrUnavailable): such
 // items are held like in a store outage, never counted against MaxDeliver
 // (a target that rate-limits us for hours must not dead-letter anything).
 func targetUnavailable(items []*item) bool {
@@ -116,32 +61,6 @@ func targetUnavailable(items []*item) bool {
 	return false
 }
 
-// targetRefused settles an event the target relay refused for good: the
-// refusal is logged and remembered with the target's reason in the rejected
-// bucket (fetchers then count it as held and do not fetch it again, and
-// graspctl explain shows the reason). It reports false for any other error.
-func (i *Ingester) targetRefused(ctx context.Context, evt *nostr.Event, relay string, err error) bool {
-	var re *target.RefusedError
-	if !errors.As(err, &re) {
-		return false
-	}
-	i.log.Info("target relay refused an event", "id", evt.ID, "kind", evt.Kind, "relay", relay, "target", re.Target, "reason", re.Reason)
-	if i.rejected != nil {
-		if err := rejected.Add(ctx, i.rejected, evt, TargetRefusalPrefix+re.Reason); err != nil && ctx.Err() == nil {
-			i.log.Warn("recording the target's refusal failed", "id", evt.ID, "err", err)
-		}
-	}
-	return true
-}
-
-// TargetRefusalPrefix starts the reason recorded in the rejected bucket for
-// an event the target relay refused (the target's own reason follows).
-const TargetRefusalPrefix = "target: "
-
-// outcomeTargetRefused is the refused_total reason of events the target
-// relay refused.
-const outcomeTargetRefused = "target-refused"
-
 // probeID is an id no event has (no one knows a preimage of it).
 const probeID = "0000000000000000000000000000000000000000000000000000000000000000"
 
@@ -150,8 +69,7 @@ const probeID = "000000000000000000000000000000000000000000000000000000000000000
 // message is redelivered whole (its settled events are found duplicates
 // then) until its MaxDeliver-th delivery; then each of its failed events is
 // dead-lettered alone and the message acked, so one poisoned event never
-// takes its neighbours with it (docs/decisions.md, "Events travel in
-// batches").
+// takes its neighbours with it (docs/decisions/0053-events-travel-in-batches.md).
 func (i *Ingester) failedItems(ctx context.Context, items []*item) {
 	byMsg := map[*delivery][]*item{}
 	var order []*delivery
@@ -312,26 +230,6 @@ func (i *Ingester) deadLetter(ctx context.Context, msg jetstream.Msg, md *jetstr
 	return ack.Duplicate, nil
 }
 
-// watchLag refreshes the consumer lag gauges every LagInterval.
-func (i *Ingester) watchLag(ctx context.Context, cons jetstream.Consumer) {
-	for {
-		if info, err := cons.Info(ctx); err == nil {
-			i.m.pending.Set(float64(info.NumPending))
-			i.m.ackPending.Set(float64(info.NumAckPending))
-			if i.target != nil {
-				i.target.SetBacklog(int64(info.NumPending) + int64(info.NumAckPending))
-			}
-		} else if ctx.Err() == nil {
-			i.log.Debug("consumer info failed", "consumer", i.cfg.Consumer, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-i.clk.After(i.cfg.LagInterval):
-		}
-	}
-}
-
 // outageState tracks whether this replica is in a store outage, so the
 // transition is logged once, not per message.
 type outageState struct {
@@ -353,38 +251,4 @@ func (o *outageState) end() bool {
 	was := o.on
 	o.on = false
 	return was
-}
-
-// rememberable reports whether a refusal may be recorded so that fetchers
-// count the event as held (pkg/rejected) and do not fetch it again at every
-// resync. It holds for every copy of the event: not forgeries (a forged copy
-// must not hide the real event), not "future" (time alone makes it
-// acceptable). Announcements and states refused because their author
-// maintains no repository we serve (not-listed, not-maintainer) are
-// remembered too, although that can change: the one change that revives them
-// — a served repository's maintainer set gaining the author — makes the
-// planner fetch the author's announcement and state of that repository again
-// with REQ, past this record (docs/decisions.md, "Remembered refusals").
-// Without it every resync downloads every foreign announcement of every
-// relay again.
-func rememberable(r policy.Reason) bool {
-	switch r {
-	case policy.ReasonTooLarge, policy.ReasonTooManyTags, policy.ReasonMalformed, policy.ReasonExpired,
-		policy.ReasonDeleted, policy.ReasonDeleteOthers, policy.ReasonBadIdentifier, policy.ReasonOlderVersion,
-		policy.ReasonNotListed, policy.ReasonNotMaintainer:
-		return true
-	}
-	return false
-}
-
-// remember records a refusal in the rejected-events bucket. Best
-// effort: a lost record only means the event may be fetched (and refused)
-// again at the next resync.
-func (i *Ingester) remember(ctx context.Context, evt *nostr.Event, r policy.Reason, relay string) {
-	if i.rejected == nil || !rememberable(r) {
-		return
-	}
-	if err := rejected.Add(ctx, i.rejected, evt, string(r)); err != nil && ctx.Err() == nil {
-		i.log.Warn("recording a refused event failed", "id", evt.ID, "reason", string(r), "relay", relay, "err", err)
-	}
 }

@@ -1,5 +1,4 @@
-// Package target is bolt-on mode (docs/decisions.md, "Bolt-on: syncing into
-// a GRASP relay we did not write"): instead of storing accepted events in
+// Package target is bolt-on mode (docs/decisions/0035-bolt-on-target-relay.md): instead of storing accepted events in
 // our own relay's store, the ingester publishes each one to a GRASP relay
 // someone else runs (the target) with a plain NIP-01 EVENT, and the target's
 // OK is the last word. graspd's own store stays as a mirror of what is known
@@ -24,7 +23,7 @@ import (
 // Settings is bolt-on mode's configuration (GRASP_TARGET_* variables), read
 // by graspd and by the separate ingester binary.
 type Settings struct {
-	// Relay, when set, is the GRASP relay (ws:// or wss://) accepted events are published to instead of our own relay: graspd then runs no relay of its own, discovery reads this one, and the event store is only a mirror of what is on it (bolt-on mode, docs/decisions.md). GRASP_PUBLIC_URL is then the address announcements list for the target (graspd: the target's URL when unset).
+	// Relay, when set, is the GRASP relay (ws:// or wss://) accepted events are published to instead of our own relay: graspd then runs no relay of its own, discovery reads this one, and the event store is only a mirror of what is on it (bolt-on mode, docs/decisions/0035-bolt-on-target-relay.md). GRASP_PUBLIC_URL is then the address announcements list for the target (graspd: the target's URL when unset).
 	Relay string `envconfig:"TARGET_RELAY"`
 	// PublishRate is the steady rate, in events per second, at which events are published to the target (a token bucket with PublishBurst). Match the target's own limit: stock ngit-relay allows 3 events every 3 minutes per address, 0.0167.
 	PublishRate float64 `envconfig:"TARGET_PUBLISH_RATE" default:"20"`

@@ -8,7 +8,7 @@ import (
 
 // DefaultKVMemory is the kv store's memory budget when none is given: small
 // enough that graspd fits a small VPS with room for the pipeline around it
-// (docs/decisions.md, "Memory on a small machine").
+// (docs/decisions/0030-memory-on-a-small-machine.md).
 const DefaultKVMemory int64 = 96 << 20
 
 // kvBadgerOptions are badger's options for the kv store, sized from a memory
