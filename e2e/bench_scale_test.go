@@ -48,23 +48,45 @@ import (
 // GRASP_BENCH_SCALE_RESYNC=0 skips the resync; GRASP_BENCH_SCALE_GRASPD and
 // GRASP_BENCH_SCALE_FARM name prebuilt binaries (make bench-scale passes
 // bin/graspd and bin/relayfarm; otherwise they are built).
+//
+// GRASP_BENCH_SCALE_LIMITS=1 runs every world a second time, right after
+// its unlimited run, against a farm whose relays all enforce strfry's
+// long-standing limits (scaleLimits: 128 KiB messages, 20 subscriptions,
+// 20 filters per REQ, 500 events per filter; half of them say so in
+// NIP-11, the rest are silent; issue 30, docs/dependencies.md "Public
+// relays' limits"), as world "<name>+limits", and prints its targets:
+// complete, events/s within 15 % of the unlimited run, no relay given up,
+// one connection per relay, no refusal.
 
 // scaleWorld is one world of the benchmark.
 type scaleWorld struct {
 	Name string
 	Spec testkit.WorldSpec
+	// Limited runs it against relays enforcing scaleLimits.
+	Limited bool
+}
+
+// scaleLimits are the limits of GRASP_BENCH_SCALE_LIMITS's farm: strfry's
+// long-standing defaults (the farm's 500 per filter is its MaxLimit).
+var scaleLimits = testkit.RelayLimits{MaxMessageBytes: 131072, MaxSubscriptions: 20, MaxFilters: 20, Style: testkit.StyleStrfry}
+
+// limitedWorld is w run against relays with scaleLimits.
+func limitedWorld(w scaleWorld) scaleWorld {
+	w.Name += "+limits"
+	w.Limited = true
+	return w
 }
 
 // scaleWorlds are issue 23's worlds: the reference target, the upper
 // bounds, and the growth series (5 roots per repository, no comments, so
 // the upper bounds world is its 10,000 × 500 point).
 var scaleWorlds = []scaleWorld{
-	{"target", testkit.WorldSpec{Repos: 1000, Relays: 100, RootsPerRepo: 50, CommentsPerRoot: 1}},
-	{"g1000x100", testkit.WorldSpec{Repos: 1000, Relays: 100, RootsPerRepo: 5}},
-	{"g2500x250", testkit.WorldSpec{Repos: 2500, Relays: 250, RootsPerRepo: 5}},
-	{"g5000x500", testkit.WorldSpec{Repos: 5000, Relays: 500, RootsPerRepo: 5}},
-	{"upper", testkit.WorldSpec{Repos: 10000, Relays: 500, RootsPerRepo: 5}},
-	{"g20000x1000", testkit.WorldSpec{Repos: 20000, Relays: 1000, RootsPerRepo: 5}},
+	{Name: "target", Spec: testkit.WorldSpec{Repos: 1000, Relays: 100, RootsPerRepo: 50, CommentsPerRoot: 1}},
+	{Name: "g1000x100", Spec: testkit.WorldSpec{Repos: 1000, Relays: 100, RootsPerRepo: 5}},
+	{Name: "g2500x250", Spec: testkit.WorldSpec{Repos: 2500, Relays: 250, RootsPerRepo: 5}},
+	{Name: "g5000x500", Spec: testkit.WorldSpec{Repos: 5000, Relays: 500, RootsPerRepo: 5}},
+	{Name: "upper", Spec: testkit.WorldSpec{Repos: 10000, Relays: 500, RootsPerRepo: 5}},
+	{Name: "g20000x1000", Spec: testkit.WorldSpec{Repos: 20000, Relays: 1000, RootsPerRepo: 5}},
 }
 
 // scaleSeed makes every run sign the same worlds.
@@ -88,15 +110,19 @@ func pickWorlds(t *testing.T, v string) []scaleWorld {
 			t.Fatalf("GRASP_BENCH_SCALE_WORLDS: %q is neither a world name (target, upper, g1000x100 …) nor RxN:roots:comments", name)
 		}
 		n := func(s string) int { i, _ := strconv.Atoi(s); return i }
-		out = append(out, scaleWorld{name, testkit.WorldSpec{Repos: n(m[1]), Relays: n(m[2]), RootsPerRepo: n(m[3]), CommentsPerRoot: n(m[4])}})
+		out = append(out, scaleWorld{Name: name, Spec: testkit.WorldSpec{Repos: n(m[1]), Relays: n(m[2]), RootsPerRepo: n(m[3]), CommentsPerRoot: n(m[4])}})
 	}
 	return out
 }
 
 // scaleResult is what one world's run measured (JSON in the out directory).
 type scaleResult struct {
-	World    string `json:"world"`
-	Mode     string `json:"mode"` // "single" (graspd) or "multi" (five services on PostgreSQL)
+	World string `json:"world"`
+	Mode  string `json:"mode"` // "single" (graspd) or "multi" (five services on PostgreSQL)
+	// Limited: the farm's relays enforced scaleLimits. GivenUp counts the
+	// relays the fetcher held dead (health state 3) when the sync ended.
+	Limited  bool   `json:"limited,omitempty"`
+	GivenUp  int    `json:"relays_given_up"`
 	Repos    int    `json:"repos"`
 	Relays   int    `json:"relays"`
 	Events   int    `json:"events"`     // to sync: states, roots, comments
@@ -157,6 +183,10 @@ type farmTotals struct {
 	StoredNIP77, StoredREQ, Notices  int64
 	RelaysNIP77, RelaysREQ           int
 	MaxREQsPerRelay, MaxNegsPerRelay int64
+	// What the relays' limits refused, the most subscriptions (and NIP-77
+	// sessions) one connection held, and the largest client message.
+	TooBig, REQsRefused, NegsRefused, FiltersRefused int64
+	MaxOpenSubs, MaxOpenNegs, LargestMessage         int64
 }
 
 // totals is b − a summed over relays.
@@ -183,6 +213,14 @@ func totals(a, b []testkit.RelayStats) farmTotals {
 		t.BytesIn += r.BytesIn - p.BytesIn
 		t.BytesOut += r.BytesOut - p.BytesOut
 		t.Notices += r.Notices - p.Notices
+		t.TooBig += r.TooBig - p.TooBig
+		t.REQsRefused += r.REQsRefused - p.REQsRefused
+		t.NegsRefused += r.NegsRefused - p.NegsRefused
+		t.FiltersRefused += r.FiltersRefused - p.FiltersRefused
+		// Maxima since the farm started: a run's own farm is fresh.
+		t.MaxOpenSubs = max(t.MaxOpenSubs, r.MaxOpenSubs)
+		t.MaxOpenNegs = max(t.MaxOpenNegs, r.MaxOpenNegs)
+		t.LargestMessage = max(t.LargestMessage, r.LargestMessage)
 		if r.Negentropy {
 			t.RelaysNIP77++
 			t.EventsSentNIP77 += r.EventsSent - p.EventsSent
@@ -255,10 +293,17 @@ func TestBenchScale(t *testing.T) {
 	t.Logf("graspd %s, relayfarm %s, results in %s; machine %d CPUs, load %s", graspd, farm, out, runtime.NumCPU(), loadAvg())
 	var results []scaleResult
 	for _, w := range worlds {
-		res := runScaleWorld(t, w, graspd, farm, out, nil)
-		results = append(results, res)
-		saveScaleResult(t, out, res)
-		printWorldRows(res, results)
+		runs := []scaleWorld{w}
+		if os.Getenv("GRASP_BENCH_SCALE_LIMITS") == "1" {
+			// Back to back, so the comparison sees the same machine load.
+			runs = append(runs, limitedWorld(w))
+		}
+		for _, w := range runs {
+			res := runScaleWorld(t, w, graspd, farm, out, nil)
+			results = append(results, res)
+			saveScaleResult(t, out, res)
+			printWorldRows(res, results)
+		}
 	}
 	if os.Getenv("GRASP_BENCH_SCALE_MULTIPROC") != "0" {
 		if u := os.Getenv("GRASP_TEST_POSTGRES_URL"); u == "" {
@@ -299,11 +344,30 @@ func startFarm(t *testing.T, bin string, relays int, logPath string) *farmProc {
 	return startFarmWith(t, bin, logPath, testkit.FarmOptions{Relays: relays, NegentropyFraction: 0.5, MaxLimit: 500})
 }
 
+// startLimitedFarm is startFarm with scaleLimits on every relay, half of
+// them saying so in NIP-11.
+func startLimitedFarm(t *testing.T, bin string, relays int, logPath string) *farmProc {
+	return startFarmWith(t, bin, logPath, testkit.FarmOptions{Relays: relays, NegentropyFraction: 0.5, MaxLimit: 500, Limits: scaleLimits, AdvertiseFraction: 0.5})
+}
+
 // startFarmWith starts the relay farm binary with o's relays (count,
-// NIP-77 and tag-letter fractions, REQ cap) and waits for its address line.
+// NIP-77 and tag-letter fractions, REQ cap, limits, the fractions that say
+// them in NIP-11 and refuse reads without NIP-42) and waits for its
+// address line.
 func startFarmWith(t *testing.T, bin, logPath string, o testkit.FarmOptions) *farmProc {
-	cmd := exec.Command(bin, "-relays", strconv.Itoa(o.Relays), "-nip77", strconv.FormatFloat(o.NegentropyFraction, 'g', -1, 64),
-		"-ignore-tag-letter", strconv.FormatFloat(o.IgnoreTagLetterFraction, 'g', -1, 64), "-max-limit", strconv.Itoa(o.MaxLimit))
+	ff := func(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+	style := o.Limits.Style
+	if style == "" {
+		style = testkit.StyleStrfry
+	}
+	cmd := exec.Command(bin, "-relays", strconv.Itoa(o.Relays), "-nip77", ff(o.NegentropyFraction),
+		"-ignore-tag-letter", ff(o.IgnoreTagLetterFraction), "-max-limit", strconv.Itoa(o.MaxLimit),
+		"-max-message", strconv.Itoa(o.Limits.MaxMessageBytes), "-max-subs", strconv.Itoa(o.Limits.MaxSubscriptions),
+		"-max-filters", strconv.Itoa(o.Limits.MaxFilters), "-limit-style", string(style),
+		"-advertise", ff(o.AdvertiseFraction), "-auth-reads", ff(o.AuthReadsFraction))
+	if o.Limits.Advertise {
+		t.Fatal("startFarmWith: relayfarm has no flag for Limits.Advertise; use AdvertiseFraction 1")
+	}
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -520,7 +584,7 @@ func startMultiScale(t *testing.T, o DeploymentOptions) *scaleTarget {
 func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir string, multi *DeploymentOptions) scaleResult {
 	spec := sw.Spec
 	spec.Seed = scaleSeed
-	res := scaleResult{World: sw.Name, Mode: "single", Repos: spec.Repos, Relays: spec.Relays, Load: loadAvg()}
+	res := scaleResult{World: sw.Name, Mode: "single", Repos: spec.Repos, Relays: spec.Relays, Load: loadAvg(), Limited: sw.Limited}
 	if multi != nil {
 		res.Mode = "multi"
 	}
@@ -535,7 +599,11 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	res.Events = len(w.Events)
 	t.Logf("[%s %s] world %s: %d events signed in %.1fs (load %s)", sw.Name, res.Mode, spec, res.Events, res.GenSecs, res.Load)
 
-	farm := startFarm(t, farmBin, spec.Relays, filepath.Join(dir, "relayfarm.log"))
+	start := startFarm
+	if sw.Limited {
+		start = startLimitedFarm
+	}
+	farm := start(t, farmBin, spec.Relays, filepath.Join(dir, "relayfarm.log"))
 	var tgt *scaleTarget
 	dataDir := filepath.Join(dir, "graspd-data")
 	if multi != nil {
@@ -640,6 +708,11 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	after := context.Background()
 	m, _ := tgt.metrics(after)
 	res.Stored = int(MetricSum(m, "grasp_ingester_stored_total"))
+	for _, u := range farm.urls {
+		if MetricSum(m, "grasp_fetcher_relay_health_state", `relay="`+u+`"`) == 3 { // dead: given up
+			res.GivenUp++
+		}
+	}
 	if res.AllSecs > 0 {
 		res.EventsPS = float64(res.Stored) / res.AllSecs
 	}
@@ -795,13 +868,25 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 	}
 	single := func(world string) *scaleResult {
 		for i := range all {
-			if all[i].World == world && all[i].Mode == "single" && all[i].Complete {
+			if all[i].World == world && all[i].Mode == "single" && all[i].Complete && !all[i].Limited {
 				return &all[i]
 			}
 		}
 		return nil
 	}
 	switch {
+	case r.Limited:
+		row("complete", fmt.Sprintf("%d of %d in %.0fs", r.Stored, r.Events, r.AllSecs), "complete", r.Complete)
+		base := strings.TrimSuffix(r.World, "+limits")
+		if s := single(base); s != nil {
+			row("events/s vs the unlimited farm", fmt.Sprintf("%.0f vs %.0f = %.2f×", r.EventsPS, s.EventsPS, r.EventsPS/s.EventsPS), "within 15 % (≥ 0.85×)", r.Complete && r.EventsPS >= 0.85*s.EventsPS)
+		} else {
+			row("events/s", fmt.Sprintf("%.0f", r.EventsPS), "within 15 % of the unlimited farm (not complete in this invocation)", false)
+		}
+		row("relays given up", fmt.Sprint(r.GivenUp), "0", r.GivenUp == 0)
+		s := r.Sync
+		row("limit refusals", fmt.Sprintf("%d oversized, %d REQs and %d NEG-OPENs over 20 subscriptions, %d REQs over 20 filters (at most %d subscriptions and %d NIP-77 sessions open, largest message %d bytes)",
+			s.TooBig, s.REQsRefused, s.NegsRefused, s.FiltersRefused, s.MaxOpenSubs, s.MaxOpenNegs, s.LargestMessage), "0", s.TooBig+s.REQsRefused+s.NegsRefused+s.FiltersRefused == 0)
 	case r.Mode == "multi":
 		if s := single(r.World); s != nil {
 			row("events/s vs the single process", fmt.Sprintf("%.0f vs %.0f = %.2f×", r.EventsPS, s.EventsPS, r.EventsPS/s.EventsPS), "≥ 0.8×", r.EventsPS >= 0.8*s.EventsPS)
@@ -825,10 +910,10 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 	}
 	row("connections opened", fmt.Sprintf("%d for %d relays (at most %d to one)", r.Sync.WSOpened, r.Relays, r.Sync.MaxWSOpenedPerRelay), "one per relay", r.Sync.WSOpened == int64(r.Relays) && r.Sync.MaxWSOpenedPerRelay == 1)
 	row("shard or lease losses (log)", fmt.Sprintf("%d (and %d lost relay sessions)", r.ShardLosses, r.Disconnects), "0", r.ShardLosses == 0)
-	if strings.HasPrefix(r.World, "g") || r.World == "upper" {
+	if (strings.HasPrefix(r.World, "g") || r.World == "upper") && !r.Limited {
 		var base *scaleResult
 		for i := range all {
-			if (strings.HasPrefix(all[i].World, "g") || all[i].World == "upper") && all[i].Mode == "single" && all[i].Complete {
+			if (strings.HasPrefix(all[i].World, "g") || all[i].World == "upper") && all[i].Mode == "single" && all[i].Complete && !all[i].Limited {
 				base = &all[i]
 				break
 			}

@@ -45,6 +45,18 @@ type FarmOptions struct {
 	// Host is the loopback address the relays listen on (default
 	// 127.0.0.1), each on a port of its own.
 	Host string
+	// Limits are what every relay enforces on each connection, as strfry
+	// or nostr-rs-relay do (issue 30; zero: unlimited). Limits.Advertise
+	// makes every relay say so in NIP-11; AdvertiseFraction only some.
+	Limits RelayLimits
+	// AdvertiseFraction of the relays publish their limits in NIP-11
+	// (0.5: every other one, as the network has strfry relays that say and
+	// relays that do not); the rest are silent.
+	AdvertiseFraction float64
+	// AuthReadsFraction of the relays refuse REQs and NEG-OPENs from
+	// clients that have not authenticated (NIP-42), with CLOSED (NEG-ERR)
+	// AuthReadsReason, and challenge every connection at once.
+	AuthReadsFraction float64
 }
 
 // Farm is a running relay farm.
@@ -61,12 +73,17 @@ type FarmRelay struct {
 	URL string
 	// Negentropy and IgnoreTagLetter are how it answers.
 	Negentropy, IgnoreTagLetter bool
+	// Limits are what it enforces (Limits.Advertise: said in NIP-11);
+	// AuthReads whether reading needs NIP-42 authentication.
+	Limits    RelayLimits
+	AuthReads bool
 	// Khatru is the relay; Store its events.
 	Khatru *khatru.Relay
 	Store  *MemStore
 
 	srv *http.Server
 	c   farmCounters
+	lim *limiter
 }
 
 // farmCounters are one relay's counts, updated by its sockets and hooks.
@@ -155,6 +172,14 @@ type RelayStats struct {
 	// BytesIn and BytesOut are the bytes read and written on its sockets.
 	BytesIn  int64 `json:"bytes_in"`
 	BytesOut int64 `json:"bytes_out"`
+	// Limits are the relay's limits (zero: none); Advertised whether NIP-11
+	// says them; AuthReads whether reads need NIP-42.
+	Limits     RelayLimits `json:"limits"`
+	Advertised bool        `json:"advertised"`
+	AuthReads  bool        `json:"auth_reads"`
+	// LimitCounts are what the limits refused, and the most subscriptions
+	// one connection held open.
+	LimitCounts
 }
 
 // pickEvery reports whether index i of n is among a fraction f of them,
@@ -177,11 +202,20 @@ func StartFarm(o FarmOptions) (*Farm, error) {
 	if o.Host == "" {
 		o.Host = "127.0.0.1"
 	}
+	if err := o.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("farm: %w", err)
+	}
 	f := &Farm{}
 	for i := range o.Relays {
 		// The quirk is spread from the other end, so it is not tied to
-		// NIP-77 when both fractions are set.
-		r, err := startFarmRelay(i, o, pickEvery(i, o.NegentropyFraction), pickEvery(o.Relays-1-i, o.IgnoreTagLetterFraction))
+		// NIP-77 when both fractions are set; advertising starts from the
+		// second relay, so with halves it falls on the relays without
+		// NIP-77 (and the other way round) rather than with them.
+		lim := o.Limits
+		if pickEvery(i+1, o.AdvertiseFraction) {
+			lim.Advertise = true
+		}
+		r, err := startFarmRelay(i, o, lim, pickEvery(i, o.NegentropyFraction), pickEvery(o.Relays-1-i, o.IgnoreTagLetterFraction), pickEvery(i, o.AuthReadsFraction))
 		if err != nil {
 			f.Close()
 			return nil, err
@@ -191,13 +225,28 @@ func StartFarm(o FarmOptions) (*Farm, error) {
 	return f, nil
 }
 
-func startFarmRelay(i int, o FarmOptions, neg, quirk bool) (*FarmRelay, error) {
+func startFarmRelay(i int, o FarmOptions, lim RelayLimits, neg, quirk, authReads bool) (*FarmRelay, error) {
 	st := &MemStore{IgnoreTagLetter: quirk}
 	if err := st.Init(); err != nil {
 		return nil, err
 	}
-	r := &FarmRelay{Index: i, Negentropy: neg, IgnoreTagLetter: quirk, Khatru: khatru.NewRelay(), Store: st}
+	r := &FarmRelay{Index: i, Negentropy: neg, IgnoreTagLetter: quirk, Limits: lim, AuthReads: authReads, Khatru: khatru.NewRelay(), Store: st}
 	rl := r.Khatru
+	// Every relay reads through the limiter, limited or not, so a
+	// benchmark comparing a limited farm with an unlimited one measures
+	// the limits and not the limiter's own cost.
+	r.lim = &limiter{lim: lim, negentropy: neg}
+	r.lim.install(rl)
+	if authReads {
+		rl.OnConnect = append(rl.OnConnect, khatru.RequestAuth)
+		rl.RejectFilter = append(rl.RejectFilter, func(ctx context.Context, _ nostr.Filter) (bool, string) {
+			if khatru.GetConnection(ctx) != nil && khatru.GetAuthed(ctx) == "" {
+				r.lim.authRefused.Add(1)
+				return true, AuthReadsReason
+			}
+			return false, ""
+		})
+	}
 	rl.Negentropy = neg
 	rl.Info.Name = fmt.Sprintf("farm relay %d", i)
 	// Broadcast under khatru's lock (pkg/khatrulock), as testkit.Relay does.
@@ -251,8 +300,10 @@ func startFarmRelay(i int, o FarmOptions, neg, quirk bool) (*FarmRelay, error) {
 	}
 	r.URL = "ws://" + ln.Addr().String()
 	rl.ServiceURL = "http://" + ln.Addr().String()
-	r.srv = &http.Server{Handler: rl, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = r.srv.Serve(sniffListener{Listener: ln, c: &r.c}) }()
+	r.srv = &http.Server{Handler: limitsNIP11(rl, lim, maxLimit), ReadHeaderTimeout: 5 * time.Second}
+	// The sniffer sees the socket's bytes as the client sent them; the
+	// limiter, above it, decides what khatru gets.
+	go func() { _ = r.srv.Serve(limitListener{Listener: sniffListener{Listener: ln, c: &r.c}, l: r.lim}) }()
 	return r, nil
 }
 
@@ -305,6 +356,7 @@ func (f *Farm) Stats() []RelayStats {
 			NegMsgs: c.negMsgs.Load(), Closes: c.closes.Load(), EventsIn: c.eventsIn.Load(), Other: c.other.Load(),
 			EventsSent: c.eventsOut.Load(), EOSEs: c.eoses.Load(), Notices: c.notices.Load(), ClosedSent: c.closed.Load(),
 			NegSent: c.negOut.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(),
+			Limits: r.Limits, Advertised: r.Limits.Advertise, AuthReads: r.AuthReads, LimitCounts: r.lim.counts(),
 		}
 	}
 	return out

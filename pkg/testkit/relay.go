@@ -41,6 +41,10 @@ type RelayOptions struct {
 	// emulating strfry's per-filter cap so paging code is exercised.
 	// Negentropy sessions are not capped.
 	MaxLimit int
+	// Limits are what the relay enforces on each connection, as strfry or
+	// nostr-rs-relay do (zero: unlimited, and NIP-11 says nothing); see
+	// Relay.LimitCounts for what they refused.
+	Limits RelayLimits
 }
 
 // Relay is a real khatru relay (the "remote relay" of tests) listening on a
@@ -62,6 +66,7 @@ type Relay struct {
 	saved []func(context.Context, *nostr.Event)
 
 	srv       *http.Server
+	lim       *limiter // nil: no limits
 	gate      gate
 	conns     sync.Map // hijacked websocket connections: net.Conn -> struct{}
 	closeOnce sync.Once
@@ -101,9 +106,19 @@ func startRelay(t testing.TB, opts RelayOptions, configure func(*Relay)) *Relay 
 		t.Fatalf("testkit: init badger store: %v", err)
 	}
 
+	if err := opts.Limits.Validate(); err != nil {
+		db.Close()
+		t.Fatalf("testkit: %v", err)
+	}
 	r := &Relay{Khatru: khatru.NewRelay(), Store: db}
 	rl := r.Khatru
 	rl.Negentropy = opts.Negentropy
+	var handler http.Handler = rl
+	if opts.Limits.active() || opts.Limits.Advertise {
+		r.lim = &limiter{lim: opts.Limits, negentropy: opts.Negentropy}
+		r.lim.install(rl)
+		handler = limitsNIP11(rl, opts.Limits, maxLimit)
+	}
 	rl.Info.Name = "testkit relay"
 	// khatru notifies listeners without its lock; these hooks broadcast
 	// under it instead (see pkg/khatrulock).
@@ -136,8 +151,11 @@ func startRelay(t testing.TB, opts RelayOptions, configure func(*Relay)) *Relay 
 		db.Close()
 		t.Fatalf("testkit: listen for relay: %v", err)
 	}
+	if r.lim != nil {
+		ln = limitListener{Listener: ln, l: r.lim}
+	}
 	r.srv = &http.Server{
-		Handler:           rl,
+		Handler:           handler,
 		ReadHeaderTimeout: 5 * time.Second,
 		ConnState: func(c net.Conn, s http.ConnState) {
 			// http.Server.Close does not close hijacked (websocket)
@@ -157,6 +175,15 @@ func startRelay(t testing.TB, opts RelayOptions, configure func(*Relay)) *Relay 
 	go func() { _ = r.srv.Serve(ln) }()
 	t.Cleanup(r.Close)
 	return r
+}
+
+// LimitCounts are what the relay's Limits refused so far (zero without
+// limits).
+func (r *Relay) LimitCounts() LimitCounts {
+	if r.lim == nil {
+		return LimitCounts{}
+	}
+	return r.lim.counts()
 }
 
 // Close stops the relay early, e.g. to simulate a remote going away: it

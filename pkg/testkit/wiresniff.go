@@ -21,11 +21,18 @@ import (
 // `["NEG-CLOSE",` is the longest label of interest.
 const labelPrefix = 16
 
+// maxPrefix is the most payload bytes a sniffer keeps for onPrefix: enough
+// for `["CLOSED",` and a subscription id of NIP-01's 64 characters.
+const maxPrefix = 96
+
 // frameSniffer follows the websocket frames of one direction of a
 // connection fed in arbitrary chunks, and calls onLabel with the label of
-// every data message's first frame.
+// every data message's first frame (and onPrefix, if set, with its first
+// keep bytes).
 type frameSniffer struct {
-	onLabel func(label string)
+	onLabel  func(label string)
+	onPrefix func(prefix []byte)
+	keep     int // payload bytes kept for onPrefix (0: labelPrefix; at most maxPrefix)
 	// inHTTP is set while the HTTP upgrade (request or response) that
 	// precedes the frames is being skipped; onHeaders then gets its
 	// first line.
@@ -43,8 +50,16 @@ type frameSniffer struct {
 	masked bool
 	pos    uint64 // payload offset, for unmasking
 	want   bool   // this frame starts a data message whose label is wanted
-	pre    [labelPrefix]byte
+	pre    [maxPrefix]byte
 	pn     int
+}
+
+// keepN is how many payload bytes are kept per message.
+func (s *frameSniffer) keepN() int {
+	if s.keep <= 0 {
+		return labelPrefix
+	}
+	return min(s.keep, maxPrefix)
 }
 
 // feed consumes b.
@@ -107,7 +122,8 @@ func (s *frameSniffer) feed(b []byte) {
 			k = s.remain
 		}
 		if s.want {
-			for i := uint64(0); i < k && s.pn < labelPrefix; i++ {
+			keep := s.keepN()
+			for i := uint64(0); i < k && s.pn < keep; i++ {
 				c := b[i]
 				if s.masked {
 					c ^= s.mask[(s.pos+i)%4]
@@ -115,7 +131,7 @@ func (s *frameSniffer) feed(b []byte) {
 				s.pre[s.pn] = c
 				s.pn++
 			}
-			if s.pn == labelPrefix {
+			if s.pn == keep {
 				s.emit()
 			}
 		}
@@ -165,7 +181,10 @@ func (s *frameSniffer) endFrame() {
 func (s *frameSniffer) emit() {
 	s.want = false
 	if s.onLabel != nil {
-		s.onLabel(messageLabel(s.pre[:s.pn]))
+		s.onLabel(messageLabel(s.pre[:min(s.pn, labelPrefix)]))
+	}
+	if s.onPrefix != nil {
+		s.onPrefix(s.pre[:s.pn])
 	}
 }
 

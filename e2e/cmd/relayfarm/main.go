@@ -5,6 +5,12 @@
 // only (plain khatru's quirk). Each relay counts connections, REQs,
 // NEG-OPENs (also on relays without NIP-77), events sent and bytes.
 //
+// The relays can enforce public relays' limits (issue 30; how strfry and
+// nostr-rs-relay enforce them is in docs/dependencies.md): -max-message,
+// -max-subs and -max-filters, answered in the style of -limit-style, said
+// in NIP-11 by the fraction -advertise; -auth-reads makes a fraction refuse
+// reads without NIP-42. Their refusals are in the stats.
+//
 // Once listening it prints one JSON line on stdout:
 //
 //	{"control":"http://127.0.0.1:PORT","relays":["ws://127.0.0.1:P0", …]}
@@ -37,8 +43,15 @@ func main() {
 	flag.Float64Var(&o.IgnoreTagLetterFraction, "ignore-tag-letter", 0, "fraction of relays matching tags by value only (plain khatru)")
 	flag.IntVar(&o.MaxLimit, "max-limit", testkit.DefaultMaxLimit, "cap of every REQ filter's results")
 	flag.StringVar(&o.Host, "host", "127.0.0.1", "loopback address the relays listen on")
+	flag.IntVar(&o.Limits.MaxMessageBytes, "max-message", 0, "largest client message in bytes (strfry's default 131072; 0: unlimited)")
+	flag.IntVar(&o.Limits.MaxSubscriptions, "max-subs", 0, "open REQ subscriptions (and, apart, NIP-77 sessions) per connection (strfry: 20, now 200; 0: unlimited)")
+	flag.IntVar(&o.Limits.MaxFilters, "max-filters", 0, "filters per REQ (strfry: 20, now 200; 0: unlimited)")
+	style := flag.String("limit-style", string(testkit.StyleStrfry), "whose answers the limits give: strfry, nostr-rs-relay or closed")
+	flag.Float64Var(&o.AdvertiseFraction, "advertise", 0, "fraction of relays saying their limits in NIP-11")
+	flag.Float64Var(&o.AuthReadsFraction, "auth-reads", 0, "fraction of relays refusing reads without NIP-42 authentication")
 	control := flag.String("control", "127.0.0.1:0", "address of the control endpoint")
 	flag.Parse()
+	o.Limits.Style = testkit.LimitStyle(*style)
 	if err := run(o, *control); err != nil {
 		fmt.Fprintln(os.Stderr, "relayfarm:", err)
 		os.Exit(1)
