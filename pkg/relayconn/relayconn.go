@@ -711,6 +711,9 @@ func (c *Conn) NewID() string { return "g" + strconv.FormatUint(c.serial.Add(1),
 func (c *Conn) forget(s *Subscription) {
 	c.mu.Lock()
 	delete(c.subs, s.ID)
+	if c.lastREQ == s {
+		c.lastREQ = nil
+	}
 	c.mu.Unlock()
 	s.end()
 }
@@ -722,12 +725,21 @@ func (s *Subscription) Close() {
 		return
 	default:
 	}
-	s.conn.forget(s)
-	if s.conn.ctx.Err() == nil {
+	c := s.conn
+	c.mu.Lock()
+	delete(c.subs, s.ID)
+	if c.lastREQ == s {
+		c.lastREQ = nil
+	}
+	c.mu.Unlock()
+	// The slot is freed only once the CLOSE is written: a REQ waiting for
+	// it must reach the relay after the CLOSE, or the relay counts both.
+	if c.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = s.conn.Write(ctx, nostr.CloseEnvelope(s.ID))
+		_ = c.Write(ctx, nostr.CloseEnvelope(s.ID))
 	}
+	s.end()
 }
 
 // Message is one raw relay message routed to a Channel.

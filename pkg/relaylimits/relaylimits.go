@@ -187,7 +187,7 @@ var (
 // prefixes (NIP-01: "auth-required:", "restricted:") are read first, after
 // the "ERROR: " strfry puts before every error it sends; limits are
 // recognised by the words strfry, nostr-rs-relay and khatru use
-// (docs/dependencies.md, "What relays enforce").
+// (docs/dependencies.md, "Public relays' limits").
 func Classify(text string) Refusal {
 	t := strings.TrimSpace(text)
 	t = strings.TrimPrefix(t, "NOTICE: ")
