@@ -153,8 +153,10 @@ type LimitCounts struct {
 	// NIP-77 sessions one connection held open at once.
 	MaxOpenSubs int64 `json:"max_open_subs"`
 	MaxOpenNegs int64 `json:"max_open_negs"`
-	// LargestMessage is the largest client message seen, in payload bytes.
+	// LargestMessage is the largest client message seen, in payload bytes;
+	// MostFilters the most filters one REQ carried.
 	LargestMessage int64 `json:"largest_message"`
+	MostFilters    int64 `json:"most_filters"`
 }
 
 // limiter is one relay's limits, counters and connections.
@@ -163,7 +165,7 @@ type limiter struct {
 	negentropy bool // NEG-OPENs count only where NIP-77 is served
 
 	tooBig, reqsRefused, negsRefused, filtersRefused, authRefused atomic.Int64
-	maxOpenSubs, maxOpenNegs, largest                             atomic.Int64
+	maxOpenSubs, maxOpenNegs, largest, mostFilters                atomic.Int64
 
 	conns sync.Map // remote address -> *limitConn, for khatru's OnConnect
 }
@@ -173,6 +175,7 @@ func (l *limiter) counts() LimitCounts {
 		TooBig: l.tooBig.Load(), REQsRefused: l.reqsRefused.Load(), NegsRefused: l.negsRefused.Load(),
 		FiltersRefused: l.filtersRefused.Load(), AuthRefused: l.authRefused.Load(),
 		MaxOpenSubs: l.maxOpenSubs.Load(), MaxOpenNegs: l.maxOpenNegs.Load(), LargestMessage: l.largest.Load(),
+		MostFilters: l.mostFilters.Load(),
 	}
 }
 
@@ -399,6 +402,7 @@ func (c *limitConn) admit(msg []byte) bool {
 	lim := c.l.lim
 	switch label {
 	case "REQ":
+		storeMax(&c.l.mostFilters, int64(len(arr)-2))
 		if lim.MaxFilters > 0 && len(arr)-2 > lim.MaxFilters {
 			c.l.filtersRefused.Add(1)
 			reason := StrfryTooManyFilters

@@ -286,8 +286,8 @@ func TestLimitsFilters(t *testing.T) {
 			if got := w.answers(ctx, "two"); len(got) != 1 {
 				t.Errorf("REQ with 2 filters answered %q; want its EOSE only", got)
 			}
-			if c := r.LimitCounts(); c.FiltersRefused != 1 || c.REQsRefused != 0 {
-				t.Errorf("counts %+v; want 1 REQ refused for its filters, none for subscriptions", c)
+			if c := r.LimitCounts(); c.FiltersRefused != 1 || c.REQsRefused != 0 || c.MostFilters != 3 {
+				t.Errorf("counts %+v; want 1 REQ refused for its filters, none for subscriptions, 3 filters at most", c)
 			}
 		})
 	}
