@@ -15,12 +15,13 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
-// A subscription over strfry's count gets a NOTICE naming none: the
-// connection takes it as refusing the REQ sent last that had no answer,
-// closes that one with the notice as its reason (instead of leaving it to
-// wait for an EOSE that never comes), tells OnLimit, and lowers its gate so
-// the next REQ waits for a free slot instead of being refused again.
-func TestSubscriptionRefusalByNotice(t *testing.T) {
+// A subscription over strfry's count gets a NOTICE naming none, and is
+// never answered: the connection sends every unanswered REQ again once the
+// gate, lowered to what was open less one, has a slot for it (the caller
+// sees only a later EOSE). A relay that says CLOSED names the refused one:
+// it is closed with that reason. Either way OnLimit is told, and the next
+// REQ waits for a free slot instead of being refused again.
+func TestSubscriptionRefusal(t *testing.T) {
 	for _, style := range []testkit.LimitStyle{testkit.StyleStrfry, testkit.StyleNostrRsRelay, testkit.StyleClosed} {
 		t.Run(string(style), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -54,13 +55,31 @@ func TestSubscriptionRefusalByNotice(t *testing.T) {
 				}
 				subs = append(subs, s)
 			}
-			select {
-			case reason := <-subs[2].Closed():
-				if relaylimits.Classify(reason) != relaylimits.TooManySubscriptions {
-					t.Fatalf("third subscription closed with %q", reason)
+			if style == testkit.StyleClosed {
+				select {
+				case reason := <-subs[2].Closed():
+					if relaylimits.Classify(reason) != relaylimits.TooManySubscriptions {
+						t.Fatalf("third subscription closed with %q", reason)
+					}
+				case <-ctx.Done():
+					t.Fatal("the refused subscription was left waiting")
 				}
-			case <-ctx.Done():
-				t.Fatal("the refused subscription was left waiting")
+			} else {
+				// Resent, and registered once a slot frees.
+				select {
+				case <-subs[2].EOSE():
+					t.Fatal("EOSE for a subscription the relay refused")
+				case <-time.After(300 * time.Millisecond):
+				}
+				subs[0].Close()
+				select {
+				case <-subs[2].EOSE():
+				case reason := <-subs[2].Closed():
+					t.Fatalf("closed: %s", reason)
+				case <-ctx.Done():
+					t.Fatal("the refused subscription was not sent again")
+				}
+				subs = append(subs[1:2], subs[2])
 			}
 			mu.Lock()
 			if len(limits) != 1 || limits[0] != relaylimits.TooManySubscriptions || opens[0] != 3 {

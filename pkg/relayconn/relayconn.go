@@ -107,10 +107,12 @@ type Conn struct {
 	mu       sync.Mutex
 	subs     map[string]*Subscription
 	channels map[string]*Channel
-	// lastREQ is the REQ sent last that has had no answer yet (no EVENT,
-	// EOSE or CLOSED): strfry's NOTICE refusing a subscription names none,
-	// and the one it refuses is that one (docs/dependencies.md).
-	lastREQ *Subscription
+	// unanswered are the REQs sent that have had no answer yet (no EVENT,
+	// EOSE or CLOSED), with the message that sent them: strfry's and
+	// nostr-rs-relay's NOTICE refusing a subscription over their count names
+	// none, and with several REQs in flight any of these may be the one
+	// (docs/dependencies.md, "Public relays' limits"); they are sent again.
+	unanswered map[*Subscription][]byte
 	// maxOut bounds the messages we send (0: unbounded); maxWritten is
 	// the largest one sent, what a 1009 close refused at most.
 	maxOut     atomic.Int64
@@ -163,7 +165,8 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	}
 	ws.SetReadLimit(opts.MaxMessageBytes)
 	c := &Conn{url: url, ws: ws, opts: opts,
-		subs: map[string]*Subscription{}, channels: map[string]*Channel{}, watchers: map[*noticeWatcher]struct{}{}}
+		subs: map[string]*Subscription{}, channels: map[string]*Channel{}, watchers: map[*noticeWatcher]struct{}{},
+		unanswered: map[*Subscription][]byte{}}
 	c.gate.init()
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	c.loops.Add(1)
@@ -472,8 +475,8 @@ func (c *Conn) dispatch(data []byte) {
 	case "EVENT", "EOSE", "CLOSED":
 		c.mu.Lock()
 		s := c.subs[subID]
-		if s != nil && c.lastREQ == s {
-			c.lastREQ = nil // answered
+		if s != nil {
+			delete(c.unanswered, s) // answered
 		}
 		c.mu.Unlock()
 		if s == nil {
@@ -507,20 +510,13 @@ func (c *Conn) dispatch(data []byte) {
 	case "NOTICE":
 		msg := gjson.GetBytes(data, "1").String()
 		if r := relaylimits.Classify(msg); r.IsLimit() {
-			// strfry refuses a subscription over its count with a NOTICE
-			// naming none: it is the REQ sent last that has had no answer.
-			// Without this it would wait for an EOSE that never comes.
-			// Its NIP-77 sessions are counted apart and refused in their
-			// own words: those refuse the NEG-OPEN sent last, not a REQ.
-			var s *Subscription
-			if !relaylimits.SaysNegentropy(msg) {
-				c.mu.Lock()
-				s = c.lastREQ
-				c.lastREQ = nil
-				c.mu.Unlock()
-			}
-			if s != nil {
-				c.refused(s, r, "NOTICE: "+msg)
+			// strfry and nostr-rs-relay refuse a subscription over their
+			// count with a NOTICE naming none, and never answer it:
+			// without this it would wait for an EOSE that never comes.
+			// strfry's NIP-77 sessions are counted apart and refused in
+			// their own words: those refuse a NEG-OPEN, not a REQ.
+			if r == relaylimits.TooManySubscriptions && !relaylimits.SaysNegentropy(msg) {
+				c.resendUnanswered(msg)
 			} else {
 				open := c.gate.inUse()
 				if r == relaylimits.TooManySubscriptions {
@@ -677,7 +673,7 @@ func (c *Conn) subscribe(ctx context.Context, fs nostr.Filters, live bool, onWai
 	s.slot.Store(true)
 	c.mu.Lock()
 	c.subs[s.ID] = s
-	c.lastREQ = s
+	c.unanswered[s] = data
 	c.mu.Unlock()
 	if err := c.WriteRaw(ctx, data); err != nil {
 		c.forget(s)
@@ -711,11 +707,70 @@ func (c *Conn) NewID() string { return "g" + strconv.FormatUint(c.serial.Add(1),
 func (c *Conn) forget(s *Subscription) {
 	c.mu.Lock()
 	delete(c.subs, s.ID)
-	if c.lastREQ == s {
-		c.lastREQ = nil
-	}
+	delete(c.unanswered, s)
 	c.mu.Unlock()
 	s.end()
+}
+
+// resendUnanswered answers a NOTICE refusing a subscription over the
+// relay's count without naming it: every REQ still unanswered may be the
+// one, so each gives its slot back and is sent again, under the same id,
+// once the gate (lowered to what was open less one) has a slot for it. A
+// REQ the relay had accepted is replaced by its resending (strfry and
+// nostr-rs-relay replace a subscription whose id is reused), so the worst a
+// wrong guess costs is a budget learned lower than the relay's and some
+// events twice. The caller sees nothing but a later EOSE.
+func (c *Conn) resendUnanswered(text string) {
+	open := c.gate.inUse()
+	c.gate.lower(open - 1)
+	c.mu.Lock()
+	pending := make(map[*Subscription][]byte, len(c.unanswered))
+	for s, data := range c.unanswered {
+		pending[s] = data
+	}
+	c.mu.Unlock()
+	if c.opts.OnLimit != nil {
+		filters := 0
+		for s := range pending {
+			filters = max(filters, s.filters)
+		}
+		c.opts.OnLimit(relaylimits.TooManySubscriptions, text, open, filters, 0)
+	}
+	for s, data := range pending {
+		if !s.slot.CompareAndSwap(true, false) {
+			continue // being resent already, or ended
+		}
+		c.gate.release(s.live)
+		c.loops.Add(1)
+		go func() {
+			defer c.loops.Done()
+			ctx, cancel := context.WithCancel(c.ctx)
+			defer cancel()
+			go func() {
+				select {
+				case <-s.done:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			if err := c.gate.acquire(ctx, c.ctx, s.live, nil); err != nil {
+				return
+			}
+			s.slot.Store(true)
+			select {
+			case <-s.done:
+				// Ended while waiting: give the slot back.
+				if s.slot.CompareAndSwap(true, false) {
+					c.gate.release(s.live)
+				}
+				return
+			default:
+			}
+			if err := c.WriteRaw(ctx, data); err != nil {
+				return // the connection is ending
+			}
+		}()
+	}
 }
 
 // Close sends CLOSE for the subscription and stops delivering its events.
@@ -728,9 +783,7 @@ func (s *Subscription) Close() {
 	c := s.conn
 	c.mu.Lock()
 	delete(c.subs, s.ID)
-	if c.lastREQ == s {
-		c.lastREQ = nil
-	}
+	delete(c.unanswered, s)
 	c.mu.Unlock()
 	// The slot is freed only once the CLOSE is written: a REQ waiting for
 	// it must reach the relay after the CLOSE, or the relay counts both.

@@ -239,6 +239,7 @@ func (w *relayWorker) onLimit(s *session, kind relaylimits.Refusal, text string,
 	eff, changed := w.lims.learn(kind, text, open, filters, size, w.f.clock.Now())
 	if changed {
 		w.applyLimits(s, eff)
+		w.askFitLive()
 		w.log.Info("relay limit learned", "session", s.id, "refusal", kind.String(), "open", open, "filters", filters, "size", size,
 			"max_message_bytes", eff.MaxMessageBytes, "max_subscriptions", eff.MaxSubscriptions, "max_filters", eff.MaxFilters)
 	} else {
@@ -269,6 +270,41 @@ func (w *relayWorker) droppedForSize(cause error) int {
 		return 0
 	}
 	return size
+}
+
+// askFitLive has run check the live groups against the budget (fitLive).
+func (w *relayWorker) askFitLive() {
+	select {
+	case w.checkLive <- struct{}{}:
+	default:
+	}
+}
+
+// fitLive asks the planner to replace the relay's live set when its live
+// REQs are more than the subscription budget leaves them (budget less the
+// reserve for reads that end): the budget went down under them (learned
+// from a refusal) or the planner's sets are many and small. The planner
+// answers with one consolidated set, which openLive packs densely, and a
+// catch-up from now, so nothing published meanwhile is missed. Asked once
+// per budget and session: a set that cannot fit even packed stays partly
+// waiting for slots (docs/sync.md, "What relays allow").
+func (w *relayWorker) fitLive() {
+	s := w.sess
+	if s == nil {
+		return
+	}
+	lim := w.lims.effective()
+	share := max(lim.MaxSubscriptions-w.liveReserve(lim.MaxSubscriptions), 1)
+	if len(w.live) <= share || s.replaceAskedAt == lim.MaxSubscriptions {
+		return
+	}
+	s.replaceAskedAt = lim.MaxSubscriptions
+	reason := fmt.Sprintf("live set of %d REQs over the relay's budget of %d (%d subscriptions, %d kept for reads): replace it with one consolidated set",
+		len(w.live), share, lim.MaxSubscriptions, lim.MaxSubscriptions-share)
+	w.log.Info("live set does not fit the relay's subscription budget; asking for a consolidated set", "session", s.id,
+		"live_reqs", len(w.live), "share", share)
+	w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_SubscriptionClosed{SubscriptionClosed: &graspv1.SubscriptionClosed{
+		Reason: reason, Live: true}}})
 }
 
 // saveLimitsAsync stores the record from a goroutine of the session (the

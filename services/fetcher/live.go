@@ -186,7 +186,10 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
 		if err := w.cooldown.Wait(ctx); err != nil {
 			return
 		}
-		sub, err := s.conn.SubscribeLive(ctx, g.filters.filters(), g.markStarved)
+		sub, err := s.conn.SubscribeLive(ctx, g.filters.filters(), func() {
+			g.markStarved()
+			w.askFitLive()
+		})
 		var tooLarge *relayconn.TooLargeError
 		if errors.As(err, &tooLarge) {
 			// The budget went down since the group was packed: open its

@@ -50,6 +50,10 @@ type relayWorker struct {
 	// or filter count to run, which opens them again within the new
 	// budget.
 	repack chan *liveGroup
+	// checkLive asks run to see whether the live groups fit the relay's
+	// subscription budget (a live REQ waited for a slot, or the budget
+	// went down); sends never block.
+	checkLive chan struct{}
 	// previous is the session another replica held before this one took
 	// the shard over (reported once with the first Connected).
 	previous *graspv1.FetcherRelay
@@ -85,6 +89,10 @@ type session struct {
 
 	// saveLimits asks keepLimits to store the relay's limits record.
 	saveLimits chan struct{}
+	// replaceAskedAt is the subscription budget at which the planner was
+	// last asked to replace the live set because it did not fit (fitLive):
+	// once per budget, so a set that cannot fit is not replaced in a loop.
+	replaceAskedAt int
 
 	// looseTags is set once the relay answered a REQ with events that do
 	// not match it (khatru v0.19.1 on badger ignores the tag letter): an
@@ -130,7 +138,8 @@ func newRelayWorker(f *Fetcher, url string, shard int) *relayWorker {
 		cmds:     make(chan *graspv1.FetchCommand, 256),
 		done:     make(chan struct{}),
 		signals:  make(chan signal, 16),
-		repack:   make(chan *liveGroup, 64),
+		repack:    make(chan *liveGroup, 64),
+		checkLive: make(chan struct{}, 1),
 		cooldown: &Cooldown{Base: f.cfg.RateLimitCooldown, Max: f.cfg.RateLimitMaxCooldown, Clock: f.clock},
 		health: RelayHealth{Policy: HealthPolicy{Base: f.cfg.BackoffBase, Max: f.cfg.BackoffMax,
 			DeadAfter: f.cfg.DeadAfter, DeadRetry: f.cfg.DeadRetry, StableAfter: time.Minute}},
@@ -175,6 +184,8 @@ func (w *relayWorker) run(ctx context.Context) {
 			class := ClassifyFailure(cause)
 			w.endSession(cause.Error(), class, true)
 			retry = w.failed(cause, class, false)
+		case <-w.checkLive:
+			w.fitLive()
 		case g := <-w.repack:
 			if _, ok := w.live[g]; ok && w.sess != nil {
 				// Opened again under its name within the budget in force;
