@@ -113,6 +113,10 @@ type Conn struct {
 	// none, and with several REQs in flight any of these may be the one
 	// (docs/dependencies.md, "Public relays' limits"); they are sent again.
 	unanswered map[*Subscription][]byte
+	// burstOpen, burstN and burstAt count the subscription refusals that
+	// came together (resendUnanswered).
+	burstOpen, burstN int
+	burstAt           time.Time
 	// maxOut bounds the messages we send (0: unbounded); maxWritten is
 	// the largest one sent, what a 1009 close refused at most.
 	maxOut     atomic.Int64
@@ -316,6 +320,10 @@ func (c *Conn) SetLimits(maxMessage, subs, reserved int) {
 	c.maxOut.Store(int64(maxMessage))
 	c.gate.setLimit(subs, reserved)
 }
+
+// refusalBurst is how close together subscription refusals are taken as
+// answering REQs sent together.
+const refusalBurst = 2 * time.Second
 
 // largeWrite is the smallest message RecentLargeWrite remembers: below
 // relaylimits.Floors, no relay refuses it for its size.
@@ -721,14 +729,24 @@ func (c *Conn) forget(s *Subscription) {
 // wrong guess costs is a budget learned lower than the relay's and some
 // events twice. The caller sees nothing but a later EOSE.
 func (c *Conn) resendUnanswered(text string) {
-	open := c.gate.inUse()
-	c.gate.lower(open - 1)
+	// Refusals that come together answer REQs sent together: each says one
+	// more of them is not open, so the budget is what was open when the
+	// first came less their number, not less one at each (the slots given
+	// back meanwhile would be counted twice).
+	now := time.Now()
 	c.mu.Lock()
+	if now.Sub(c.burstAt) > refusalBurst {
+		c.burstOpen, c.burstN = c.gate.inUse(), 0
+	}
+	c.burstN++
+	c.burstAt = now
+	open := c.burstOpen - c.burstN + 1 // what was open, the refused one included
 	pending := make(map[*Subscription][]byte, len(c.unanswered))
 	for s, data := range c.unanswered {
 		pending[s] = data
 	}
 	c.mu.Unlock()
+	c.gate.lower(open - 1)
 	if c.opts.OnLimit != nil {
 		filters := 0
 		for s := range pending {
@@ -740,10 +758,16 @@ func (c *Conn) resendUnanswered(text string) {
 		if !s.slot.CompareAndSwap(true, false) {
 			continue // being resent already, or ended
 		}
-		c.gate.release(s.live)
 		c.loops.Add(1)
 		go func() {
 			defer c.loops.Done()
+			// CLOSE first: the relay may have accepted this one (another
+			// was refused); its slot is ours again only once the relay
+			// has freed it, or our count would fall below the relay's.
+			wctx, wcancel := context.WithTimeout(c.ctx, c.opts.WriteTimeout)
+			_ = c.Write(wctx, nostr.CloseEnvelope(s.ID))
+			wcancel()
+			c.gate.release(s.live)
 			ctx, cancel := context.WithCancel(c.ctx)
 			defer cancel()
 			go func() {
