@@ -29,8 +29,10 @@ type limitedSync struct {
 	// skip are relays whose events need not arrive (refusing reads).
 	skip map[int]bool
 	// learnOnSilent is how many refusals a relay that does not say its
-	// limits in NIP-11 may give: one, when its limit is below the fetcher's
-	// default budget, for the fetcher to learn it from; none elsewhere.
+	// limits in NIP-11 may give while the fetcher learns a limit below its
+	// default budget: the REQs in flight beyond the relay's limit when the
+	// first refusal arrives, at most the default less that limit; none
+	// elsewhere.
 	learnOnSilent int64
 }
 
@@ -191,8 +193,8 @@ func TestLimitSubscriptions(t *testing.T) {
 			s := syncLimited(t, spec, testkit.FarmOptions{NegentropyFraction: 0.5, AdvertiseFraction: 0.5, Limits: lim}, nil, 60*time.Second)
 			if c.max < 20 {
 				// Below the default budget, a silent relay teaches its
-				// limit with one refusal, and that is the only one.
-				s.learnOnSilent = 1
+				// limit by refusing what was in flight over it.
+				s.learnOnSilent = int64(20 - c.max)
 			}
 			s.checkHealthy(t)
 		})
