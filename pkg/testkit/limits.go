@@ -519,13 +519,13 @@ func (c *limitConn) Write(p []byte) (int, error) {
 		}
 		return n, err
 	}
-	n, err := c.Conn.Write(p)
-	if n > 0 {
-		c.outMu.Lock()
-		c.out.feed(p[:n])
-		c.outMu.Unlock()
-	}
-	return n, err
+	// Sniffed before it is written: a client that reads the CLOSED may send
+	// its next REQ at once, and that REQ must find the slot free, as in
+	// strfry, where a refused REQ never took one.
+	c.outMu.Lock()
+	c.out.feed(p)
+	c.outMu.Unlock()
+	return c.Conn.Write(p)
 }
 
 func (c *limitConn) Close() error {
