@@ -49,7 +49,14 @@ func syncLimited(t *testing.T, spec testkit.WorldSpec, fo testkit.FarmOptions, e
 			t.Fatal(err)
 		}
 	}
-	s := &limitedSync{world: w, farm: farm, app: start(t, env), skip: map[int]bool{}}
+	// One connection per relay is asserted: a shard lease that lapses on
+	// a loaded CI box (BaseEnv's 3 s) would reconnect for reasons of its
+	// own, so these runs hold their leases longer.
+	full := Env{"GRASP_FETCHER_LEASE_TTL": "30s"}
+	for k, v := range env {
+		full[k] = v
+	}
+	s := &limitedSync{world: w, farm: farm, app: start(t, full), skip: map[int]bool{}}
 	for _, i := range skip {
 		s.skip[i] = true
 	}
