@@ -176,8 +176,9 @@ func TestLimitMessageSize(t *testing.T) {
 // connection (NIP-77 sessions in a pool of their own), answered with its
 // NOTICE, or with a CLOSED. The world makes graspd keep many repositories'
 // historic batches and live sets on each relay. At this size graspd holds
-// about 5 open at once, so the "4" cases set a limit it meets: it must
-// learn it from NIP-11 (one relay of two) or from the refusal (the other).
+// 7 to 16 open at once, so the "4" cases set a limit it meets: it must
+// learn it from NIP-11 (one relay of two) or from the refusal (the other;
+// strfry's NOTICE does not say which REQ it refused).
 func TestLimitSubscriptions(t *testing.T) {
 	for _, c := range []struct {
 		name  string
