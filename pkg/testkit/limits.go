@@ -153,7 +153,8 @@ type LimitCounts struct {
 	// NIP-77 sessions one connection held open at once.
 	MaxOpenSubs int64 `json:"max_open_subs"`
 	MaxOpenNegs int64 `json:"max_open_negs"`
-	// LargestMessage is the largest client message seen, in payload bytes;
+	// LargestMessage is the largest client message seen, in payload bytes
+	// (a refused one counts with the size its frame announced);
 	// MostFilters the most filters one REQ carried.
 	LargestMessage int64 `json:"largest_message"`
 	MostFilters    int64 `json:"most_filters"`
@@ -362,6 +363,7 @@ func (c *limitConn) frames() {
 // connection. have is how much of the frame's payload has arrived.
 func (c *limitConn) tooBig(size, frameLen, have uint64) {
 	c.l.tooBig.Add(1)
+	storeMax(&c.l.largest, int64(size))
 	max := c.l.lim.MaxMessageBytes
 	switch c.l.lim.style() {
 	case StyleNostrRsRelay:
@@ -519,13 +521,13 @@ func (c *limitConn) Write(p []byte) (int, error) {
 		}
 		return n, err
 	}
-	n, err := c.Conn.Write(p)
-	if n > 0 {
-		c.outMu.Lock()
-		c.out.feed(p[:n])
-		c.outMu.Unlock()
-	}
-	return n, err
+	// Sniffed before it is written: a client that reads the CLOSED may send
+	// its next REQ at once, and that REQ must find the slot free, as in
+	// strfry, where a refused REQ never took one.
+	c.outMu.Lock()
+	c.out.feed(p)
+	c.outMu.Unlock()
+	return c.Conn.Write(p)
 }
 
 func (c *limitConn) Close() error {

@@ -159,8 +159,8 @@ func TestLimitsMessageSize(t *testing.T) {
 			if status != wantStatus || strings.Join(notices, "|") != strings.Join(wantNotices, "|") {
 				t.Errorf("over the limit: close status %d, notices %q (read error %v); want status %d, notices %q", status, notices, err, wantStatus, wantNotices)
 			}
-			if c := r.LimitCounts(); c.TooBig != 1 || c.LargestMessage != limit {
-				t.Errorf("counts %+v; want 1 refused too big, largest message %d", c, limit)
+			if c := r.LimitCounts(); c.TooBig != 1 || c.LargestMessage != limit+1 {
+				t.Errorf("counts %+v; want 1 refused too big, largest message %d", c, limit+1)
 			}
 		})
 	}
