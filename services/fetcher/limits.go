@@ -227,6 +227,20 @@ func (w *relayWorker) liveReserve(subs int) int {
 	return min(w.f.cfg.MaxConcurrentBatches, max(subs/2, 1))
 }
 
+// fullFilterBytes is the size of a live filter of 100 ids (the planner's
+// chunks, pkg/filters), what the live filter budget is counted in.
+const fullFilterBytes = 100*67 + 40
+
+// liveFilterBudget is how many live filters the relay's limits let the
+// fetcher keep open: its subscriptions less those kept for reads, times
+// the full filters one REQ carries (by bytes, by filter count). The
+// planner consolidates within it (Connected.live_filter_budget).
+func (w *relayWorker) liveFilterBudget(l relaylimits.Limits) uint32 {
+	reqs := max(l.MaxSubscriptions-w.liveReserve(l.MaxSubscriptions), 1)
+	per := min(l.MaxFilters, w.f.cfg.LiveFiltersPerREQ, max((l.MaxMessageBytes-relaylimits.ReqOverhead)/fullFilterBytes, 1))
+	return uint32(reqs * max(per, 1))
+}
+
 // applyLimits makes the session's connection keep to the budget in force.
 func (w *relayWorker) applyLimits(s *session, l relaylimits.Limits) {
 	s.conn.SetLimits(l.MaxMessageBytes, l.MaxSubscriptions, w.liveReserve(l.MaxSubscriptions))
@@ -304,7 +318,7 @@ func (w *relayWorker) fitLive() {
 	w.log.Info("live set does not fit the relay's subscription budget; asking for a consolidated set", "session", s.id,
 		"live_reqs", len(w.live), "share", share)
 	w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_SubscriptionClosed{SubscriptionClosed: &graspv1.SubscriptionClosed{
-		Reason: reason, Live: true}}})
+		Reason: reason, Live: true, LiveFilterBudget: w.liveFilterBudget(lim)}}})
 }
 
 // saveLimitsAsync stores the record from a goroutine of the session (the

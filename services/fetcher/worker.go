@@ -131,16 +131,16 @@ func (s *session) fallbackReason() string {
 
 func newRelayWorker(f *Fetcher, url string, shard int) *relayWorker {
 	return &relayWorker{
-		f:        f,
-		url:      url,
-		shard:    shard,
-		log:      f.log.With("relay", url, "shard", shard),
-		cmds:     make(chan *graspv1.FetchCommand, 256),
-		done:     make(chan struct{}),
-		signals:  make(chan signal, 16),
+		f:         f,
+		url:       url,
+		shard:     shard,
+		log:       f.log.With("relay", url, "shard", shard),
+		cmds:      make(chan *graspv1.FetchCommand, 256),
+		done:      make(chan struct{}),
+		signals:   make(chan signal, 16),
 		repack:    make(chan *liveGroup, 64),
 		checkLive: make(chan struct{}, 1),
-		cooldown: &Cooldown{Base: f.cfg.RateLimitCooldown, Max: f.cfg.RateLimitMaxCooldown, Clock: f.clock},
+		cooldown:  &Cooldown{Base: f.cfg.RateLimitCooldown, Max: f.cfg.RateLimitMaxCooldown, Clock: f.clock},
 		health: RelayHealth{Policy: HealthPolicy{Base: f.cfg.BackoffBase, Max: f.cfg.BackoffMax,
 			DeadAfter: f.cfg.DeadAfter, DeadRetry: f.cfg.DeadRetry, StableAfter: time.Minute}},
 		logLimit: logLimiter{window: 12 * time.Hour},
@@ -323,7 +323,7 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 		defer w.tasks.Done()
 		w.keepLimits(s)
 	}()
-	connected := &graspv1.Connected{}
+	connected := &graspv1.Connected{LiveFilterBudget: w.liveFilterBudget(w.lims.effective())}
 	if w.previous != nil {
 		connected.PreviousSessionId = w.previous.GetSessionId()
 		connected.PreviousFetcherId = w.previous.GetFetcherId()

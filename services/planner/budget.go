@@ -82,7 +82,7 @@ const (
 // the budget, deferring needs no exact size: the deferred consolidation is
 // built from the relay's state when it is drained.
 func (m *Machine) overBudget(s *RelayState, total int, extra []BatchItem, n int) (budgetVerdict, int) {
-	t := m.rules.MaxLiveFilters
+	t := m.budget(s)
 	if total <= t {
 		return withinBudget, -1
 	}
@@ -124,12 +124,23 @@ func (m *Machine) deferring() bool { return m.rules.ConsolidatePerTick > 0 }
 // minimalAbove reports whether the relay's minimal live set is above the
 // budget, from the bounds when they tell, else by computing it.
 func (m *Machine) minimalAbove(s *RelayState) bool {
-	if s.minKnown && s.minLo > m.rules.MaxLiveFilters {
+	if s.minKnown && s.minLo > m.budget(s) {
 		return true
 	}
 	exact := m.minimalSize(s, nil)
 	s.minLo, s.minHi, s.minKnown = exact, exact, true
-	return exact > m.rules.MaxLiveFilters
+	return exact > m.budget(s)
+}
+
+// budget is the relay's live filter budget: MaxLiveFilters, or less where
+// the relay's limits allow fewer live filters (its subscription and message
+// budgets, reported by the fetcher: docs/sync.md, "What relays allow"), so
+// consolidation keeps its live REQs within what it accepts.
+func (m *Machine) budget(s *RelayState) int {
+	if s.limitBudget > 0 && s.limitBudget < m.rules.MaxLiveFilters {
+		return s.limitBudget
+	}
+	return m.rules.MaxLiveFilters
 }
 
 // lowerMin keeps minLo a lower bound of the minimal live set when
@@ -198,10 +209,10 @@ func (m *Machine) minimalSize(s *RelayState, extra []BatchItem) int {
 // builds it.
 func (m *Machine) LiveBudget(s *RelayState) int {
 	min := m.minimalSize(s, nil)
-	if min > m.rules.MaxLiveFilters {
-		return min + headroom(s, m.rules.MaxLiveFilters)
+	if t := m.budget(s); min > t {
+		return min + headroom(s, t)
 	}
-	return m.rules.MaxLiveFilters
+	return m.budget(s)
 }
 
 // DeferredConsolidations is how many relays have a consolidation queued.

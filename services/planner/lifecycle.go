@@ -28,6 +28,7 @@ func (m *Machine) HandleReport(now time.Time, r *graspv1.FetchReport) {
 	}
 	switch rep := r.GetReport().(type) {
 	case *graspv1.FetchReport_Connected:
+		s.limitBudget = int(rep.Connected.GetLiveFilterBudget())
 		m.onConnected(now, s, r.GetSessionId())
 	case *graspv1.FetchReport_Disconnected:
 		if r.GetSessionId() == "" || r.GetSessionId() != s.Session {
@@ -73,6 +74,9 @@ func (m *Machine) HandleReport(now time.Time, r *graspv1.FetchReport) {
 			return // a historic part is retried or reported failed by the fetcher
 		}
 		s.LastSeen = now
+		if b := rep.SubscriptionClosed.GetLiveFilterBudget(); b > 0 {
+			s.limitBudget = int(b)
+		}
 		m.onLiveClosed(now, s, at, rep.SubscriptionClosed.GetRetryAt())
 	}
 }

@@ -69,7 +69,7 @@ func (m *Machine) consolidate(s *RelayState) {
 func (m *Machine) mergeTail(s *RelayState) bool {
 	min := m.exactMinimal(s)
 	s.minLo, s.minHi, s.minKnown = min, min, true
-	excess := s.LiveFilters - (min + headroom(s, m.rules.MaxLiveFilters)/2)
+	excess := s.LiveFilters - (min + headroom(s, m.budget(s))/2)
 	if excess <= 0 && len(s.tail) <= maxTailSets {
 		return true // queued on a bound; within its budget after all
 	}

@@ -82,6 +82,10 @@ type PendingBatch struct {
 // RelayState is the planner's knowledge of one relay: connection lifecycle
 // (RelaySyncIndex) and batches in flight (PendingSyncIndex).
 type RelayState struct {
+	// limitBudget is the live filter budget the relay's limits allow, as
+	// the fetcher reported it (0: unknown); Machine.budget.
+	limitBudget int
+
 	ID        RelayID
 	URL       string
 	Status    graspv1.RelayStatus

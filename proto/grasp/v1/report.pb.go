@@ -383,8 +383,13 @@ type Connected struct {
 	PreviousSessionId string `protobuf:"bytes,2,opt,name=previous_session_id,json=previousSessionId,proto3" json:"previous_session_id,omitempty"`
 	// previous_fetcher_id names the replica that held previous_session_id.
 	PreviousFetcherId string `protobuf:"bytes,3,opt,name=previous_fetcher_id,json=previousFetcherId,proto3" json:"previous_fetcher_id,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// live_filter_budget is how many live filters the relay's limits let the
+	// fetcher keep open (its subscriptions less those kept for reads, times
+	// the filters one REQ of 100-id filters can carry); 0 when not known.
+	// The planner consolidates within it (docs/sync.md, "What relays allow").
+	LiveFilterBudget uint32 `protobuf:"varint,4,opt,name=live_filter_budget,json=liveFilterBudget,proto3" json:"live_filter_budget,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Connected) Reset() {
@@ -436,6 +441,13 @@ func (x *Connected) GetPreviousFetcherId() string {
 		return x.PreviousFetcherId
 	}
 	return ""
+}
+
+func (x *Connected) GetLiveFilterBudget() uint32 {
+	if x != nil {
+		return x.LiveFilterBudget
+	}
+	return 0
 }
 
 // Disconnected reports that a session ended.
@@ -766,9 +778,12 @@ type SubscriptionClosed struct {
 	// batch_id is set for a historic subscription.
 	BatchId string `protobuf:"bytes,3,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
 	// retry_at is when the fetcher reopens it (unix milliseconds), 0 if never.
-	RetryAt       int64 `protobuf:"varint,4,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RetryAt int64 `protobuf:"varint,4,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	// live_filter_budget, when set, is the relay's live filter budget now
+	// (as Connected's): the live set no longer fits the relay's limits.
+	LiveFilterBudget uint32 `protobuf:"varint,5,opt,name=live_filter_budget,json=liveFilterBudget,proto3" json:"live_filter_budget,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SubscriptionClosed) Reset() {
@@ -825,6 +840,13 @@ func (x *SubscriptionClosed) GetBatchId() string {
 func (x *SubscriptionClosed) GetRetryAt() int64 {
 	if x != nil {
 		return x.RetryAt
+	}
+	return 0
+}
+
+func (x *SubscriptionClosed) GetLiveFilterBudget() uint32 {
+	if x != nil {
+		return x.LiveFilterBudget
 	}
 	return 0
 }
@@ -1185,11 +1207,12 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\frate_limited\x18\r \x01(\v2\x15.grasp.v1.RateLimitedH\x00R\vrateLimited\x12*\n" +
 	"\x06health\x18\x0e \x01(\v2\x10.grasp.v1.HealthH\x00R\x06health\x12O\n" +
 	"\x13subscription_closed\x18\x0f \x01(\v2\x1c.grasp.v1.SubscriptionClosedH\x00R\x12subscriptionClosedB\b\n" +
-	"\x06report\"\x9c\x01\n" +
+	"\x06report\"\xca\x01\n" +
 	"\tConnected\x12/\n" +
 	"\x13supports_negentropy\x18\x01 \x01(\bR\x12supportsNegentropy\x12.\n" +
 	"\x13previous_session_id\x18\x02 \x01(\tR\x11previousSessionId\x12.\n" +
-	"\x13previous_fetcher_id\x18\x03 \x01(\tR\x11previousFetcherId\"K\n" +
+	"\x13previous_fetcher_id\x18\x03 \x01(\tR\x11previousFetcherId\x12,\n" +
+	"\x12live_filter_budget\x18\x04 \x01(\rR\x10liveFilterBudget\"K\n" +
 	"\fDisconnected\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12#\n" +
 	"\rfailure_class\x18\x02 \x01(\tR\ffailureClass\"\x80\x03\n" +
@@ -1215,12 +1238,13 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\fnext_attempt\x18\x03 \x01(\x03R\vnextAttempt\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x04 \x01(\tR\tlastError\x12#\n" +
-	"\rfailure_class\x18\x05 \x01(\tR\ffailureClass\"v\n" +
+	"\rfailure_class\x18\x05 \x01(\tR\ffailureClass\"\xa4\x01\n" +
 	"\x12SubscriptionClosed\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x12\n" +
 	"\x04live\x18\x02 \x01(\bR\x04live\x12\x19\n" +
 	"\bbatch_id\x18\x03 \x01(\tR\abatchId\x12\x19\n" +
-	"\bretry_at\x18\x04 \x01(\x03R\aretryAt\"\x9e\x01\n" +
+	"\bretry_at\x18\x04 \x01(\x03R\aretryAt\x12,\n" +
+	"\x12live_filter_budget\x18\x05 \x01(\rR\x10liveFilterBudget\"\x9e\x01\n" +
 	"\fFetcherRelay\x12\x1b\n" +
 	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x1d\n" +
