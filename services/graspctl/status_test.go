@@ -110,3 +110,43 @@ func TestWriteStatusShowsResyncMissed(t *testing.T) {
 		t.Error("a relay without misses is listed")
 	}
 }
+
+// graspctl status shows each relay's budgets in force and where they come
+// from, what lowered them, and the reads it refuses with when they are
+// asked again (docs/sync.md, "What relays allow").
+func TestWriteStatusShowsLimits(t *testing.T) {
+	now := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	learned := syncstatus.FromRelayState(&graspv1.RelayState{RelayUrl: "wss://strfry.example", Status: graspv1.RelayStatus_RELAY_STATUS_CONNECTED})
+	learned.Limits = syncstatus.FromRelayLimits(&graspv1.RelayLimits{RelayUrl: "wss://strfry.example",
+		Advertised:    &graspv1.Limits{MaxMessageBytes: 131072, MaxSubscriptions: 20, MaxLimit: 500},
+		Learned:       &graspv1.Limits{MaxSubscriptions: 8},
+		LimitRefusals: map[string]uint64{"subscriptions": 2},
+		Refusals: []*graspv1.ReadRefusal{{FilterKind: "roots", Reason: "auth-required: members only",
+			At: now.Add(-time.Hour).UnixMilli(), RetryAt: now.Add(23 * time.Hour).UnixMilli()}}})
+	silent := syncstatus.FromRelayState(&graspv1.RelayState{RelayUrl: "wss://silent.example", Status: graspv1.RelayStatus_RELAY_STATUS_CONNECTED})
+	silent.Limits = syncstatus.FromRelayLimits(&graspv1.RelayLimits{RelayUrl: "wss://silent.example", Nip11Error: "HTTP 404"})
+	unknown := syncstatus.FromRelayState(&graspv1.RelayState{RelayUrl: "wss://new.example", Status: graspv1.RelayStatus_RELAY_STATUS_CONNECTING})
+	snap := &syncstatus.Snapshot{Taken: now, Relays: []syncstatus.Relay{learned, silent, unknown}}
+	var out strings.Builder
+	if err := graspctl.WriteStatus(&out, snap); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	t.Log(got)
+	for _, want := range []string{
+		"128K/8/20 learned",  // NIP-11's size, the learned count, the default filters
+		"64K/20/20 default",  // a relay whose NIP-11 said nothing
+		"limits wss://strfry.example: in force 131072 bytes per message, 8 subscriptions, 20 filters per REQ, 500 per filter",
+		"refusals subscriptions 2",
+		`refused wss://strfry.example: roots reads: "auth-required: members only" (last 1h0m0s ago, asked again in 23h0m0s)`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("status lacks %q", want)
+		}
+	}
+	for _, l := range strings.Split(got, "\n") {
+		if strings.HasPrefix(l, "wss://new.example") && !strings.Contains(l, " - ") {
+			t.Errorf("a relay with no limits record shows %q, want a dash", l)
+		}
+	}
+}
