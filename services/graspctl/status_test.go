@@ -134,8 +134,8 @@ func TestWriteStatusShowsLimits(t *testing.T) {
 	got := out.String()
 	t.Log(got)
 	for _, want := range []string{
-		"128K/8/20 learned",  // NIP-11's size, the learned count, the default filters
-		"64K/20/20 default",  // a relay whose NIP-11 said nothing
+		"128K/8/20 learned", // NIP-11's size, the learned count, the default filters
+		"64K/20/20 default", // a relay whose NIP-11 said nothing
 		"limits wss://strfry.example: in force 131072 bytes per message, 8 subscriptions, 20 filters per REQ, 500 per filter",
 		"refusals subscriptions 2",
 		`refused wss://strfry.example: roots reads: "auth-required: members only" (last 1h0m0s ago, asked again in 23h0m0s)`,
