@@ -28,6 +28,10 @@ type Policy struct {
 	Store Lookup
 	// Limits bounds event sizes; zero fields take DefaultLimits values.
 	Limits Limits
+	// Archive names the repositories accepted although their
+	// announcements do not list us (GRASP-05); the zero value archives
+	// nothing.
+	Archive Archive
 	// Now is the clock (injected for tests); nil means time.Now.
 	Now func() time.Time
 }
