@@ -65,6 +65,10 @@ const (
 	ReasonNoReference   Reason = "no-reference"   // rule 5: references nothing accepted
 	ReasonDeleteOthers  Reason = "delete-others"  // deletion targets another author's event
 	ReasonStoreError    Reason = "store-error"    // the store could not be read: fail closed
+	// ReasonArchiveReadOnly is not returned by Evaluate: the relay refuses
+	// with it a client event about an archived repository (ArchiveOnly)
+	// when archives are read-only.
+	ReasonArchiveReadOnly Reason = "archive-read-only"
 )
 
 // Decision is the outcome of evaluating one event.

@@ -149,6 +149,11 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 		return nil, fmt.Errorf("the relay's policy limits %+v differ from the ingester's %+v: both must be the same (GRASP_POLICY_*)",
 			c.Relay.Limits.WithDefaults(), c.Ingester.Limits.WithDefaults())
 	}
+	// Likewise the archive settings (GRASP_ARCHIVE_*): the relay, the
+	// ingester and discovery must agree on what is archived.
+	if r, i, d := c.Relay.Archive.String(), c.Ingester.Archive.String(), c.Discovery.Archive.String(); r != i || r != d {
+		return nil, fmt.Errorf("the archive settings differ: relay %s, ingester %s, discovery %s: all must be the same (GRASP_ARCHIVE_*)", r, i, d)
+	}
 	a := &App{cfg: c, log: log, registry: obs.NewRegistry(), clock: clock.Real{}}
 	ok := false
 	defer func() {
