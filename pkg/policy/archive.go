@@ -154,6 +154,11 @@ func (w *ArchiveWhitelist) Decode(s string) error {
 	return nil
 }
 
+// UnmarshalText is Decode for encoding.TextUnmarshaler users: it tells
+// tools that walk configuration structs (deploy/validate) that the type is
+// read from one string.
+func (w *ArchiveWhitelist) UnmarshalText(b []byte) error { return w.Decode(string(b)) }
+
 // String renders the entries, sorted, comma-separated.
 func (w ArchiveWhitelist) String() string { return strings.Join(w.entries, ",") }
 
