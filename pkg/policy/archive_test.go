@@ -9,6 +9,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip19"
 
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 )
 
@@ -254,5 +255,26 @@ func TestParseArchiveWhitelist(t *testing.T) {
 	}
 	if (policy.Archive{}).Curation() != "" {
 		t.Fatal("curation without archive")
+	}
+}
+
+// An invalid npub in GRASP_ARCHIVE_WHITELIST stops start-up with one line
+// naming the variable.
+func TestArchiveWhitelistFromEnvironment(t *testing.T) {
+	bob := newUser(t)
+	t.Setenv("GRASP_ARCHIVE_WHITELIST", bob.npub(t)+", tool")
+	t.Setenv("GRASP_ARCHIVE_ALL", "false")
+	var a policy.Archive
+	if err := config.Load(&a); err != nil {
+		t.Fatal(err)
+	}
+	if a.Match(bob.pk, "x") != policy.ArchivePinned || a.Match(strings.Repeat("1", 64), "tool") != policy.ArchiveOpen {
+		t.Fatalf("loaded %s", a)
+	}
+	t.Setenv("GRASP_ARCHIVE_WHITELIST", "npub1notakey,tool")
+	err := config.Load(&policy.Archive{})
+	if err == nil || !strings.HasPrefix(err.Error(), `GRASP_ARCHIVE_WHITELIST="npub1notakey,tool": `) ||
+		!strings.Contains(err.Error(), "not a valid npub") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("err = %v, want one line naming GRASP_ARCHIVE_WHITELIST and the bad npub", err)
 	}
 }
