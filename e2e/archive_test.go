@@ -252,3 +252,24 @@ func waitMetric(t *testing.T, app Target, name string, want float64) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestArchiveWhitelistAddedLater: an announcement refused (and remembered
+// as refused) before its author was whitelisted is synced after the
+// operator adds the npub and restarts: the remembered refusal is forgotten
+// at start, so the restart's NIP-77 catch-up of layer 1 fetches it again.
+func TestArchiveWhitelistAddedLater(t *testing.T) {
+	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	own := testkit.StartRelay(t, testkit.RelayOptions{})
+	bob, contributor := testkit.NewKey(), testkit.NewKey()
+	repo := publishArchivedRepo(t, bob, contributor, "tool", boot, own)
+	env := BaseEnv(t.TempDir())
+	env["GRASP_BOOTSTRAP_RELAYS"] = boot.URL
+	app, stop := StartGraspd(t, env, nil, "")
+	metricAtLeast(t, app, 20*time.Second, 1, "grasp_ingester_refused_total", `reason="not-maintainer"`)
+	mustNotArrive(t, app, 0, repo.ann)
+	stop()
+
+	env["GRASP_ARCHIVE_WHITELIST"] = npubOf(t, bob)
+	app, _ = StartGraspd(t, env, nil, "")
+	mustArrive(t, app, 30*time.Second, repo.all()...)
+}
