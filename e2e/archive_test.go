@@ -12,6 +12,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip19"
 
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
@@ -60,7 +62,7 @@ func TestArchiveWhitelistedMaintainer(t *testing.T) {
 	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
 	own := testkit.StartRelay(t, testkit.RelayOptions{})
 	bob, mallory, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
-	app := start(t, Env{"GRASP_BOOTSTRAP_RELAYS": boot.URL, "GRASP_ARCHIVE_WHITELIST": npubOf(t, bob)})
+	app := start(t, Env{"GRASP_BOOTSTRAP_RELAYS": boot.URL, "GRASP_ARCHIVE_WHITELIST": npubOf(t, bob), "GRASP_NATS_LISTEN": "127.0.0.1:0"})
 
 	archived := publishArchivedRepo(t, bob, contributor, "tool", boot, own)
 	other := publishArchivedRepo(t, mallory, contributor, "tool2", boot, own)
@@ -106,6 +108,31 @@ func TestArchiveWhitelistedMaintainer(t *testing.T) {
 		t.Fatalf("NIP-11 supported_grasps %v curation %q, want GRASP-05", doc.SupportedGrasps, doc.Curation)
 	}
 	waitMetric(t, app, "grasp_discovery_archived_repos", 1)
+	// graspctl repos reads the index through syncstatus: bob's repository
+	// is marked archived, the hosted one is not.
+	b, err := bus.Connect(ctx, app.(Graspd).NATSURL(), "e2e-repos", bus.Names{Prefix: "grasp"}, bus.Security{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		snap, err := syncstatus.Read(ctx, b.JS, b.Names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		modes := map[string]bool{}
+		for _, r := range snap.Repos {
+			modes[r.Ref] = r.Archived
+		}
+		bobs, bobIn := modes[testkit.RepoRef(bob.PubKey, "tool")]
+		mine, mineIn := modes[testkit.RepoRef(contributor.PubKey, "mine")]
+		if bobIn && bobs && mineIn && !mine {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("index: bob's repository archived=%v (present %v), the hosted one archived=%v (present %v); want true and false", bobs, bobIn, mine, mineIn)
+		}
+	}
 	m, err := Metrics(ctx, app)
 	if err != nil {
 		t.Fatal(err)
