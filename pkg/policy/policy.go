@@ -1,7 +1,7 @@
 // Package policy decides which events this GRASP service accepts.
 //
-// It implements the write policy of docs/policy.md (GRASP-01 acceptance plus
-// integrity and limits) as pure logic over a read-only view of the event
+// It implements the write policy of docs/policy.md (GRASP-01 acceptance,
+// GRASP-05 archives, integrity and limits) as pure logic over a read-only view of the event
 // store, so that the relay (events from clients) and the ingester (events from
 // sync) make the same decision for the same event. It never stores anything:
 // callers save accepted events and apply accepted deletions themselves.
