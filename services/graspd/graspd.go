@@ -175,6 +175,11 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 			a.cfg.Discovery.RelayURL = target
 		}
 		a.cfg.Graspd.Services = slices.DeleteFunc(slices.Clone(c.Graspd.Services), func(s string) bool { return s == "relay" })
+		if c.Ingester.Archive.Enabled() {
+			// The target applies its own policy: it refuses announcements
+			// that do not list it, so nothing is archived.
+			log.Warn("GRASP_ARCHIVE_* has no effect in bolt-on mode: the target relay refuses announcements that do not list it", "target", target)
+		}
 	} else {
 		ln, err := net.Listen("tcp", c.Relay.Addr)
 		if err != nil {
