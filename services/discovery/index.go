@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/nbd-wtf/go-nostr"
 
@@ -134,7 +135,8 @@ type RepoSyncIndex struct {
 	// with its identifier, so a change to any of them may change its entry.
 	byIdent map[string]map[nip34.RepoRef]struct{}
 	// targets holds the relay targets of the current announcement of each
-	// repository that lists this service (computed once per version).
+	// repository that lists this service or is an archive candidate
+	// (computed once per version).
 	targets map[nip34.RepoRef][]string
 	// hosted holds the repositories whose entry is in force, archived
 	// ones included.
@@ -150,9 +152,11 @@ type RepoSyncIndex struct {
 	openArchived map[nip34.RepoRef]struct{}
 	// overLimit holds archive candidates left out because MaxArchived
 	// open archives were already admitted; OverLimitTotal counts each
-	// time one was left out (a repository once per announcement version).
+	// time a repository started waiting there. freed is set when an open
+	// archive left, so the waiting ones are looked at again.
 	overLimit      map[nip34.RepoRef]struct{}
 	OverLimitTotal int
+	freed          bool
 	// graspLists holds the newest user grasp list (10317) of each pubkey
 	// the archive whitelist names: the GRASP servers they publish to are
 	// where their announcements are looked for (ArchiveRelays).
@@ -308,7 +312,36 @@ func (x *RepoSyncIndex) Apply(evt *nostr.Event) []nip34.RepoRef {
 		x.applyGraspList(evt)
 	}
 	changed = x.recheckArchives(changed)
+	changed = x.admitWaiting(changed)
 	return x.withSameIdentifier(changed)
+}
+
+// admitWaiting gives the places open archives left to the candidates
+// waiting in overLimit, in coordinate order (deterministic), and adds those
+// admitted to changed.
+func (x *RepoSyncIndex) admitWaiting(changed []nip34.RepoRef) []nip34.RepoRef {
+	if !x.freed {
+		return changed
+	}
+	x.freed = false
+	if len(x.overLimit) == 0 || len(x.openArchived) >= x.rules.MaxArchived {
+		return changed
+	}
+	waiting := make([]nip34.RepoRef, 0, len(x.overLimit))
+	for ref := range x.overLimit {
+		waiting = append(waiting, ref)
+	}
+	slices.SortFunc(waiting, func(a, b nip34.RepoRef) int { return strings.Compare(a.String(), b.String()) })
+	for _, ref := range waiting {
+		if len(x.openArchived) >= x.rules.MaxArchived {
+			break
+		}
+		x.update(ref)
+		if _, in := x.hosted[ref]; in && !slices.Contains(changed, ref) {
+			changed = append(changed, ref)
+		}
+	}
+	return changed
 }
 
 // recheckArchives recomputes the archive candidates sharing an identifier
@@ -483,12 +516,15 @@ func (x *RepoSyncIndex) applyDeletion(evt *nostr.Event) []nip34.RepoRef {
 // not a maintainer's coordinate of a hosted repository with its identifier,
 // and, when matched only by an identifier or GRASP_ARCHIVE_ALL, is within
 // rules.MaxArchived: the first admitted stay, later ones wait until one
-// leaves and the index is rebuilt).
+// leaves).
 func (x *RepoSyncIndex) update(ref nip34.RepoRef) {
 	cur := x.announcements[ref]
 	_, targeted := x.targets[ref]
 	match, archive := x.archiveMatch[ref]
 	leave := func() {
+		if _, open := x.openArchived[ref]; open {
+			x.freed = true
+		}
 		delete(x.hosted, ref)
 		delete(x.archived, ref)
 		delete(x.openArchived, ref)
@@ -499,9 +535,7 @@ func (x *RepoSyncIndex) update(ref nip34.RepoRef) {
 		return
 	}
 	if !archive {
-		delete(x.archived, ref)
-		delete(x.openArchived, ref)
-		delete(x.overLimit, ref)
+		leave()
 		x.hosted[ref] = struct{}{}
 		return
 	}
@@ -522,8 +556,9 @@ func (x *RepoSyncIndex) update(ref nip34.RepoRef) {
 			}
 			x.openArchived[ref] = struct{}{}
 		}
-	} else {
+	} else if _, open := x.openArchived[ref]; open {
 		delete(x.openArchived, ref)
+		x.freed = true
 	}
 	delete(x.overLimit, ref)
 	x.archived[ref] = struct{}{}
