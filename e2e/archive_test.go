@@ -300,3 +300,22 @@ func TestArchiveWhitelistAddedLater(t *testing.T) {
 	app, _ = StartGraspd(t, env, nil, "")
 	mustArrive(t, app, 30*time.Second, repo.all()...)
 }
+
+// TestArchiveFoundThroughRelayList: a whitelisted maintainer's announcement
+// that is on no bootstrap relay but on a relay their relay list (10002, on a
+// bootstrap relay) names is found there and its repository synced; so is
+// one on a GRASP server their grasp list (10317) names.
+func TestArchiveFoundThroughRelayList(t *testing.T) {
+	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	outbox := testkit.StartRelay(t, testkit.RelayOptions{})
+	grasp := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	own := testkit.StartRelay(t, testkit.RelayOptions{})
+	bob, carol, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
+	boot.Add(t,
+		bob.Sign(&nostr.Event{Kind: 10002, Tags: nostr.Tags{{"r", outbox.URL, "write"}}}),
+		carol.GraspList([]string{grasp.URL}))
+	app := start(t, Env{"GRASP_BOOTSTRAP_RELAYS": boot.URL, "GRASP_ARCHIVE_WHITELIST": npubOf(t, bob) + "," + npubOf(t, carol)})
+	viaOutbox := publishArchivedRepo(t, bob, contributor, "tool", outbox, own)
+	viaGrasp := publishArchivedRepo(t, carol, contributor, "lib", grasp, own)
+	mustArrive(t, app, 30*time.Second, append(viaOutbox.all(), viaGrasp.all()...)...)
+}

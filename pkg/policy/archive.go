@@ -60,6 +60,22 @@ func (a Archive) Match(pubkey, d string) ArchiveMatch {
 	return ArchiveNone
 }
 
+// NamesAuthor reports whether an npub or npub/identifier entry names
+// pubkey: the archive then keeps that author's relay list (10002), which
+// says where to look for their announcements.
+func (a Archive) NamesAuthor(pubkey string) bool {
+	w := a.Whitelist
+	if w.pubkeys[pubkey] {
+		return true
+	}
+	for r := range w.repos {
+		if pk, _, _ := strings.Cut(r, "/"); pk == pubkey {
+			return true
+		}
+	}
+	return false
+}
+
 // String is a canonical rendering of the settings, equal for equal
 // settings (graspd compares the services' copies with it).
 func (a Archive) String() string {

@@ -138,6 +138,16 @@ func TestArchiveCases(t *testing.T) {
 					{"bob's state (archived)", state(t, b, "repo", 0), ok, true},
 				}
 			}, true},
+		{"A11 relay lists (10002) of named maintainers, and they anchor nothing", func(a, b, c user) string { return b.npub(t) + "/tool," + c.npub(t) }, false,
+			func(t *testing.T, a, b, c, m user) []archStep {
+				bobs := b.ev(t, 10002, 0, "", nostr.Tag{"r", "wss://bob.example"})
+				return []archStep{
+					{"bob's relay list (npub/identifier)", bobs, ok, false},
+					{"carol's relay list (npub)", c.ev(t, 10002, 0, "", nostr.Tag{"r", "wss://carol.example"}), ok, false},
+					{"mallory's relay list", m.ev(t, 10002, 0, "", nostr.Tag{"r", "wss://m.example"}), policy.ReasonNoReference, false},
+					{"a note tagging bob's relay list", m.ev(t, 1, 0, "spam", nostr.Tag{"e", bobs.ID}), policy.ReasonNoReference, false},
+				}
+			}, true},
 		{"A10 nothing archived: the 18 cases unchanged", func(a, b, c user) string { return "" }, false,
 			func(t *testing.T, a, b, c, m user) []archStep {
 				return []archStep{

@@ -162,6 +162,12 @@ func (p *Policy) evaluate(ctx context.Context, evt *nostr.Event, verify bool) De
 		return p.evaluateDeletion(ctx, evt)
 	case nip34.KindUserGraspList:
 		return accept()
+	case nip34.KindRelayList:
+		if p.Archive.NamesAuthor(evt.PubKey) {
+			// GRASP-05: where a whitelisted maintainer publishes.
+			return accept()
+		}
+		return p.evaluateReferences(ctx, evt)
 	default:
 		return p.evaluateReferences(ctx, evt)
 	}

@@ -156,6 +156,13 @@ func TestArchiveRelaysFromGraspLists(t *testing.T) {
 	if got, want := x.ArchiveRelays(), []string{"wss://three.example"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("after a newer list: %v, want %v", got, want)
 	}
+	// Relay lists (10002): write and unmarked relays, not read-only ones.
+	x.Apply(bob.Sign(&nostr.Event{Kind: 10002, CreatedAt: 30, Tags: nostr.Tags{
+		{"r", "wss://write.example", "write"}, {"r", "wss://both.example"}, {"r", "wss://read.example", "read"}}}))
+	x.Apply(mallory.Sign(&nostr.Event{Kind: 10002, CreatedAt: 30, Tags: nostr.Tags{{"r", "wss://m.example"}}}))
+	if got, want := x.ArchiveRelays(), []string{"wss://both.example", "wss://three.example", "wss://write.example"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("with a relay list: %v, want %v", got, want)
+	}
 	if got := archiveIndex(t, "", true, 1).ArchiveRelays(); len(got) != 0 {
 		t.Fatalf("without whitelisted npubs: %v", got)
 	}

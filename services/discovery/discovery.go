@@ -33,8 +33,9 @@ import (
 )
 
 // Kinds is what discovery subscribes to: announcements, root events, user
-// grasp lists, and NIP-09 deletions (which remove repositories and roots).
-var Kinds = []int{nip34.KindRepoAnnouncement, nip34.KindPatch, nip34.KindPullRequest, nip34.KindIssue, nip34.KindUserGraspList, nip34.KindDeletion}
+// grasp lists and relay lists (where an archive's whitelisted maintainers
+// publish), and NIP-09 deletions (which remove repositories and roots).
+var Kinds = []int{nip34.KindRepoAnnouncement, nip34.KindPatch, nip34.KindPullRequest, nip34.KindIssue, nip34.KindUserGraspList, nip34.KindRelayList, nip34.KindDeletion}
 
 // LeaseKey is discovery's key in the lease bucket.
 const LeaseKey = "discovery"
@@ -497,7 +498,7 @@ func (d *Discovery) fold(t *term, evt *nostr.Event) bool {
 	for _, ref := range changed {
 		t.pending[ref] = struct{}{}
 	}
-	if evt.Kind == nip34.KindUserGraspList && t.index.whitelisted[evt.PubKey] {
+	if (evt.Kind == nip34.KindUserGraspList || evt.Kind == nip34.KindRelayList) && t.index.whitelisted[evt.PubKey] {
 		// A whitelisted maintainer's grasp list may name new places to
 		// look for their announcements: republish the bootstrap relays.
 		t.bootDirty = true

@@ -157,10 +157,11 @@ type RepoSyncIndex struct {
 	overLimit      map[nip34.RepoRef]struct{}
 	OverLimitTotal int
 	freed          bool
-	// graspLists holds the newest user grasp list (10317) of each pubkey
-	// the archive whitelist names: the GRASP servers they publish to are
-	// where their announcements are looked for (ArchiveRelays).
-	graspLists  map[string]*nostr.Event
+	// graspLists holds the newest user grasp list (10317) and relay list
+	// (10002) of each pubkey the archive whitelist names, by kind and
+	// pubkey: the GRASP servers and relays they publish to are where their
+	// announcements are looked for (ArchiveRelays).
+	graspLists  map[listKey]*nostr.Event
 	whitelisted map[string]bool
 	// roots holds root event ids per repository, including repositories not
 	// (yet) hosted, so roots that arrive before their announcement attach.
@@ -225,35 +226,56 @@ func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 	return x
 }
 
-// applyGraspList keeps the newest user grasp list of each whitelisted
-// pubkey and reports whether ArchiveRelays may have changed.
+// listKey names one replaceable list: its kind and author.
+type listKey struct {
+	kind   int
+	pubkey string
+}
+
+// applyGraspList keeps the newest user grasp list and relay list of each
+// whitelisted pubkey and reports whether ArchiveRelays may have changed.
 func (x *RepoSyncIndex) applyGraspList(evt *nostr.Event) bool {
 	if !x.whitelisted[evt.PubKey] {
 		return false
 	}
-	if cur := x.graspLists[evt.PubKey]; cur != nil && !newer(evt, cur) {
+	k := listKey{evt.Kind, evt.PubKey}
+	if cur := x.graspLists[k]; cur != nil && !newer(evt, cur) {
 		return false
 	}
-	x.graspLists[evt.PubKey] = evt
+	x.graspLists[k] = evt
 	return true
 }
 
-// ArchiveRelays returns the relays of the GRASP servers the whitelisted
-// maintainers list in their user grasp lists (10317 "g" tags, the server's
-// URL is its relay), normalised, guarded like announcement relays, at most
-// MaxPerAnnouncement per list, without this service, sorted: discovery
-// publishes them with the bootstrap relays, so their layer 1 is read and the
-// maintainers' announcements that do not list us are found there.
+// listsRelay reports whether tag names a relay where the list's author
+// publishes: a "g" tag of a user grasp list (the GRASP server's URL is its
+// relay), an "r" tag of a relay list without a marker or marked "write"
+// (NIP-65).
+func listsRelay(kind int, tag nostr.Tag) bool {
+	if len(tag) < 2 {
+		return false
+	}
+	if kind == nip34.KindUserGraspList {
+		return tag[0] == "g"
+	}
+	return tag[0] == "r" && (len(tag) < 3 || tag[2] == "" || tag[2] == "write")
+}
+
+// ArchiveRelays returns the relays the whitelisted maintainers publish to,
+// from their user grasp lists (10317) and relay lists (10002), normalised,
+// guarded like announcement relays, at most MaxPerAnnouncement per list,
+// without this service, sorted: discovery publishes them with the bootstrap
+// relays, so their layer 1 is read and the maintainers' announcements that
+// do not list us are found there.
 func (x *RepoSyncIndex) ArchiveRelays() []string {
 	seen := map[string]bool{}
 	var out []string
-	for _, evt := range x.graspLists {
+	for k, evt := range x.graspLists {
 		if x.tombstoned(evt.ID, evt.PubKey) {
 			continue
 		}
 		n := 0
 		for _, tag := range evt.Tags {
-			if len(tag) < 2 || tag[0] != "g" {
+			if !listsRelay(k.kind, tag) {
 				continue
 			}
 			if x.rules.MaxPerAnnouncement > 0 && n >= x.rules.MaxPerAnnouncement {
@@ -286,7 +308,7 @@ func newRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 		archived:      map[nip34.RepoRef]struct{}{},
 		openArchived:  map[nip34.RepoRef]struct{}{},
 		overLimit:     map[nip34.RepoRef]struct{}{},
-		graspLists:    map[string]*nostr.Event{},
+		graspLists:    map[listKey]*nostr.Event{},
 		whitelisted:   map[string]bool{},
 		roots:         map[nip34.RepoRef]*rootSet{},
 		rootRefs:      map[eventKey]rootInfo{},
@@ -308,7 +330,7 @@ func (x *RepoSyncIndex) Apply(evt *nostr.Event) []nip34.RepoRef {
 		changed = x.applyRoot(evt)
 	case evt.Kind == nip34.KindDeletion:
 		changed = x.applyDeletion(evt)
-	case evt.Kind == nip34.KindUserGraspList:
+	case evt.Kind == nip34.KindUserGraspList, evt.Kind == nip34.KindRelayList:
 		x.applyGraspList(evt)
 	}
 	changed = x.recheckArchives(changed)

@@ -150,9 +150,9 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 			c.Relay.Limits.WithDefaults(), c.Ingester.Limits.WithDefaults())
 	}
 	// Likewise the archive settings (GRASP_ARCHIVE_*): the relay, the
-	// ingester and discovery must agree on what is archived.
-	if r, i, d := c.Relay.Archive.String(), c.Ingester.Archive.String(), c.Discovery.Archive.String(); r != i || r != d {
-		return nil, fmt.Errorf("the archive settings differ: relay %s, ingester %s, discovery %s: all must be the same (GRASP_ARCHIVE_*)", r, i, d)
+	// ingester, discovery and the planner must agree on what is archived.
+	if r, i, d, p := c.Relay.Archive.String(), c.Ingester.Archive.String(), c.Discovery.Archive.String(), c.Planner.Archive.String(); r != i || r != d || r != p {
+		return nil, fmt.Errorf("the archive settings differ: relay %s, ingester %s, discovery %s, planner %s: all must be the same (GRASP_ARCHIVE_*)", r, i, d, p)
 	}
 	a := &App{cfg: c, log: log, registry: obs.NewRegistry(), clock: clock.Real{}}
 	ok := false
