@@ -16,8 +16,8 @@ import (
 // Archive holds the GRASP-05 settings (GRASP_ARCHIVE_*): which repositories
 // whose announcements do not list this service are accepted anyway, as an
 // archive or mirror, and then synced like hosted ones (docs/policy.md,
-// "Archives (GRASP-05)"). The relay, the ingester and discovery read the
-// same variables, so all three agree on what is archived.
+// "Archives (GRASP-05)"). The relay, the ingester, discovery and the planner
+// read the same variables, so they agree on what is archived.
 type Archive struct {
 	// Whitelist names what to archive, comma-separated: npub1… (every repository of that maintainer), npub1…/identifier (one repository), or identifier (that identifier from any author — risky: anyone can publish an announcement with it, so such repositories count against GRASP_ARCHIVE_MAX_REPOS). An invalid npub stops start-up.
 	Whitelist ArchiveWhitelist `envconfig:"ARCHIVE_WHITELIST"`

@@ -59,7 +59,8 @@ type Config struct {
 	BootstrapRelays []string `envconfig:"BOOTSTRAP_RELAYS"`
 	// Archive names the repositories synced although their announcements
 	// do not list us (GRASP_ARCHIVE_*, GRASP-05), the same settings the
-	// relay and the ingester judge announcements by.
+	// relay and the ingester judge announcements by and the planner asks
+	// for relay lists by.
 	policy.Archive
 	// ArchiveMaxRepos bounds the archived repositories matched only by an identifier entry of GRASP_ARCHIVE_WHITELIST or by GRASP_ARCHIVE_ALL, which anyone can publish: past it further ones are stored but not synced (logged, and counted by grasp_discovery_archive_over_limit). Repositories matched by an npub entry are always synced and not counted.
 	ArchiveMaxRepos int `envconfig:"ARCHIVE_MAX_REPOS" default:"1000"`

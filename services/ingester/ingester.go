@@ -87,7 +87,7 @@ type Config struct {
 	policy.Limits
 	// Archive names the repositories accepted although their
 	// announcements do not list us (GRASP_ARCHIVE_*, GRASP-05), the same
-	// settings the relay and discovery use.
+	// settings the relay, discovery and the planner use.
 	policy.Archive
 	// Settings, when GRASP_TARGET_RELAY is set, make the ingester publish
 	// accepted events to that relay and keep its store as a mirror of what

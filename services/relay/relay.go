@@ -65,7 +65,7 @@ type Config struct {
 	policy.Limits
 	// Archive names the repositories held as an archive although their
 	// announcements do not list us (GRASP_ARCHIVE_*, GRASP-05), the same
-	// settings the ingester and discovery use.
+	// settings the ingester, discovery and the planner use.
 	policy.Archive
 	// ArchiveReadOnly refuses client events about an archived repository (its announcement, states, and events naming it or replying to its events): they reach an archive only through sync from the relays its announcement lists. false lets clients write to archived repositories too.
 	ArchiveReadOnly bool `envconfig:"ARCHIVE_READ_ONLY" default:"true" zero:"off"`
