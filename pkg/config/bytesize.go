@@ -92,3 +92,8 @@ func ApplyMemoryLimit(limit ByteSize) (inForce int64, source string) {
 	}
 	return cur, "GOMEMLIMIT"
 }
+
+// InvalidValue is the error a custom variable type's Decode returns for a
+// value it cannot take: Load prints why after the variable's name, on one
+// line, instead of a generic "not a valid <type>".
+func InvalidValue(why string) error { return invalidValue{why} }

@@ -75,6 +75,17 @@ func Base() nostr.Filter {
 	return nostr.Filter{Kinds: []int{nip34.KindRepoAnnouncement, nip34.KindUserGraspList}}
 }
 
+// RelayLists finds the relay lists (NIP-65, kind 10002) of authors, one
+// filter per chunk: with Base, the layer 1 of an archive (GRASP-05), whose
+// whitelisted maintainers' relay lists name where their announcements are.
+func RelayLists(authors []string) []nostr.Filter {
+	var fs []nostr.Filter
+	for _, chunk := range chunks(sortedUnique(authors)) {
+		fs = append(fs, nostr.Filter{Kinds: []int{nip34.KindRelayList}, Authors: chunk})
+	}
+	return fs
+}
+
 // Items builds the item-level filters of a set of sync items: for
 // repositories their layer-2 filters and the 30618 states of their
 // identifiers, for root events their layer-3 filters. The order is fixed

@@ -30,6 +30,9 @@ const (
 	KindIssue = 1621
 	// KindUserGraspList is a user's list of GRASP servers (replaceable).
 	KindUserGraspList = 10317
+	// KindRelayList is a user's NIP-65 relay list (replaceable, "r" tags):
+	// where an archive looks for a whitelisted maintainer's announcements.
+	KindRelayList = 10002
 	// KindComment is a NIP-22 comment, the usual reply to a root event.
 	KindComment = 1111
 	// KindDeletion is a NIP-09 deletion request: it names the events (e tags)

@@ -1,7 +1,7 @@
 // Package policy decides which events this GRASP service accepts.
 //
-// It implements the write policy of docs/policy.md (GRASP-01 acceptance plus
-// integrity and limits) as pure logic over a read-only view of the event
+// It implements the write policy of docs/policy.md (GRASP-01 acceptance,
+// GRASP-05 archives, integrity and limits) as pure logic over a read-only view of the event
 // store, so that the relay (events from clients) and the ingester (events from
 // sync) make the same decision for the same event. It never stores anything:
 // callers save accepted events and apply accepted deletions themselves.
@@ -28,6 +28,10 @@ type Policy struct {
 	Store Lookup
 	// Limits bounds event sizes; zero fields take DefaultLimits values.
 	Limits Limits
+	// Archive names the repositories accepted although their
+	// announcements do not list us (GRASP-05); the zero value archives
+	// nothing.
+	Archive Archive
 	// Now is the clock (injected for tests); nil means time.Now.
 	Now func() time.Time
 }
@@ -61,6 +65,10 @@ const (
 	ReasonNoReference   Reason = "no-reference"   // rule 5: references nothing accepted
 	ReasonDeleteOthers  Reason = "delete-others"  // deletion targets another author's event
 	ReasonStoreError    Reason = "store-error"    // the store could not be read: fail closed
+	// ReasonArchiveReadOnly is not returned by Evaluate: the relay refuses
+	// with it a client event about an archived repository (ArchiveOnly)
+	// when archives are read-only.
+	ReasonArchiveReadOnly Reason = "archive-read-only"
 )
 
 // Decision is the outcome of evaluating one event.
@@ -154,6 +162,12 @@ func (p *Policy) evaluate(ctx context.Context, evt *nostr.Event, verify bool) De
 		return p.evaluateDeletion(ctx, evt)
 	case nip34.KindUserGraspList:
 		return accept()
+	case nip34.KindRelayList:
+		if p.Archive.NamesAuthor(evt.PubKey) {
+			// GRASP-05: where a whitelisted maintainer publishes.
+			return accept()
+		}
+		return p.evaluateReferences(ctx, evt)
 	default:
 		return p.evaluateReferences(ctx, evt)
 	}

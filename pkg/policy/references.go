@@ -45,9 +45,10 @@ func (p *Policy) evaluateReferences(ctx context.Context, evt *nostr.Event) Decis
 // anchors reports whether a stored event can make others acceptable under
 // rule 5. Deletions and grasp lists are accepted without any link to a
 // repository, so letting them anchor other events would let anyone bring in
-// anything by first publishing one of them.
+// anything by first publishing one of them; so are an archive's whitelisted
+// maintainers' relay lists (10002), which anyone could then tag.
 func anchors(kind int) bool {
-	return kind != nip34.KindDeletion && kind != nip34.KindUserGraspList
+	return kind != nip34.KindDeletion && kind != nip34.KindUserGraspList && kind != nip34.KindRelayList
 }
 
 // anyCoordinateStored reports whether a stored event has one of coords. All

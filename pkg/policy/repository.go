@@ -26,10 +26,15 @@ func (p *Policy) evaluateAnnouncement(ctx context.Context, evt *nostr.Event) Dec
 	if err != nil {
 		return storeError("look up announcements", err)
 	}
-	set := p.maintainerSet(anns, d)
+	set := p.maintainerSet(anns, d, true)
 	if set[evt.PubKey] {
-		// Maintainer exception: a maintainer of a repository we serve may
-		// announce it elsewhere.
+		// Maintainer exception: a maintainer of a repository we serve
+		// (hosted or archived) may announce it elsewhere.
+		return accept()
+	}
+	if p.Archive.Match(evt.PubKey, d) != ArchiveNone {
+		// GRASP-05: an archive accepts what its settings name although it
+		// does not list us.
 		return accept()
 	}
 	var lacking []string
@@ -91,7 +96,7 @@ func (p *Policy) evaluateState(ctx context.Context, evt *nostr.Event) Decision {
 	if err != nil {
 		return storeError("look up announcements", err)
 	}
-	set := p.maintainerSet(anns, d)
+	set := p.maintainerSet(anns, d, true)
 	if set[evt.PubKey] {
 		return accept()
 	}
@@ -136,9 +141,10 @@ func (p *Policy) announcements(ctx context.Context, d string) ([]*nostr.Event, e
 
 // maintainerSet returns the recursive maintainer set of the repositories with
 // identifier d that we serve: the owners of stored announcements listing this
-// service, their maintainers, those maintainers' own announcements'
-// maintainers, and so on. Cycle-safe: each pubkey is expanded once.
-func (p *Policy) maintainerSet(anns []*nostr.Event, d string) map[string]bool {
+// service (and, with archived, of those the archive settings match), their
+// maintainers, those maintainers' own announcements' maintainers, and so on.
+// Cycle-safe: each pubkey is expanded once.
+func (p *Policy) maintainerSet(anns []*nostr.Event, d string, archived bool) map[string]bool {
 	latest := map[string]*nostr.Event{}
 	for _, a := range anns {
 		if cur := latest[a.PubKey]; cur == nil || a.CreatedAt > cur.CreatedAt {
@@ -148,7 +154,7 @@ func (p *Policy) maintainerSet(anns []*nostr.Event, d string) map[string]bool {
 	set := map[string]bool{}
 	var queue []string
 	for pk, a := range latest {
-		if p.ListsService(a) {
+		if p.ListsService(a) || (archived && p.Archive.Match(pk, d) != ArchiveNone) {
 			set[pk] = true
 			queue = append(queue, pk)
 		}

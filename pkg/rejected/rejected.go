@@ -154,3 +154,43 @@ func (c *Cache) Items(ctx context.Context, f nostr.Filter) ([]negsync.Item, erro
 	}
 	return out, nil
 }
+
+// Forget deletes the remembered refusals for which match reports true (given
+// the event's kind, author, tags and the refusal's reason) and returns how
+// many it deleted. It reads the bucket once, as it stands when called. It is
+// how a configuration change that makes refused events acceptable (an
+// archive whitelist entry, GRASP-05) revives them: once forgotten they are
+// no longer in the NIP-77 local set, so the next reconciliation of layer 1
+// fetches them again. Deleting is idempotent, so every ingester replica may
+// run it.
+func Forget(ctx context.Context, kv jetstream.KeyValue, match func(kind int, pubkey string, tags nostr.Tags, reason string) bool) (int, error) {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, fmt.Errorf("watch rejected events: %w", err)
+	}
+	defer w.Stop()
+	var doomed []string
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		var en entry
+		if json.Unmarshal(e.Value(), &en) != nil {
+			continue
+		}
+		if match(en.Kind, en.PubKey, en.Tags, en.Reason) {
+			doomed = append(doomed, e.Key())
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, key := range doomed {
+		if err := kv.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return n, fmt.Errorf("forget rejected %s: %w", key, err)
+		}
+		n++
+	}
+	return n, nil
+}

@@ -72,3 +72,69 @@ func TestCacheServesRecordedRefusals(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Forget deletes exactly the remembered refusals its rule matches, and a
+// cache following the bucket drops them: the way a newly whitelisted
+// archive's announcements leave the NIP-77 local set.
+func TestForget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := bus.ConnectInProcess(testkit.StartNATS(t).Server, "t", bus.DefaultNames())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	opts := bus.DefaultOptions()
+	opts.Storage = jetstream.MemoryStorage
+	if err := bus.Setup(ctx, b.JS, b.Names, opts); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := rejected.Open(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob, mallory := testkit.NewKey(), testkit.NewKey()
+	bobAnn := bob.Announcement("tool", []string{"https://x.example/tool.git"}, []string{"wss://x.example"}, nil)
+	bobBig := bob.Note("too big")
+	malloryAnn := mallory.Announcement("tool", []string{"https://x.example/tool.git"}, []string{"wss://x.example"}, nil)
+	for evt, reason := range map[*nostr.Event]string{bobAnn: "not-maintainer", bobBig: "too-large", malloryAnn: "not-maintainer"} {
+		if err := rejected.Add(ctx, kv, evt, reason); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := rejected.NewCache()
+	done := make(chan error, 1)
+	rctx, stop := context.WithCancel(ctx)
+	go func() { done <- c.Run(rctx, kv) }()
+	defer func() { stop(); <-done }()
+
+	n, err := rejected.Forget(ctx, kv, func(kind int, pubkey string, tags nostr.Tags, reason string) bool {
+		return kind == 30617 && pubkey == bob.PubKey && tags.GetD() == "tool" && reason == "not-maintainer"
+	})
+	if err != nil || n != 1 {
+		t.Fatalf("Forget = %d, %v; want 1", n, err)
+	}
+	for evt, want := range map[*nostr.Event]bool{bobAnn: false, bobBig: true, malloryAnn: true} {
+		_, found, err := rejected.Reason(ctx, kv, evt.ID)
+		if err != nil || found != want {
+			t.Errorf("kind %d by %s remembered = %v (%v), want %v", evt.Kind, evt.PubKey[:8], found, err, want)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		items, err := c.Items(ctx, nostr.Filter{Kinds: []int{30617}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(items) == 1 && items[0].ID == malloryAnn.ID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cache still holds %v", items)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n, err := rejected.Forget(ctx, kv, func(int, string, nostr.Tags, string) bool { return false }); err != nil || n != 0 {
+		t.Fatalf("Forget nothing = %d, %v", n, err)
+	}
+}

@@ -131,7 +131,10 @@ type Repo struct {
 	Roots          int       `json:"roots"`
 	AnnouncementID string    `json:"announcement_id,omitempty"`
 	UpdatedAt      time.Time `json:"updated_at,omitzero"`
-	rootIDs        []string
+	// Archived marks a repository synced as an archive (GRASP-05): its
+	// announcement does not list this service.
+	Archived bool `json:"archived,omitempty"`
+	rootIDs  []string
 }
 
 // Lease is who holds an elected role.
@@ -390,7 +393,7 @@ func readIndex(ctx context.Context, js jetstream.JetStream, names bus.Names, s *
 		s.Repos = append(s.Repos, Repo{
 			Ref: needs.GetRepoRef(), Relays: needs.GetRelays(), Roots: len(needs.GetRootEventIds()),
 			AnnouncementID: needs.GetAnnouncementId(), UpdatedAt: unix(needs.GetUpdatedAt()),
-			rootIDs: needs.GetRootEventIds(),
+			Archived: needs.GetArchived(), rootIDs: needs.GetRootEventIds(),
 		})
 		return nil
 	})

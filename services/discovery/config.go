@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
 
@@ -55,6 +56,13 @@ type Config struct {
 	// so the planner keeps them connected whether or not a repository lists
 	// them.
 	BootstrapRelays []string `envconfig:"BOOTSTRAP_RELAYS"`
+	// Archive names the repositories synced although their announcements
+	// do not list us (GRASP_ARCHIVE_*, GRASP-05), the same settings the
+	// relay and the ingester judge announcements by and the planner asks
+	// for relay lists by.
+	policy.Archive
+	// ArchiveMaxRepos bounds the archived repositories matched only by an identifier entry of GRASP_ARCHIVE_WHITELIST or by GRASP_ARCHIVE_ALL, which anyone can publish: past it further ones are stored but not synced (logged, and counted by grasp_discovery_archive_over_limit). Repositories matched by an npub entry are always synced and not counted.
+	ArchiveMaxRepos int `envconfig:"ARCHIVE_MAX_REPOS" default:"1000"`
 	// InstanceID names this instance in the discovery lease (default
 	// host-pid).
 	InstanceID string `envconfig:"DISCOVERY_ID"`
@@ -76,6 +84,8 @@ func (c *Config) Validate() error {
 		return config.Invalid("DISCOVERY_BACKOFF_BASE", c.BackoffBase, "must be positive")
 	case c.BackoffMax < c.BackoffBase:
 		return config.Invalid("DISCOVERY_BACKOFF_MAX", c.BackoffMax, "must not be below GRASP_DISCOVERY_BACKOFF_BASE")
+	case c.ArchiveMaxRepos < 0:
+		return config.Invalid("ARCHIVE_MAX_REPOS", c.ArchiveMaxRepos, "must not be negative")
 	case c.ReconnectBuffer < 0:
 		return config.Invalid("DISCOVERY_RECONNECT_BUFFER", c.ReconnectBuffer, "must not be negative")
 	}

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -32,8 +33,9 @@ import (
 )
 
 // Kinds is what discovery subscribes to: announcements, root events, user
-// grasp lists, and NIP-09 deletions (which remove repositories and roots).
-var Kinds = []int{nip34.KindRepoAnnouncement, nip34.KindPatch, nip34.KindPullRequest, nip34.KindIssue, nip34.KindUserGraspList, nip34.KindDeletion}
+// grasp lists and relay lists (where an archive's whitelisted maintainers
+// publish), and NIP-09 deletions (which remove repositories and roots).
+var Kinds = []int{nip34.KindRepoAnnouncement, nip34.KindPatch, nip34.KindPullRequest, nip34.KindIssue, nip34.KindUserGraspList, nip34.KindRelayList, nip34.KindDeletion}
 
 // LeaseKey is discovery's key in the lease bucket.
 const LeaseKey = "discovery"
@@ -82,6 +84,8 @@ func New(cfg Config, b *bus.Bus, serviceURL string, listsService func(*nostr.Eve
 			Guard:              relayurl.Guard{Allow: cfg.RelayAllowlist},
 			MaxPerAnnouncement: cfg.MaxRelaysPerAnnouncement,
 			ListsService:       listsService,
+			Archive:            cfg.Archive,
+			MaxArchived:        cfg.ArchiveMaxRepos,
 		},
 		clock:       clk,
 		log:         log.With("service", "discovery", "relay", cfg.RelayURL, "instance", cfg.InstanceID),
@@ -192,14 +196,19 @@ type term struct {
 	// of the next session reads the whole history instead of using since.
 	gap     *gapMark
 	refused map[string]int // Refused counts already exported
-	log     *slog.Logger
+	// overLimit is the index's OverLimitTotal already exported.
+	overLimit int
+	// bootDirty is set when the archive relays may have changed and the
+	// bootstrap relays are to be published again.
+	bootDirty bool
+	log       *slog.Logger
 }
 
 // active runs while this instance holds the lease: sessions against the own
 // relay, reconnecting with backoff, until ctx ends.
 func (d *Discovery) active(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) error {
 	t := d.newTerm(kv, log)
-	if _, err := t.writer.SyncBootstrap(ctx, d.cfg.BootstrapRelays); err != nil {
+	if _, err := t.writer.SyncBootstrap(ctx, d.bootstrap(t)); err != nil {
 		log.Warn("bootstrap relays not published yet", "err", err)
 	} else {
 		log.Info("bootstrap relays published", "relays", len(d.cfg.BootstrapRelays))
@@ -458,6 +467,22 @@ func (d *Discovery) dial(ctx context.Context) (*relayconn.Conn, error) {
 	return c, nil
 }
 
+// bootstrap is what discovery publishes as the bootstrap relays: the
+// configured ones plus the GRASP servers the archived maintainers list
+// (RepoSyncIndex.ArchiveRelays), sorted, each once.
+func (d *Discovery) bootstrap(t *term) []string {
+	out := slices.Clone(d.cfg.BootstrapRelays)
+	for _, u := range t.index.ArchiveRelays() {
+		if !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	if len(out) > len(d.cfg.BootstrapRelays) {
+		slices.Sort(out)
+	}
+	return out
+}
+
 // apply folds one event in and reports whether any entry may have changed.
 func (d *Discovery) apply(t *term, evt *nostr.Event) bool {
 	d.metrics.eventsSeen.Inc()
@@ -472,6 +497,12 @@ func (d *Discovery) fold(t *term, evt *nostr.Event) bool {
 	changed := t.index.Apply(evt)
 	for _, ref := range changed {
 		t.pending[ref] = struct{}{}
+	}
+	if (evt.Kind == nip34.KindUserGraspList || evt.Kind == nip34.KindRelayList) && t.index.whitelisted[evt.PubKey] {
+		// A whitelisted maintainer's grasp list may name new places to
+		// look for their announcements: republish the bootstrap relays.
+		t.bootDirty = true
+		return true
 	}
 	return len(changed) > 0
 }
@@ -510,7 +541,7 @@ func (d *Discovery) load(ctx context.Context, t *term) error {
 		t.pending[ref] = struct{}{}
 	}
 	// The bootstrap key was read too: publish ours if it differs.
-	if _, err := t.writer.SyncBootstrap(ctx, d.cfg.BootstrapRelays); err != nil {
+	if _, err := t.writer.SyncBootstrap(ctx, d.bootstrap(t)); err != nil {
 		return err
 	}
 	t.loaded = true
@@ -529,6 +560,16 @@ func (d *Discovery) flushIfLoaded(ctx context.Context, t *term) {
 func (d *Discovery) flush(ctx context.Context, t *term) bool {
 	events := d.metrics.batchEvents
 	d.metrics.batchEvents = 0
+	if t.bootDirty {
+		if wrote, err := t.writer.SyncBootstrap(ctx, d.bootstrap(t)); err != nil {
+			t.log.Warn("bootstrap relays not republished; kept for the next batch", "err", err)
+		} else {
+			t.bootDirty = false
+			if wrote {
+				t.log.Info("bootstrap relays republished with the archived maintainers' GRASP servers", "archive_relays", len(t.index.ArchiveRelays()))
+			}
+		}
+	}
 	if len(t.pending) == 0 {
 		return true
 	}

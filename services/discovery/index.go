@@ -5,12 +5,14 @@ import (
 	"errors"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/nbd-wtf/go-nostr"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
 
@@ -52,6 +54,15 @@ type RelayRules struct {
 	// ListsService reports whether an announcement lists this service in
 	// both clone and relays (the policy's rule).
 	ListsService func(*nostr.Event) bool
+	// Archive names the repositories synced although their announcements
+	// do not list us (GRASP-05, the policy's settings); the zero value
+	// archives nothing.
+	Archive policy.Archive
+	// MaxArchived bounds the archived repositories matched only by an
+	// identifier entry or GRASP_ARCHIVE_ALL (policy.ArchiveOpen), which
+	// anyone can publish; 0: none of them. Those matched by an npub entry
+	// are not counted.
+	MaxArchived int
 }
 
 // Relays returns the normalised relay targets of an announcement: its
@@ -124,10 +135,34 @@ type RepoSyncIndex struct {
 	// with its identifier, so a change to any of them may change its entry.
 	byIdent map[string]map[nip34.RepoRef]struct{}
 	// targets holds the relay targets of the current announcement of each
-	// repository that lists this service (computed once per version).
+	// repository that lists this service or is an archive candidate
+	// (computed once per version).
 	targets map[nip34.RepoRef][]string
-	// hosted holds the repositories whose entry is in force.
+	// hosted holds the repositories whose entry is in force, archived
+	// ones included.
 	hosted map[nip34.RepoRef]struct{}
+	// archiveMatch holds, for each current announcement that does not
+	// list this service but matches the archive settings, how it matches
+	// (its targets are computed too).
+	archiveMatch map[nip34.RepoRef]policy.ArchiveMatch
+	// archived holds the repositories in hosted that are archived
+	// (GRASP-05), and openArchived those of them counted against
+	// rules.MaxArchived, in the order they were admitted.
+	archived     map[nip34.RepoRef]struct{}
+	openArchived map[nip34.RepoRef]struct{}
+	// overLimit holds archive candidates left out because MaxArchived
+	// open archives were already admitted; OverLimitTotal counts each
+	// time a repository started waiting there. freed is set when an open
+	// archive left, so the waiting ones are looked at again.
+	overLimit      map[nip34.RepoRef]struct{}
+	OverLimitTotal int
+	freed          bool
+	// graspLists holds the newest user grasp list (10317) and relay list
+	// (10002) of each pubkey the archive whitelist names, by kind and
+	// pubkey: the GRASP servers and relays they publish to are where their
+	// announcements are looked for (ArchiveRelays).
+	graspLists  map[listKey]*nostr.Event
+	whitelisted map[string]bool
 	// roots holds root event ids per repository, including repositories not
 	// (yet) hosted, so roots that arrive before their announcement attach.
 	// Ids are kept as 32 bytes, not 64 hex digits: at design scale the
@@ -184,6 +219,84 @@ type rootInfo struct {
 
 // NewRepoSyncIndex returns an empty index.
 func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
+	x := newRepoSyncIndex(rules)
+	for _, pk := range rules.Archive.Whitelist.Pubkeys() {
+		x.whitelisted[pk] = true
+	}
+	return x
+}
+
+// listKey names one replaceable list: its kind and author.
+type listKey struct {
+	kind   int
+	pubkey string
+}
+
+// applyGraspList keeps the newest user grasp list and relay list of each
+// whitelisted pubkey and reports whether ArchiveRelays may have changed.
+func (x *RepoSyncIndex) applyGraspList(evt *nostr.Event) bool {
+	if !x.whitelisted[evt.PubKey] {
+		return false
+	}
+	k := listKey{evt.Kind, evt.PubKey}
+	if cur := x.graspLists[k]; cur != nil && !newer(evt, cur) {
+		return false
+	}
+	x.graspLists[k] = evt
+	return true
+}
+
+// listsRelay reports whether tag names a relay where the list's author
+// publishes: a "g" tag of a user grasp list (the GRASP server's URL is its
+// relay), an "r" tag of a relay list without a marker or marked "write"
+// (NIP-65).
+func listsRelay(kind int, tag nostr.Tag) bool {
+	if len(tag) < 2 {
+		return false
+	}
+	if kind == nip34.KindUserGraspList {
+		return tag[0] == "g"
+	}
+	return tag[0] == "r" && (len(tag) < 3 || tag[2] == "" || tag[2] == "write")
+}
+
+// ArchiveRelays returns the relays the whitelisted maintainers publish to,
+// from their user grasp lists (10317) and relay lists (10002), normalised,
+// guarded like announcement relays, at most MaxPerAnnouncement per list,
+// without this service, sorted: discovery publishes them with the bootstrap
+// relays, so their layer 1 is read and the maintainers' announcements that
+// do not list us are found there.
+func (x *RepoSyncIndex) ArchiveRelays() []string {
+	seen := map[string]bool{}
+	var out []string
+	for k, evt := range x.graspLists {
+		if x.tombstoned(evt.ID, evt.PubKey) {
+			continue
+		}
+		n := 0
+		for _, tag := range evt.Tags {
+			if !listsRelay(k.kind, tag) {
+				continue
+			}
+			if x.rules.MaxPerAnnouncement > 0 && n >= x.rules.MaxPerAnnouncement {
+				break
+			}
+			u, err := relayurl.Normalize(tag[1])
+			if err != nil || relayurl.SameService(u, x.rules.ServiceURL) || x.rules.Guard.CheckURL(u) != nil {
+				continue
+			}
+			n++
+			if !seen[u] {
+				seen[u] = true
+				out = append(out, u)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func newRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 	return &RepoSyncIndex{
 		rules:         rules,
 		announcements: map[nip34.RepoRef]*nostr.Event{},
@@ -191,6 +304,12 @@ func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 		byIdent:       map[string]map[nip34.RepoRef]struct{}{},
 		targets:       map[nip34.RepoRef][]string{},
 		hosted:        map[nip34.RepoRef]struct{}{},
+		archiveMatch:  map[nip34.RepoRef]policy.ArchiveMatch{},
+		archived:      map[nip34.RepoRef]struct{}{},
+		openArchived:  map[nip34.RepoRef]struct{}{},
+		overLimit:     map[nip34.RepoRef]struct{}{},
+		graspLists:    map[listKey]*nostr.Event{},
+		whitelisted:   map[string]bool{},
 		roots:         map[nip34.RepoRef]*rootSet{},
 		rootRefs:      map[eventKey]rootInfo{},
 		moreRefs:      map[eventKey][]*rootSet{},
@@ -211,8 +330,70 @@ func (x *RepoSyncIndex) Apply(evt *nostr.Event) []nip34.RepoRef {
 		changed = x.applyRoot(evt)
 	case evt.Kind == nip34.KindDeletion:
 		changed = x.applyDeletion(evt)
+	case evt.Kind == nip34.KindUserGraspList, evt.Kind == nip34.KindRelayList:
+		x.applyGraspList(evt)
 	}
+	changed = x.recheckArchives(changed)
+	changed = x.admitWaiting(changed)
 	return x.withSameIdentifier(changed)
+}
+
+// admitWaiting gives the places open archives left to the candidates
+// waiting in overLimit, in coordinate order (deterministic), and adds those
+// admitted to changed.
+func (x *RepoSyncIndex) admitWaiting(changed []nip34.RepoRef) []nip34.RepoRef {
+	if !x.freed {
+		return changed
+	}
+	x.freed = false
+	if len(x.overLimit) == 0 || len(x.openArchived) >= x.rules.MaxArchived {
+		return changed
+	}
+	waiting := make([]nip34.RepoRef, 0, len(x.overLimit))
+	for ref := range x.overLimit {
+		waiting = append(waiting, ref)
+	}
+	slices.SortFunc(waiting, func(a, b nip34.RepoRef) int { return strings.Compare(a.String(), b.String()) })
+	for _, ref := range waiting {
+		if len(x.openArchived) >= x.rules.MaxArchived {
+			break
+		}
+		x.update(ref)
+		if _, in := x.hosted[ref]; in && !slices.Contains(changed, ref) {
+			changed = append(changed, ref)
+		}
+	}
+	return changed
+}
+
+// recheckArchives recomputes the archive candidates sharing an identifier
+// with a changed repository: whether one is an archived repository of its
+// own or a maintainer's coordinate of a hosted one depends on the hosted
+// announcements with its identifier.
+func (x *RepoSyncIndex) recheckArchives(changed []nip34.RepoRef) []nip34.RepoRef {
+	if len(x.archiveMatch) == 0 {
+		return changed
+	}
+	n := len(changed)
+	done := map[string]bool{}
+	for i := 0; i < n; i++ {
+		d := changed[i].Identifier
+		if done[d] {
+			continue
+		}
+		done[d] = true
+		for ref := range x.byIdent[d] {
+			if _, cand := x.archiveMatch[ref]; !cand {
+				continue
+			}
+			_, before := x.hosted[ref]
+			x.update(ref)
+			if _, after := x.hosted[ref]; after != before && !slices.Contains(changed, ref) {
+				changed = append(changed, ref)
+			}
+		}
+	}
+	return changed
 }
 
 // withSameIdentifier adds to changed the hosted repositories with the
@@ -249,7 +430,14 @@ func (x *RepoSyncIndex) applyAnnouncement(evt *nostr.Event) []nip34.RepoRef {
 	}
 	x.byIdent[a.Ref.Identifier][a.Ref] = struct{}{}
 	delete(x.targets, a.Ref)
-	if x.rules.ListsService == nil || x.rules.ListsService(evt) {
+	delete(x.archiveMatch, a.Ref)
+	lists := x.rules.ListsService == nil || x.rules.ListsService(evt)
+	if !lists {
+		if m := x.rules.Archive.Match(a.Ref.PubKey, a.Ref.Identifier); m != policy.ArchiveNone && nip34.ValidIdentifier(a.Ref.Identifier) {
+			x.archiveMatch[a.Ref] = m
+		}
+	}
+	if _, archive := x.archiveMatch[a.Ref]; lists || archive {
 		relays, refused := x.rules.Relays(a)
 		for k, v := range refused {
 			x.Refused[k] += v
@@ -345,15 +533,80 @@ func (x *RepoSyncIndex) applyDeletion(evt *nostr.Event) []nip34.RepoRef {
 	return changed
 }
 
-// update recomputes whether a repository is hosted.
+// update recomputes whether a repository has an entry: hosted (its
+// announcement lists us) or archived (it matches the archive settings, is
+// not a maintainer's coordinate of a hosted repository with its identifier,
+// and, when matched only by an identifier or GRASP_ARCHIVE_ALL, is within
+// rules.MaxArchived: the first admitted stay, later ones wait until one
+// leaves).
 func (x *RepoSyncIndex) update(ref nip34.RepoRef) {
 	cur := x.announcements[ref]
-	_, lists := x.targets[ref]
-	if cur == nil || !lists || x.deleted(ref, cur) {
+	_, targeted := x.targets[ref]
+	match, archive := x.archiveMatch[ref]
+	leave := func() {
+		if _, open := x.openArchived[ref]; open {
+			x.freed = true
+		}
 		delete(x.hosted, ref)
+		delete(x.archived, ref)
+		delete(x.openArchived, ref)
+		delete(x.overLimit, ref)
+	}
+	if cur == nil || !targeted || x.deleted(ref, cur) {
+		leave()
 		return
 	}
+	if !archive {
+		leave()
+		x.hosted[ref] = struct{}{}
+		return
+	}
+	if x.maintainsHosted(ref) {
+		leave()
+		return
+	}
+	if match == policy.ArchiveOpen {
+		if _, in := x.openArchived[ref]; !in {
+			if len(x.openArchived) >= x.rules.MaxArchived {
+				if _, counted := x.overLimit[ref]; !counted {
+					x.OverLimitTotal++
+				}
+				delete(x.hosted, ref)
+				delete(x.archived, ref)
+				x.overLimit[ref] = struct{}{}
+				return
+			}
+			x.openArchived[ref] = struct{}{}
+		}
+	} else if _, open := x.openArchived[ref]; open {
+		delete(x.openArchived, ref)
+		x.freed = true
+	}
+	delete(x.overLimit, ref)
+	x.archived[ref] = struct{}{}
 	x.hosted[ref] = struct{}{}
+}
+
+// maintainsHosted reports whether ref's author is a recursive maintainer of
+// a hosted (not archived) repository with ref's identifier: ref is then
+// that repository's maintainer coordinate, synced with it, not an archive.
+func (x *RepoSyncIndex) maintainsHosted(ref nip34.RepoRef) bool {
+	for other := range x.byIdent[ref.Identifier] {
+		if other == ref {
+			continue
+		}
+		if _, h := x.hosted[other]; !h {
+			continue
+		}
+		if _, a := x.archived[other]; a {
+			continue
+		}
+		ms, _ := x.maintainersOf(other)
+		if slices.Contains(ms, ref.PubKey) {
+			return true
+		}
+	}
+	return false
 }
 
 func (x *RepoSyncIndex) deleted(ref nip34.RepoRef, evt *nostr.Event) bool {
@@ -419,7 +672,9 @@ func (x *RepoSyncIndex) Entry(ref nip34.RepoRef) *graspv1.RepoSyncNeeds {
 	}
 	sort.Strings(roots)
 	sort.Strings(refs)
+	_, archived := x.archived[ref]
 	return &graspv1.RepoSyncNeeds{
+		Archived:       archived,
 		RepoRef:        ref.String(),
 		Relays:         slices.Clone(x.targets[ref]),
 		RootEventIds:   roots,
@@ -476,8 +731,12 @@ func (x *RepoSyncIndex) Hosted() []nip34.RepoRef {
 
 // Stats summarises the hosted part of the index, for metrics.
 type Stats struct {
-	// Repos is the number of hosted repositories.
+	// Repos is the number of repositories with an entry (hosted and
+	// archived).
 	Repos int
+	// Archived is how many of them are archived (GRASP-05), and
+	// OverLimit the archive candidates left out by MaxArchived.
+	Archived, OverLimit int
 	// RootEvents is the number of root events attached to hosted
 	// repositories (one root tagging two repositories counts twice).
 	RootEvents int
@@ -488,7 +747,7 @@ type Stats struct {
 // Stats computes the summary; it walks every hosted repository.
 func (x *RepoSyncIndex) Stats() Stats {
 	relays := map[string]struct{}{}
-	st := Stats{Repos: len(x.hosted)}
+	st := Stats{Repos: len(x.hosted), Archived: len(x.archived), OverLimit: len(x.overLimit)}
 	for ref := range x.hosted {
 		if rs := x.roots[ref]; rs != nil {
 			st.RootEvents += len(rs.ids)

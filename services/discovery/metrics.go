@@ -25,6 +25,12 @@ type metrics struct {
 	// historyIncomplete counts history reads that could not read some
 	// one-second slice completely (see docs/decisions/0021-history-crowded-second.md).
 	historyIncomplete prometheus.Counter
+	// archived, overLimit and overLimitTotal describe the archive
+	// (GRASP-05): archived repositories in the index, candidates left out
+	// by GRASP_ARCHIVE_MAX_REPOS now, and each time one was left out.
+	archived       prometheus.Gauge
+	overLimit      prometheus.Gauge
+	overLimitTotal prometheus.Counter
 
 	// batchEvents counts events applied since the last flush (owned by the
 	// active session's goroutine).
@@ -55,12 +61,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Stored-event announcements dropped because discovery's queue was full (the next reconnect then reads the whole history)."}),
 		historyIncomplete: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_history_incomplete_total",
 			Help: "Self-subscription history reads that left a one-second slice incomplete (more events in one second than the own relay returns per REQ, and no NIP-77): the read is retried after the reconnect backoff and discovery does not report ready."}),
+		archived: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_discovery_archived_repos",
+			Help: "Archived repositories in the RepoSyncIndex (GRASP-05: their announcement does not list this service but matches GRASP_ARCHIVE_WHITELIST or GRASP_ARCHIVE_ALL); included in grasp_discovery_repos_indexed."}),
+		overLimit: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_discovery_archive_over_limit",
+			Help: "Repositories that match the archive settings only by an identifier entry or GRASP_ARCHIVE_ALL and are not synced because GRASP_ARCHIVE_MAX_REPOS such repositories already are."}),
+		overLimitTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_archive_over_limit_total",
+			Help: "Times an archive candidate was left out by GRASP_ARCHIVE_MAX_REPOS (each announcement version once)."}),
 	}
 	for _, r := range []string{RefusedScheme, RefusedCredentials, RefusedTooLong, RefusedMalformed, RefusedInternal, RefusedTooMany} {
 		m.refused.WithLabelValues(r) // export zeros so rates work from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.repos, m.roots, m.relays, m.batches, m.batchSize, m.batchKeys, m.writes, m.refused, m.connected, m.leader, m.eventsSeen, m.storedSeen, m.storedDropped, m.historyIncomplete)
+		reg.MustRegister(m.repos, m.roots, m.relays, m.batches, m.batchSize, m.batchKeys, m.writes, m.refused, m.connected, m.leader, m.eventsSeen, m.storedSeen, m.storedDropped, m.historyIncomplete,
+			m.archived, m.overLimit, m.overLimitTotal)
 	}
 	return m
 }
@@ -75,6 +88,14 @@ func (m *metrics) observeBatch(events, changedKeys int, t *term) {
 	m.repos.Set(float64(st.Repos))
 	m.roots.Set(float64(st.RootEvents))
 	m.relays.Set(float64(st.Relays))
+	m.archived.Set(float64(st.Archived))
+	m.overLimit.Set(float64(st.OverLimit))
+	if d := t.index.OverLimitTotal - t.overLimit; d > 0 {
+		m.overLimitTotal.Add(float64(d))
+		t.log.Warn("archive bound reached: repositories matched by an identifier entry or GRASP_ARCHIVE_ALL are stored but not synced",
+			"left_out", d, "not_synced_now", st.OverLimit, "archived", st.Archived, "GRASP_ARCHIVE_MAX_REPOS", t.index.rules.MaxArchived)
+	}
+	t.overLimit = t.index.OverLimitTotal
 	for reason, n := range t.index.Refused {
 		if d := n - t.refused[reason]; d > 0 {
 			m.refused.WithLabelValues(reason).Add(float64(d))

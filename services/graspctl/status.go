@@ -266,7 +266,8 @@ func Status(ctx context.Context, b *bus.Bus, opts StatusOptions, out io.Writer) 
 }
 
 // Repos prints the RepoSyncIndex, one repository per line, optionally only
-// those listing relay.
+// those listing relay; MODE says whether we host it (its announcement lists
+// us) or keep it as an archive (GRASP-05).
 func Repos(ctx context.Context, b *bus.Bus, relay string, asJSON bool, out io.Writer) error {
 	snap, err := syncstatus.Read(ctx, b.JS, b.Names)
 	if err != nil {
@@ -282,9 +283,13 @@ func Repos(ctx context.Context, b *bus.Bus, relay string, asJSON bool, out io.Wr
 		return enc.Encode(repos)
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "REPO\tROOTS\tRELAYS")
+	fmt.Fprintln(tw, "REPO\tMODE\tROOTS\tRELAYS")
 	for _, r := range repos {
-		fmt.Fprintf(tw, "%s\t%d\t%s\n", r.Ref, r.Roots, strings.Join(r.Relays, ","))
+		mode := "hosted"
+		if r.Archived {
+			mode = "archived"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", r.Ref, mode, r.Roots, strings.Join(r.Relays, ","))
 	}
 	return tw.Flush()
 }

@@ -148,6 +148,11 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 		return nil, fmt.Errorf("the relay's policy limits %+v differ from the ingester's %+v: both must be the same (GRASP_POLICY_*)",
 			c.Relay.Limits.WithDefaults(), c.Ingester.Limits.WithDefaults())
 	}
+	// Likewise the archive settings (GRASP_ARCHIVE_*): the relay, the
+	// ingester, discovery and the planner must agree on what is archived.
+	if r, i, d, p := c.Relay.Archive.String(), c.Ingester.Archive.String(), c.Discovery.Archive.String(), c.Planner.Archive.String(); r != i || r != d || r != p {
+		return nil, fmt.Errorf("the archive settings differ: relay %s, ingester %s, discovery %s, planner %s: all must be the same (GRASP_ARCHIVE_*)", r, i, d, p)
+	}
 	a := &App{cfg: c, log: log, registry: obs.NewRegistry(), clock: clock.Real{}}
 	ok := false
 	defer func() {
@@ -169,6 +174,11 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 			a.cfg.Discovery.RelayURL = target
 		}
 		a.cfg.Graspd.Services = slices.DeleteFunc(slices.Clone(c.Graspd.Services), func(s string) bool { return s == "relay" })
+		if c.Ingester.Archive.Enabled() {
+			// The target applies its own policy: it refuses announcements
+			// that do not list it, so nothing is archived.
+			log.Warn("GRASP_ARCHIVE_* has no effect in bolt-on mode: the target relay refuses announcements that do not list it", "target", target)
+		}
 	} else {
 		ln, err := net.Listen("tcp", c.Relay.Addr)
 		if err != nil {

@@ -168,3 +168,16 @@ func TestSplitPolicyRefused(t *testing.T) {
 		t.Fatalf("Start with split limits: %v, want an error naming GRASP_POLICY_*", err)
 	}
 }
+
+// TestSplitArchiveRefused: a configuration built in code cannot give the
+// relay, the ingester and discovery different archive settings.
+func TestSplitArchiveRefused(t *testing.T) {
+	var c graspd.Configs
+	c.Graspd.DataDir = t.TempDir()
+	c.Relay.Addr = "127.0.0.1:0"
+	c.Discovery.All = true
+	_, err := graspd.Start(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "GRASP_ARCHIVE_") {
+		t.Fatalf("Start with split archive settings: %v, want an error naming GRASP_ARCHIVE_*", err)
+	}
+}

@@ -33,6 +33,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/config"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
@@ -88,6 +89,10 @@ type Config struct {
 	// Limits are the write policy's limits (GRASP_POLICY_*), the same the
 	// relay applies to client events.
 	policy.Limits
+	// Archive names the repositories accepted although their
+	// announcements do not list us (GRASP_ARCHIVE_*, GRASP-05), the same
+	// settings the relay, discovery and the planner use.
+	policy.Archive
 	// Settings, when GRASP_TARGET_RELAY is set, make the ingester publish
 	// accepted events to that relay and keep its store as a mirror of what
 	// the target holds (bolt-on mode, services/ingester/target).
@@ -187,7 +192,7 @@ func New(cfg Config, b *bus.Bus, st Store, serviceURL string, log *slog.Logger, 
 		cfg:     cfg,
 		bus:     b,
 		store:   st,
-		policy:  &policy.Policy{ServiceURL: serviceURL, Store: st, Limits: cfg.Limits},
+		policy:  &policy.Policy{ServiceURL: serviceURL, Store: st, Limits: cfg.Limits, Archive: cfg.Archive},
 		log:     log.With("service", "ingester"),
 		reg:     reg,
 		clk:     clock.Real{},
@@ -216,6 +221,36 @@ func (i *Ingester) Target() *target.Publisher { return i.target }
 // Stats returns the counters so far (the same numbers as the metrics).
 func (i *Ingester) Stats() Stats { return i.m.snapshot() }
 
+// reviveArchivable forgets the remembered refusals of announcements and
+// states that the archive settings now accept (an entry added to
+// GRASP_ARCHIVE_WHITELIST, GRASP_ARCHIVE_ALL switched on since they were
+// refused), so the next NIP-77 reconciliation of layer 1 — the catch-up
+// after this restart, or the daily resync — fetches them again instead of
+// counting them as held. It runs before consuming, once per start; a
+// failure is logged and leaves them to be found only by REQ reads.
+func (i *Ingester) reviveArchivable(ctx context.Context) {
+	arch := i.cfg.Archive
+	if !arch.Enabled() {
+		return
+	}
+	n, err := rejected.Forget(ctx, i.rejected, func(kind int, pubkey string, tags nostr.Tags, reason string) bool {
+		if kind != nip34.KindRepoAnnouncement && kind != nip34.KindRepoState {
+			return false
+		}
+		if reason != string(policy.ReasonNotListed) && reason != string(policy.ReasonNotMaintainer) {
+			return false
+		}
+		return arch.Match(pubkey, tags.GetD()) != policy.ArchiveNone
+	})
+	if err != nil {
+		i.log.Warn("could not forget remembered refusals the archive settings now accept", "err", err, "forgotten", n)
+		return
+	}
+	if n > 0 {
+		i.log.Info("forgot remembered refusals the archive settings now accept; the next layer-1 reconciliation fetches them again", "forgotten", n)
+	}
+}
+
 // Run consumes events until ctx is done, parking events that wait for
 // something not stored yet and re-evaluating them as it arrives.
 func (i *Ingester) Run(ctx context.Context) error {
@@ -224,6 +259,7 @@ func (i *Ingester) Run(ctx context.Context) error {
 	}
 	if kv, err := rejected.Open(ctx, i.bus); err == nil {
 		i.rejected = kv
+		i.reviveArchivable(ctx)
 	} else {
 		i.log.Warn("refusals will not be remembered for NIP-77", "err", err)
 	}

@@ -123,14 +123,14 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 	liveFrom := 0
 	switch kind {
 	case BatchLayer1:
-		fs = []nostr.Filter{filters.Base()}
+		fs = m.layer1Filters()
 	case BatchCatchUp:
 		fs = filters.Items(refs, idents, hexes)
 		if !s.hasBatch(BatchCatchUp) {
 			// The first part of a catch-up (startCatchUp) re-reads layer 1.
-			fs = append([]nostr.Filter{filters.Base()}, fs...)
+			fs = append(m.layer1Filters(), fs...)
 			if s.hasBatch(BatchLayer1) {
-				liveFrom = 1 // the layer-1 batch of this session opened it
+				liveFrom = len(m.layer1) // the layer-1 batch of this session opened it
 			}
 		}
 	default:

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nbd-wtf/go-nostr"
-
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 )
 
@@ -200,7 +198,7 @@ func headroom(s *RelayState, budget int) int {
 }
 
 func (m *Machine) minimalSize(s *RelayState, extra []BatchItem) int {
-	return 1 + m.countItems(m.liveItems(s, extra))
+	return len(m.layer1) + m.countItems(m.liveItems(s, extra))
 }
 
 // LiveBudget is the most live filters a relay may have open: MaxLiveFilters,
@@ -222,7 +220,7 @@ func (m *Machine) DeferredConsolidations() int { return len(m.deferred) }
 // every confirmed, pending and extra item.
 func (m *Machine) replaceLive(s *RelayState, extra []BatchItem) {
 	refs, idents, roots := m.itemValues(m.liveItems(s, extra))
-	fs := append([]nostr.Filter{filters.Base()}, filters.Items(refs, idents, m.hexes(m.hexOrder(roots)))...)
+	fs := append(m.layer1Filters(), filters.Items(refs, idents, m.hexes(m.hexOrder(roots)))...)
 	if !s.liveStale {
 		m.obs.Consolidated(s.URL)
 	}

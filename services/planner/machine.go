@@ -4,7 +4,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nbd-wtf/go-nostr"
+
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/filters"
 )
 
 // Machine is the planner's whole decision state: the index mirror, every
@@ -43,7 +47,21 @@ type Machine struct {
 
 	// seen is exactMinimal's scratch bitmap over interned root ids.
 	seen []uint64
+	// layer1 is the per-connection layer: filters.Base, plus the relay
+	// lists of an archive's whitelisted maintainers (SetArchiveAuthors).
+	layer1 []nostr.Filter
 }
+
+// SetArchiveAuthors adds to layer 1 the relay lists (10002) of the
+// maintainers an archive's whitelist names (GRASP-05): they say where those
+// maintainers publish, and discovery looks for their announcements there.
+// Call it before the first command.
+func (m *Machine) SetArchiveAuthors(pubkeys []string) {
+	m.layer1 = append([]nostr.Filter{filters.Base()}, filters.RelayLists(pubkeys)...)
+}
+
+// layer1Filters returns a copy of layer 1's filters.
+func (m *Machine) layer1Filters() []nostr.Filter { return slices.Clone(m.layer1) }
 
 // NewMachine returns a machine for one leadership epoch. jitter must return
 // values in [0,1); obs may be nil.
@@ -54,6 +72,7 @@ func NewMachine(rules Rules, idx *Index, epoch uint64, jitter func() float64, ob
 	return &Machine{
 		rules: rules, idx: idx, relays: map[RelayID]*RelayState{}, epoch: epoch,
 		jitter: jitter, obs: obs, dirty: map[RelayID]bool{}, affected: map[RelayID]map[RepoID]struct{}{}, queued: map[RelayID]bool{},
+		layer1: []nostr.Filter{filters.Base()},
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/debounce"
 	"github.com/grasp-sync/grasp-sync/pkg/leader"
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
 )
 
 // Config is the planner's configuration (GRASP_* variables).
@@ -49,6 +50,10 @@ type Config struct {
 	LeaseKey string `envconfig:"PLANNER_LEASE_KEY" default:"planner"`
 	// Rules are the lifecycle constants.
 	Rules
+	// Archive is the archive settings (GRASP_ARCHIVE_*, GRASP-05), the
+	// same the relay, the ingester and discovery read: layer 1 also asks
+	// for the relay lists (10002) of the maintainers its whitelist names.
+	policy.Archive
 }
 
 // Validate fills defaults and checks values.
@@ -156,6 +161,7 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 
 	t := &term{p: p, epoch: epoch, log: log, stateKV: stateKV, lastSave: map[string]time.Time{}}
 	t.m = NewMachine(p.cfg.Rules, NewIndex(), epoch, rand.Float64, p.metrics)
+	t.m.SetArchiveAuthors(p.cfg.Archive.Whitelist.Pubkeys())
 
 	// The index's current values, up to the nil marker, before anything is
 	// decided: restoring confirmed state needs the roots it refers to.

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -62,6 +63,12 @@ type Config struct {
 	// Limits are the write policy's limits (GRASP_POLICY_*), the same the
 	// ingester applies to synced events.
 	policy.Limits
+	// Archive names the repositories held as an archive although their
+	// announcements do not list us (GRASP_ARCHIVE_*, GRASP-05), the same
+	// settings the ingester, discovery and the planner use.
+	policy.Archive
+	// ArchiveReadOnly refuses client events about an archived repository (its announcement, states, and events naming it or replying to its events): they reach an archive only through sync from the relays its announcement lists. false lets clients write to archived repositories too.
+	ArchiveReadOnly bool `envconfig:"ARCHIVE_READ_ONLY" default:"true" zero:"off"`
 	// MaxFilters bounds the filters of one REQ.
 	MaxFilters int `envconfig:"RELAY_MAX_FILTERS" default:"20"`
 	// MaxSubscriptions bounds the open subscriptions of one connection.
@@ -136,7 +143,8 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// SupportedGrasps is what NIP-11 advertises under supported_grasps.
+// SupportedGrasps is what NIP-11 advertises under supported_grasps; GRASP-05
+// is added when the relay archives repositories (GRASP_ARCHIVE_*).
 var SupportedGrasps = []string{"GRASP-01", "GRASP-02"}
 
 // SupportedNIPs is what NIP-11 advertises under supported_nips: only what
@@ -185,7 +193,7 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 		log:    log.With("service", "relay"),
 		origin: nostr.GeneratePrivateKey()[:16],
 		policy: &policy.Policy{
-			ServiceURL: cfg.PublicURL, Store: st, Limits: cfg.Limits,
+			ServiceURL: cfg.PublicURL, Store: st, Limits: cfg.Limits, Archive: cfg.Archive,
 		},
 		events:   newAddrLimiter(cfg.EventRate, cfg.EventBurst, now),
 		connects: newAddrLimiter(cfg.ConnectRate, cfg.ConnectBurst, now),
@@ -310,6 +318,9 @@ func rejectFilter(_ context.Context, f nostr.Filter) (bool, string) {
 // client gets NIP-01's OK true for an event the relay already has.
 func (r *Relay) rejectEvent(ctx context.Context, evt *nostr.Event) (bool, string) {
 	d := r.policy.Evaluate(ctx, evt)
+	if d.Accept && r.cfg.ArchiveReadOnly {
+		d = r.archiveReadOnly(ctx, evt, d)
+	}
 	if d.Accept || d.Reason == policy.ReasonDuplicate {
 		return false, ""
 	}
@@ -320,6 +331,22 @@ func (r *Relay) rejectEvent(ctx context.Context, evt *nostr.Event) (bool, string
 		r.log.Debug("client event refused", "id", evt.ID, "kind", evt.Kind, "reason", string(d.Reason))
 	}
 	return true, d.Message
+}
+
+// archiveReadOnly turns the acceptance of a client event about an archived
+// repository into a refusal: an archive holds what the repository's own
+// relays hold, brought by sync (GRASP_ARCHIVE_READ_ONLY).
+func (r *Relay) archiveReadOnly(ctx context.Context, evt *nostr.Event, d policy.Decision) policy.Decision {
+	ref, archived, err := r.policy.ArchiveOnly(ctx, evt)
+	switch {
+	case err != nil:
+		return policy.Decision{Reason: policy.ReasonStoreError, Message: "error: could not read the event store",
+			Err: fmt.Errorf("archive read-only check: %w", err)}
+	case archived:
+		return policy.Decision{Reason: policy.ReasonArchiveReadOnly, Message: fmt.Sprintf(
+			"blocked: repository %s is archived here (GRASP-05 mirror, read-only): publish to the relays its announcement lists", ref)}
+	}
+	return d
 }
 
 // announceStored tells the other writers' relay replicas about an event a
@@ -433,6 +460,9 @@ func (c *releasingConn) Close() error {
 type InfoDocument struct {
 	nip11.RelayInformationDocument
 	SupportedGrasps []string `json:"supported_grasps"`
+	// Curation says what the relay mirrors besides the repositories that
+	// list it (GRASP-05); absent when it archives nothing.
+	Curation string `json:"curation,omitempty"`
 }
 
 func (r *Relay) serveNIP11(w http.ResponseWriter) {
@@ -456,7 +486,15 @@ func (r *Relay) Info() InfoDocument {
 		CreatedAtUpperLimit: int64(r.cfg.Limits.WithDefaults().MaxFutureSkew / time.Second),
 		RestrictedWrites:    true, // the GRASP write policy
 	}
-	return InfoDocument{RelayInformationDocument: info, SupportedGrasps: SupportedGrasps}
+	doc := InfoDocument{RelayInformationDocument: info, SupportedGrasps: SupportedGrasps}
+	if r.cfg.Archive.Enabled() {
+		doc.SupportedGrasps = append(slices.Clone(SupportedGrasps), "GRASP-05")
+		doc.Curation = r.cfg.Archive.Curation()
+		if r.cfg.ArchiveReadOnly {
+			doc.Curation += "; archived repositories are read-only here"
+		}
+	}
+	return doc
 }
 
 // Run serves on ln and relays other writers' stored events to live

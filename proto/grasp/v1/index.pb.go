@@ -50,8 +50,13 @@ type RepoSyncNeeds struct {
 	// event tagging one of them is about this repository too: they are synced
 	// like repo_ref (layer 2), from this repository's relays.
 	MaintainerRefs []string `protobuf:"bytes,7,rep,name=maintainer_refs,json=maintainerRefs,proto3" json:"maintainer_refs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// archived is true when the announcement does not list this service and
+	// the repository is synced as an archive or mirror (GRASP-05,
+	// GRASP_ARCHIVE_WHITELIST / GRASP_ARCHIVE_ALL); it is synced exactly like
+	// a hosted one, and the relay keeps it read-only for clients.
+	Archived      bool `protobuf:"varint,8,opt,name=archived,proto3" json:"archived,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RepoSyncNeeds) Reset() {
@@ -133,6 +138,13 @@ func (x *RepoSyncNeeds) GetMaintainerRefs() []string {
 	return nil
 }
 
+func (x *RepoSyncNeeds) GetArchived() bool {
+	if x != nil {
+		return x.Archived
+	}
+	return false
+}
+
 // BootstrapRelays lists relays the planner keeps connected whether or not any
 // repository lists them (GRASP_BOOTSTRAP_RELAYS). Discovery stores it under the
 // reserved key "bootstrap-relays" of grasp_repo_index (bus.BootstrapRelaysKey),
@@ -187,7 +199,7 @@ var File_grasp_v1_index_proto protoreflect.FileDescriptor
 
 const file_grasp_v1_index_proto_rawDesc = "" +
 	"\n" +
-	"\x14grasp/v1/index.proto\x12\bgrasp.v1\"\xfb\x01\n" +
+	"\x14grasp/v1/index.proto\x12\bgrasp.v1\"\x97\x02\n" +
 	"\rRepoSyncNeeds\x12\x19\n" +
 	"\brepo_ref\x18\x01 \x01(\tR\arepoRef\x12\x16\n" +
 	"\x06relays\x18\x02 \x03(\tR\x06relays\x12$\n" +
@@ -196,7 +208,8 @@ const file_grasp_v1_index_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\x05 \x01(\x03R\tupdatedAt\x12 \n" +
 	"\vmaintainers\x18\x06 \x03(\tR\vmaintainers\x12'\n" +
-	"\x0fmaintainer_refs\x18\a \x03(\tR\x0emaintainerRefs\")\n" +
+	"\x0fmaintainer_refs\x18\a \x03(\tR\x0emaintainerRefs\x12\x1a\n" +
+	"\barchived\x18\b \x01(\bR\barchived\")\n" +
 	"\x0fBootstrapRelays\x12\x16\n" +
 	"\x06relays\x18\x01 \x03(\tR\x06relaysB9Z7github.com/grasp-sync/grasp-sync/proto/grasp/v1;graspv1b\x06proto3"
 

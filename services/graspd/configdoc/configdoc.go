@@ -298,6 +298,10 @@ func (g *Generator) resolve(dir string, file *ast.File, expr ast.Expr) (string, 
 func typeString(e ast.Expr) string {
 	switch t := e.(type) {
 	case *ast.Ident:
+		if t.Name == "ArchiveWhitelist" {
+			// pkg/policy's comma-separated entries, decoded by the type.
+			return "list of string"
+		}
 		return t.Name
 	case *ast.SelectorExpr:
 		if x, ok := t.X.(*ast.Ident); ok && x.Name == "time" && t.Sel.Name == "Duration" {
