@@ -64,6 +64,11 @@ var EnvGroups = []EnvGroup{
 		Names: []string{"GRASP_PARKING_MAX_EVENTS", "GRASP_PARKING_MAX_AGE"},
 	},
 	{
+		Title: "Running an archive or mirror (GRASP-05)",
+		Intro: "Sync repositories whose announcements do not list this server (docs/deploy.md, \"Running an archive\"; docs/policy.md).",
+		Names: []string{"GRASP_ARCHIVE_WHITELIST", "GRASP_ARCHIVE_ALL", "GRASP_ARCHIVE_MAX_REPOS", "GRASP_ARCHIVE_READ_ONLY"},
+	},
+	{
 		Title: "Bolt-on: syncing into a GRASP relay you already run",
 		Intro: "Set TARGET_RELAY to publish accepted events to that relay instead of running our own (docs/bolt-on.md).",
 		Names: []string{"GRASP_TARGET_RELAY", "GRASP_TARGET_AUTH_KEY", "GRASP_TARGET_PUBLISH_RATE", "GRASP_TARGET_PUBLISH_BURST", "GRASP_TARGET_PUBLISH_CONCURRENCY", "GRASP_TARGET_REFRESH_INTERVAL"},
