@@ -27,7 +27,8 @@ import (
 // document advertises, or defaults every common relay accepts — and a
 // refusal of a budget lowers it for that relay, for good, and the refused
 // request is sent again within the new budget. None of it counts toward
-// the relay's health backoff or its rate-limit cooldown.
+// the relay's health backoff or its rate-limit cooldown. Why it is built
+// this way: docs/decisions/0057-relay-limits-kept-by-the-fetcher.md.
 
 // nip11Refresh is how often a relay's NIP-11 document is read again.
 const nip11Refresh = 24 * time.Hour
