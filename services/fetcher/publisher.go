@@ -1,0 +1,273 @@
+package fetcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
+)
+
+// windowPublisher publishes events asynchronously with at most Window
+// events awaiting acknowledgement: when the window is full it waits for the
+// oldest message, so a slow stream pushes back on the relay read instead of
+// filling memory. Events are gathered into batch messages of up to
+// maxEvents events and bus.EventBatchMaxBytes (send publishes what is
+// gathered; callers send at the end of a page or when no event is waiting),
+// so the stream and the ingesters handle one message per batch
+// (docs/decisions/0053-events-travel-in-batches.md); a batch of one is
+// published in the one-event format, with its event's Nats-Msg-Id. A
+// publish that fails is retried synchronously; Flush reports a loss, so a
+// batch is never confirmed with an event missing. Acknowledged ids are
+// remembered in recent (nil: not remembered), so that other copies of the
+// same event are not published again (recentIDs).
+type windowPublisher struct {
+	js      jetstream.JetStream
+	window  int
+	recent  *recentIDs
+	byID    *recentIDs // the same publishes by event id alone
+	now     func() time.Time
+	pending []pendingPub
+	// inFlight is how many events the pending messages carry.
+	inFlight int
+	// maxEvents is Config.PublishBatch; buf holds the events gathered for
+	// the next message, bufBytes their size with line breaks.
+	maxEvents int
+	buf       []gathered
+	bufBytes  int
+	// unsettled holds the keys gathered or awaiting acknowledgement: a
+	// second copy of one of them from the same batch or subscription (a
+	// batch's filters overlap: one event answers several) is not sent
+	// again. One-event messages had the stream drop it by Nats-Msg-Id; a
+	// batch message's id covers the whole batch (docs/decisions/0053-events-travel-in-batches.md). Bounded by the window and the batch.
+	unsettled map[recentKey]struct{}
+}
+
+// gathered is one event waiting in a windowPublisher's batch: its
+// one-event message and the keys to remember once acknowledged.
+type gathered struct {
+	msg  *nats.Msg
+	keys keyPair
+}
+
+// keyPair is an event's Nats-Msg-Id recentKey and its id's.
+type keyPair struct{ key, id recentKey }
+
+// pendingPub is one publish awaiting its acknowledgement; keys are its
+// events' keys, remembered once acknowledged.
+type pendingPub struct {
+	fut  jetstream.PubAckFuture
+	keys []keyPair
+}
+
+// newWindowPublisher is the fetcher's publisher for one batch or live
+// subscription.
+func (f *Fetcher) newWindowPublisher() *windowPublisher {
+	return &windowPublisher{js: f.bus.JS, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now,
+		maxEvents: f.cfg.PublishBatch}
+}
+
+// published reports whether the stream acknowledged key moments ago.
+func (p *windowPublisher) published(key recentKey) bool {
+	if p.recent == nil {
+		return false
+	}
+	return p.recent.has(key, p.now())
+}
+
+// reap pops the acknowledgements that have already arrived, oldest first,
+// without waiting, so their ids are remembered while the other copies are
+// still on their way.
+func (p *windowPublisher) reap() {
+	for len(p.pending) > 0 {
+		select {
+		case <-p.pending[0].fut.Ok():
+		default:
+			return
+		}
+		p.acked(p.pending[0])
+		p.pop()
+	}
+}
+
+func (p *windowPublisher) pop() {
+	for _, k := range p.pending[0].keys {
+		delete(p.unsettled, k.key)
+	}
+	p.inFlight -= max(1, len(p.pending[0].keys))
+	p.pending = p.pending[1:]
+}
+
+func (p *windowPublisher) acked(pp pendingPub) {
+	if p.recent == nil || len(pp.keys) == 0 {
+		return
+	}
+	now := p.now()
+	for _, k := range pp.keys {
+		p.recent.add(k.key, now)
+		p.byID.add(k.id, now)
+	}
+}
+
+// add gathers an event's one-event message (key is its Nats-Msg-Id's
+// recentKey, id its event id's) into the next batch, publishing the batch
+// when it is full; with batches off (maxEvents ≤ 1) it publishes msg at
+// once.
+func (p *windowPublisher) add(ctx context.Context, msg *nats.Msg, key, id recentKey) error {
+	if p.maxEvents <= 1 {
+		return p.publishKeys(ctx, msg, []keyPair{{key, id}})
+	}
+	if _, dup := p.unsettled[key]; dup {
+		return nil
+	}
+	if p.unsettled == nil {
+		p.unsettled = map[recentKey]struct{}{}
+	}
+	p.unsettled[key] = struct{}{}
+	if len(p.buf) > 0 && (p.bufBytes+len(msg.Data)+1 > bus.EventBatchMaxBytes || !sameOrigin(p.buf[0].msg, msg)) {
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+	}
+	p.buf = append(p.buf, gathered{msg: msg, keys: keyPair{key, id}})
+	p.bufBytes += len(msg.Data) + 1
+	if len(p.buf) >= p.maxEvents || p.bufBytes >= bus.EventBatchMaxBytes {
+		return p.send(ctx)
+	}
+	return nil
+}
+
+// sameOrigin reports whether two one-event messages may share a batch: the
+// headers naming relay, session, batch and mode are the batch's.
+func sameOrigin(a, b *nats.Msg) bool {
+	if a.Subject != b.Subject {
+		return false
+	}
+	for _, h := range []string{bus.HeaderRelay, bus.HeaderSession, bus.HeaderBatch, bus.HeaderMode} {
+		if a.Header.Get(h) != b.Header.Get(h) {
+			return false
+		}
+	}
+	return true
+}
+
+// send publishes the gathered events: one alone as it is (its own
+// Nats-Msg-Id, so the stream still drops a copy another relay's worker
+// published moments ago), several as one batch message (bus.HeaderEvents,
+// one event per line, Nats-Msg-Id bus.EventBatchMsgID).
+func (p *windowPublisher) send(ctx context.Context) error {
+	if len(p.buf) == 0 {
+		return nil
+	}
+	defer func() {
+		clear(p.buf)
+		p.buf, p.bufBytes = p.buf[:0], 0
+	}()
+	if len(p.buf) == 1 {
+		return p.publishKeys(ctx, p.buf[0].msg, []keyPair{p.buf[0].keys})
+	}
+	first := p.buf[0].msg
+	msg := nats.NewMsg(first.Subject)
+	for k, v := range first.Header {
+		if k != nats.MsgIdHdr {
+			msg.Header[k] = v
+		}
+	}
+	data := make([]byte, 0, p.bufBytes)
+	ids := make([]string, len(p.buf))
+	keys := make([]keyPair, len(p.buf))
+	for n, g := range p.buf {
+		data = append(data, g.msg.Data...)
+		data = append(data, '\n')
+		ids[n] = g.msg.Header.Get(nats.MsgIdHdr)
+		keys[n] = g.keys
+	}
+	msg.Data = data
+	msg.Header.Set(bus.HeaderEvents, strconv.Itoa(len(p.buf)))
+	msg.Header.Set(nats.MsgIdHdr, bus.EventBatchMsgID(ids))
+	return p.publishKeys(ctx, msg, keys)
+}
+
+// publishKeys publishes msg, which carries the events of keys (remembered
+// once the stream acknowledges it; none for a message that is no event).
+func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys []keyPair) error {
+	if p.recent != nil {
+		p.reap()
+	}
+	n := max(1, len(keys))
+	for len(p.pending) > 0 && p.inFlight+n > p.window {
+		if err := p.settle(ctx, p.pending[0]); err != nil {
+			return err
+		}
+		p.pop()
+	}
+	for {
+		fut, err := p.js.PublishMsgAsync(msg)
+		if err == nil {
+			p.pending = append(p.pending, pendingPub{fut: fut, keys: keys})
+			p.inFlight += n
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			return fmt.Errorf("publish event: %w", err)
+		}
+		// The connection-wide window is full (other relays): wait.
+		select {
+		case <-p.js.PublishAsyncComplete():
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// settle waits for one acknowledgement and retries its message on failure
+// (a batch's Nats-Msg-Id makes a retry of one stored already harmless).
+func (p *windowPublisher) settle(ctx context.Context, pp pendingPub) error {
+	fut := pp.fut
+	select {
+	case <-fut.Ok():
+		p.acked(pp)
+		return nil
+	case err := <-fut.Err():
+		var last error = err
+		for attempt := range 3 {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := p.js.PublishMsg(pctx, fut.Msg())
+			cancel()
+			if err == nil {
+				p.acked(pp)
+				return nil
+			}
+			last = err
+			select {
+			case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return fmt.Errorf("publish event %s: %w", fut.Msg().Header.Get(nats.MsgIdHdr), last)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// flush publishes the gathered events and waits for every outstanding
+// acknowledgement.
+func (p *windowPublisher) flush(ctx context.Context) error {
+	if err := p.send(ctx); err != nil {
+		return err
+	}
+	for len(p.pending) > 0 {
+		if err := p.settle(ctx, p.pending[0]); err != nil {
+			return err
+		}
+		p.pop()
+	}
+	return nil
+}
