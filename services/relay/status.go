@@ -31,8 +31,11 @@ func wantsStatusPage(req *http.Request) bool {
 type StatusPage struct {
 	Name, Description, PublicURL string
 	Refresh                      int
-	Snapshot                     *syncstatus.Snapshot
-	Progress                     syncstatus.Progress
+	// Archive is set when the relay also mirrors repositories that do not
+	// list it (GRASP-05): what it mirrors, as NIP-11's curation says.
+	Archive  string
+	Snapshot *syncstatus.Snapshot
+	Progress syncstatus.Progress
 	// Target is set in bolt-on mode: how publishing to the target relay
 	// stands (backlog, expected time, refusals).
 	Target *targetstatus.Status
@@ -64,7 +67,7 @@ td.n{text-align:right}
 </style></head><body>
 <h1>{{.Name}}</h1>
 <p>{{.Description}}</p>
-<p>Relay URL: <code>{{.PublicURL}}</code>. GRASP-01 and GRASP-02 (proactive sync). This page refreshes every {{.Refresh}} s.</p>
+<p>Relay URL: <code>{{.PublicURL}}</code>. GRASP-01 and GRASP-02 (proactive sync){{if .Archive}}, and GRASP-05: {{.Archive}}{{end}}. This page refreshes every {{.Refresh}} s.</p>
 {{with .Target}}<h2>Target relay</h2>
 <p id="target">Bolt-on mode: accepted events are published to <code>{{.URL}}</code> ({{if .Connected}}connected{{else}}<span class="err">not connected</span>{{end}}).
 {{.Written}} written, {{.Duplicates}} already there, {{.Refused}} refused, {{.RateLimited}} rate-limited answers.
@@ -94,7 +97,11 @@ Backlog <span id="backlog">{{.Backlog}}</span> events{{if .Backlog}}, about <spa
 // serveStatus renders the HTML status page from the same state graspctl
 // status reads.
 func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) {
-	StatusHandler{Name: r.cfg.Name, Description: r.cfg.Description, PublicURL: r.cfg.PublicURL, Bus: r.bus, Log: r.log}.ServeHTTP(w, req)
+	h := StatusHandler{Name: r.cfg.Name, Description: r.cfg.Description, PublicURL: r.cfg.PublicURL, Bus: r.bus, Log: r.log}
+	if r.cfg.Archive.Enabled() {
+		h.Archive = r.cfg.Archive.Curation()
+	}
+	h.ServeHTTP(w, req)
 }
 
 // StatusHandler serves the status page on its own, where there is no relay
@@ -102,6 +109,8 @@ func (r *Relay) serveStatus(w http.ResponseWriter, req *http.Request) {
 // address.
 type StatusHandler struct {
 	Name, Description, PublicURL string
+	// Archive is NIP-11's curation when the relay archives (GRASP-05).
+	Archive string
 	// Bus reads the sync state; nil renders the page with an error.
 	Bus *bus.Bus
 	Log *slog.Logger
@@ -115,7 +124,7 @@ func (h StatusHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		bus *bus.Bus
 		log *slog.Logger
 	}{h.Bus, h.Log}
-	page := StatusPage{Name: h.Name, Description: h.Description, PublicURL: h.PublicURL, Refresh: statusRefreshSeconds}
+	page := StatusPage{Name: h.Name, Description: h.Description, PublicURL: h.PublicURL, Refresh: statusRefreshSeconds, Archive: h.Archive}
 	if h.Target != nil {
 		t := h.Target()
 		t.ETA, t.Paused = t.ETA.Round(time.Second), t.Paused.Round(time.Second)

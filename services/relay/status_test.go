@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -112,5 +113,23 @@ func TestStatusPageWithoutNATS(t *testing.T) {
 	ct, body := fetchPage(t, s.http+"/", "text/html")
 	if !strings.HasPrefix(ct, "text/html") || !strings.Contains(body, "Sync state unavailable: this relay runs without NATS") {
 		t.Errorf("page = %s %s", ct, body)
+	}
+}
+
+// An archive says so on the status page, with what it mirrors; a relay
+// that archives nothing does not mention GRASP-05.
+func TestStatusPageSaysArchive(t *testing.T) {
+	for _, archive := range []string{"", "mirrors every repository of npub1example"} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("Accept", "text/html")
+		StatusHandler{Name: "r", PublicURL: "ws://127.0.0.1:1", Archive: archive}.ServeHTTP(rec, req)
+		body := rec.Body.String()
+		if got := strings.Contains(body, "GRASP-05: "+archive); got != (archive != "") {
+			t.Errorf("archive %q: page mentions GRASP-05 %v:\n%s", archive, strings.Contains(body, "GRASP-05"), body)
+		}
+		if archive == "" && strings.Contains(body, "GRASP-05") {
+			t.Errorf("a relay without archive mentions GRASP-05")
+		}
 	}
 }
