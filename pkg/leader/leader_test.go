@@ -217,22 +217,25 @@ func TestCleanStopReleasesAfterAnUnconfirmedRenewal(t *testing.T) {
 	t.Cleanup(cancel)
 	a.next(t, 5*time.Second)
 	kvB, _ := open()
-	var cur jetstream.KeyValueEntry
 	for {
 		// Wait for the first renewal's epoch stamp, so the rewrite below
-		// follows it rather than racing it.
+		// follows it rather than racing it. A renewal landing between the
+		// read and the rewrite makes the rewrite's revision stale: read
+		// again and rewrite after that one.
 		e, err := kvB.Get(context.Background(), "role")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if l, _, _ := leader.Current(context.Background(), kvB, "role"); l.Epoch != 0 {
-			cur = e
-			break
+			_, err := kvB.Update(context.Background(), "role", e.Value(), e.Revision())
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, jetstream.ErrKeyExists) && !strings.Contains(err.Error(), "wrong last sequence") {
+				t.Fatal(err)
+			}
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-	if _, err := kvB.Update(context.Background(), "role", cur.Value(), cur.Revision()); err != nil {
-		t.Fatal(err)
 	}
 	cancel()
 	select {
