@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -21,6 +22,33 @@ const HeaderEvents = "Grasp-Events"
 // messages stays a few tens of MiB. An event larger than this travels
 // alone, in the one-event format.
 const EventBatchMaxBytes = 128 << 10
+
+// HeaderReadAt is when the fetcher read an EventsSubject message's event off
+// its relay (of a batch, its first and oldest event), in Unix milliseconds.
+// With the stream's own timestamp it splits an event's journey into the
+// fetcher's part and the stream's, for the ingester's stage histogram
+// (docs/metrics.md, "Where events wait"). Clocks of different hosts make it
+// approximate there; nothing depends on it but the metric.
+const HeaderReadAt = "Grasp-Read-At"
+
+// SetReadAt records t as the message's HeaderReadAt.
+func SetReadAt(header nats.Header, t time.Time) {
+	header.Set(HeaderReadAt, strconv.FormatInt(t.UnixMilli(), 10))
+}
+
+// ReadAt is the message's HeaderReadAt; ok is false when it has none (a
+// message from an older fetcher) or it does not parse.
+func ReadAt(header nats.Header) (t time.Time, ok bool) {
+	v := header.Get(HeaderReadAt)
+	if v == "" {
+		return time.Time{}, false
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms <= 0 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(ms), true
+}
 
 // EventCount is how many events an EventsSubject message carries: its
 // HeaderEvents value, else 1.

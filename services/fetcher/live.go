@@ -359,6 +359,7 @@ func (w *relayWorker) publishAs(ctx context.Context, pub *windowPublisher, evt *
 	msg.Header.Set(bus.HeaderRelay, w.url)
 	msg.Header.Set(bus.HeaderSession, session)
 	msg.Header.Set(bus.HeaderMode, mode)
+	bus.SetReadAt(msg.Header, w.f.clock.Now())
 	if batch != "" {
 		msg.Header.Set(bus.HeaderBatch, batch)
 	}

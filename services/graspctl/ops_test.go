@@ -288,6 +288,18 @@ func TestOperatorViews(t *testing.T) {
 		}
 	})
 
+	t.Run("every stage on the way to the store is observed", func(t *testing.T) {
+		// The events synced above went relay → fetcher → stream → ingester →
+		// store in graspd's own processes; each hop must have been timed,
+		// fetch included (the fetcher's Grasp-Read-At header).
+		counts := stageCounts(t, "http://"+s.app.MetricsAddr()+"/metrics")
+		for _, stage := range []string{"fetch", "queue", "verify", "handoff", "decide", "store"} {
+			if counts[stage] < 1 {
+				t.Errorf("grasp_ingester_stage_seconds{stage=%q} observed %v times, want at least once (all: %v)", stage, counts[stage], counts)
+			}
+		}
+	})
+
 	pageURL := "http" + strings.TrimPrefix(s.app.RelayURL(), "ws") + "/"
 	t.Run("status page over HTTP", func(t *testing.T) {
 		req, _ := http.NewRequest("GET", pageURL, nil)
@@ -519,6 +531,35 @@ func documentedMetrics(t *testing.T) map[string]bool {
 		}
 	}
 	return set
+}
+
+// stageCounts reads grasp_ingester_stage_seconds_count by stage off a
+// /metrics page.
+func stageCounts(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	counts := map[string]float64{}
+	for _, l := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(l, `grasp_ingester_stage_seconds_count{stage="`)
+		if !ok {
+			continue
+		}
+		stage, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			t.Fatalf("%s: %v", l, err)
+		}
+		counts[stage] = n
+	}
+	return counts
 }
 
 // scrape returns the metric family names of a /metrics page.

@@ -216,7 +216,10 @@ func (b *batch) flush(ctx context.Context) error {
 	// removed what it stored, which is then not remembered.
 	gen := b.i.refs.generation()
 	var stored []*nostr.Event
-	for n, r := range b.i.store.SaveBatch(ctx, evts) {
+	start := b.i.clk.Now()
+	results := b.i.store.SaveBatch(ctx, evts)
+	b.i.m.observeStage(stageStore, b.i.clk.Now().Sub(start))
+	for n, r := range results {
 		it := items[n]
 		switch {
 		case b.i.targetRefused(ctx, it.evt, it.relay, r.Err):

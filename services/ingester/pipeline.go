@@ -134,7 +134,9 @@ func (i *Ingester) consume(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		for items := range batches {
+			start := i.clk.Now()
 			i.settle(gctx, items)
+			i.m.observeStage(stageDecide, i.clk.Now().Sub(start))
 		}
 		return nil
 	})
@@ -204,11 +206,15 @@ func (i *Ingester) verifyStage(ctx context.Context, msgs <-chan jetstream.Msg, b
 				break fill
 			}
 		}
+		start := i.clk.Now()
 		items := i.verify(ctx, batch)
+		verified := i.clk.Now()
+		i.m.observeStage(stageVerify, verified.Sub(start))
 	handoff:
 		for {
 			select {
 			case batches <- items:
+				i.m.observeStage(stageHandoff, i.clk.Now().Sub(verified))
 				break handoff
 			case <-ctx.Done():
 				eachMsg(items, func(m jetstream.Msg) { _ = m.Nak() }) // another replica takes it at once
@@ -263,6 +269,7 @@ func (i *Ingester) verify(ctx context.Context, msgs []jetstream.Msg) []*item {
 			lines = [][]byte{nil} // an empty batch: one malformed item settles it
 		}
 		d := &delivery{msg: m, events: len(lines)}
+		i.m.observeArrival(m, now)
 		batch := bus.IsEventBatch(h)
 		for n, data := range lines {
 			i.m.incConsumed()
