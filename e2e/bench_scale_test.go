@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -168,7 +169,85 @@ type scaleResult struct {
 	// shard or a leader its lease; Disconnects the fetcher's lost sessions.
 	ShardLosses int    `json:"shard_losses"`
 	Disconnects int    `json:"disconnects"`
-	Note        string `json:"note,omitempty"`
+	// Stages is where events waited during the sync: the ingesters'
+	// grasp_ingester_stage_seconds, summed over the processes.
+	Stages []stageLatency `json:"stages,omitempty"`
+	Note   string         `json:"note,omitempty"`
+}
+
+// stageLatency is one stage of grasp_ingester_stage_seconds read off
+// /metrics: how often it was observed, its mean, and its median and 95th
+// percentile interpolated in its buckets as Prometheus' histogram_quantile
+// does.
+type stageLatency struct {
+	Stage string  `json:"stage"`
+	Count float64 `json:"count"`
+	Mean  float64 `json:"mean_s"`
+	P50   float64 `json:"p50_s"`
+	P95   float64 `json:"p95_s"`
+}
+
+// stageOrder is the order an event meets the stages in.
+var stageOrder = []string{"fetch", "queue", "verify", "handoff", "decide", "store"}
+
+// readStages reads the stage histogram out of scraped metrics (series name
+// with labels → value).
+func readStages(m map[string]float64) []stageLatency {
+	var out []stageLatency
+	for _, stage := range stageOrder {
+		sel := `stage="` + stage + `"`
+		count := MetricSum(m, "grasp_ingester_stage_seconds_count", sel)
+		if count == 0 {
+			continue
+		}
+		type bucket struct{ le, n float64 }
+		var bs []bucket
+		for k, v := range m {
+			if !strings.HasPrefix(k, "grasp_ingester_stage_seconds_bucket{") || !strings.Contains(k, sel) {
+				continue
+			}
+			_, rest, _ := strings.Cut(k, `le="`)
+			le, _, _ := strings.Cut(rest, `"`)
+			f, err := strconv.ParseFloat(le, 64)
+			if err != nil {
+				f = math.Inf(1) // "+Inf"
+			}
+			bs = append(bs, bucket{f, v})
+		}
+		sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+		quantile := func(q float64) float64 {
+			rank, lo, below := q*count, 0.0, 0.0
+			for _, b := range bs {
+				if b.n >= rank {
+					if math.IsInf(b.le, 1) {
+						return lo
+					}
+					return lo + (b.le-lo)*(rank-below)/max(b.n-below, 1)
+				}
+				lo, below = b.le, b.n
+			}
+			return lo
+		}
+		out = append(out, stageLatency{Stage: stage, Count: count,
+			Mean: MetricSum(m, "grasp_ingester_stage_seconds_sum", sel) / count, P50: quantile(0.5), P95: quantile(0.95)})
+	}
+	return out
+}
+
+// stagesLine renders stages for a log or a "bench stages:" line.
+func stagesLine(ss []stageLatency) string {
+	var parts []string
+	for _, s := range ss {
+		parts = append(parts, fmt.Sprintf("%s %s / %s (mean %s, n %.0f)", s.Stage, ms(s.P50), ms(s.P95), ms(s.Mean), s.Count))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func ms(secs float64) string {
+	if secs < 0.1 {
+		return fmt.Sprintf("%.1f ms", secs*1000)
+	}
+	return fmt.Sprintf("%.0f ms", secs*1000)
 }
 
 // farmTotals sums the farm's counters over its relays (a difference of two
@@ -708,6 +787,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	after := context.Background()
 	m, _ := tgt.metrics(after)
 	res.Stored = int(MetricSum(m, "grasp_ingester_stored_total"))
+	res.Stages = readStages(m)
 	for _, u := range farm.urls {
 		if MetricSum(m, "grasp_fetcher_relay_health_state", `relay="`+u+`"`) == 3 { // dead: given up
 			res.GivenUp++
@@ -866,6 +946,10 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 	if !r.Complete {
 		fmt.Printf("bench row: %s: sync NOT COMPLETE: %s — NOT MET\n", name, r.Note)
 	}
+	if len(r.Stages) > 0 {
+		// Where events waited, p50 / p95 per stage: no target, so not a row.
+		fmt.Printf("bench stages: %s: %s\n", name, stagesLine(r.Stages))
+	}
 	single := func(world string) *scaleResult {
 		for i := range all {
 			if all[i].World == world && all[i].Mode == "single" && all[i].Complete && !all[i].Limited {
@@ -986,5 +1070,26 @@ func saveIdleProfiles(ctx context.Context, p *Proc, dir string) {
 	for _, f := range []string{"status", "smaps_rollup", "smaps"} {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/%s", p.Pid(), f))
 		_ = os.WriteFile(filepath.Join(dir, f+".txt"), b, 0o644)
+	}
+}
+
+// TestReadStages: the stage histogram read off scraped series as
+// histogram_quantile would: 10 observations at ≤ 1 ms, 10 at ≤ 2 ms, so
+// the median is the first bucket's edge and p95 lies 90 % into the second.
+func TestReadStages(t *testing.T) {
+	m := map[string]float64{
+		`grasp_ingester_stage_seconds_bucket{stage="queue",le="0.001"}`: 10,
+		`grasp_ingester_stage_seconds_bucket{stage="queue",le="0.002"}`: 20,
+		`grasp_ingester_stage_seconds_bucket{stage="queue",le="+Inf"}`:  20,
+		`grasp_ingester_stage_seconds_sum{stage="queue"}`:               0.03,
+		`grasp_ingester_stage_seconds_count{stage="queue"}`:             20,
+	}
+	got := readStages(m)
+	if len(got) != 1 || got[0].Stage != "queue" || got[0].Count != 20 {
+		t.Fatalf("readStages = %+v, want the queue stage alone, 20 observations", got)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	if s := got[0]; !near(s.P50, 0.001) || !near(s.P95, 0.0019) || !near(s.Mean, 0.0015) {
+		t.Errorf("queue = %+v, want p50 1 ms, p95 1.9 ms, mean 1.5 ms", s)
 	}
 }
