@@ -127,17 +127,3 @@ func (l prefixList) contains(a netip.Addr) bool {
 	}
 	return false
 }
-
-// connLimits are the per-connection limits the guard enforces.
-type connLimits struct {
-	maxMessage  int // bytes of one client message
-	maxFilters  int // filters in one REQ
-	maxSubs     int // open subscriptions per connection
-	maxSubIDLen int // characters of a subscription id
-	// writeTimeout bounds one write to the client (zero: 10 s); a write
-	// that times out closes the connection.
-	writeTimeout time.Duration
-	// orderWait bounds how long the next message waits for khatru to
-	// finish the previous one (zero: defaultOrderWait); see order.go.
-	orderWait time.Duration
-}

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,9 @@ import (
 )
 
 // The relay's limits over the websocket: per REQ, per connection, per
-// address, and the write timeout that disconnects a client that stops reading.
+// address, and the write timeout that disconnects a client that stops reading;
+// then the per-address limiters (limits.go) alone. The frame guard's own
+// tests are in package frameguard.
 
 // TestLimits: filters per REQ, subscriptions per connection, event rate and
 // connections per address, and the trusted-address exemption.
@@ -124,5 +127,38 @@ func TestStalledReaderDisconnected(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+func TestAddrLimiter(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := newAddrLimiter(1, 3, func() time.Time { return now })
+	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	for i := 0; i < 3; i++ {
+		if !l.allow(a) {
+			t.Fatalf("burst token %d refused", i)
+		}
+	}
+	if l.allow(a) {
+		t.Fatal("fourth token within the same instant allowed")
+	}
+	if !l.allow(b) {
+		t.Fatal("another address is limited by the first")
+	}
+	now = now.Add(time.Second)
+	if !l.allow(a) || l.allow(a) {
+		t.Fatal("refill after one second should give exactly one token")
+	}
+}
+
+func TestConnCounter(t *testing.T) {
+	c := &connCounter{max: 2, count: map[netip.Addr]int{}}
+	a := netip.MustParseAddr("192.0.2.1")
+	if !c.acquire(a) || !c.acquire(a) || c.acquire(a) {
+		t.Fatal("want exactly two slots")
+	}
+	c.release(a)
+	if !c.acquire(a) {
+		t.Fatal("released slot not reusable")
 	}
 }

@@ -10,9 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
@@ -215,5 +217,20 @@ func TestNIP11(t *testing.T) {
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/nostr+json" {
 		t.Errorf("content type %q", ct)
+	}
+}
+
+func TestInfoDocument(t *testing.T) {
+	r := &Relay{cfg: Config{MaxMessageBytes: 1000, MaxSubscriptions: 3, MaxLimit: 50, Limits: policy.Limits{MaxTags: 9, MaxEventBytes: 900}}}
+	r.khatru = newRelay(Config{Addr: "127.0.0.1:1", Name: "n", Description: "d", PubKey: strings.Repeat("ab", 32)}, nil, nil, discard(), time.Now).khatru
+	b, _ := json.Marshal(r.Info())
+	var doc map[string]any
+	_ = json.Unmarshal(b, &doc)
+	if doc["name"] != "n" || doc["pubkey"] != strings.Repeat("ab", 32) {
+		t.Fatalf("info %s", b)
+	}
+	lim := doc["limitation"].(map[string]any)
+	if lim["max_subscriptions"] != 3.0 || lim["max_limit"] != 50.0 || lim["max_message_length"] != 1000.0 {
+		t.Fatalf("limitation %v", lim)
 	}
 }

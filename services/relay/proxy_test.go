@@ -263,3 +263,52 @@ func TestUntrustedProxy(t *testing.T) {
 		})
 	}
 }
+
+func TestResolveClient(t *testing.T) {
+	proxies, err := parsePrefixes("10.0.0.0/8, 192.0.2.7, 127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted, _ := parsePrefixes("127.0.0.1, 10.0.0.0/8")
+	tests := []struct {
+		name          string
+		remote        string
+		header        http.Header
+		want          string
+		viaProxy      bool
+		exempt        bool
+		forwardedFlag bool
+	}{
+		{"direct", "203.0.113.5:4000", nil, "203.0.113.5", false, false, false},
+		{"direct v4-mapped", "[::ffff:203.0.113.5]:4000", nil, "203.0.113.5", false, false, false},
+		{"direct from a trusted address", "127.0.0.1:4000", nil, "127.0.0.1", false, true, false},
+		{"not a proxy: header ignored", "203.0.113.5:4000", xff("1.2.3.4"), "203.0.113.5", false, false, true},
+		{"right-most non-proxy", "10.1.2.3:4000", xff("1.2.3.4, 198.51.100.9"), "198.51.100.9", true, false, true},
+		{"proxy hops skipped", "10.1.2.3:4000", xff("198.51.100.9, 192.0.2.7"), "198.51.100.9", true, false, true},
+		{"several header lines", "10.1.2.3:4000", http.Header{"X-Forwarded-For": {"1.2.3.4", "198.51.100.9"}}, "198.51.100.9", true, false, true},
+		{"every hop a proxy: the left-most", "10.1.2.3:4000", xff("10.9.9.9, 10.0.0.1"), "10.9.9.9", true, false, true},
+		{"garbage: the proxy, not exempt", "10.1.2.3:4000", xff("garbage"), "10.1.2.3", false, false, true},
+		{"loopback proxy forwarding: not exempt", "127.0.0.1:4000", xff("198.51.100.9"), "198.51.100.9", true, false, true},
+		{"loopback proxy forwarding a loopback client: not exempt", "127.0.0.1:4000", xff("127.0.0.1"), "127.0.0.1", true, false, true},
+		{"X-Real-IP from a proxy", "10.1.2.3:4000", http.Header{"X-Real-Ip": {"198.51.100.9"}}, "198.51.100.9", true, false, true},
+		{"Forwarded alone: the proxy, not exempt", "10.1.2.3:4000", http.Header{"Forwarded": {"for=198.51.100.9"}}, "10.1.2.3", false, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &http.Request{RemoteAddr: tt.remote, Header: tt.header}
+			if r.Header == nil {
+				r.Header = http.Header{}
+			}
+			got := resolveClient(r, proxies)
+			if got.addr.String() != tt.want || got.viaProxy != tt.viaProxy || got.forwarded != tt.forwardedFlag || got.exempt(trusted) != tt.exempt {
+				t.Errorf("resolveClient(%s, %v) = %s via proxy %v forwarded %v exempt %v; want %s %v %v %v",
+					tt.remote, tt.header, got.addr, got.viaProxy, got.forwarded, got.exempt(trusted), tt.want, tt.viaProxy, tt.forwardedFlag, tt.exempt)
+			}
+		})
+	}
+	if _, err := parsePrefixes("10.0.0.0/33"); err == nil {
+		t.Error("bad prefix accepted")
+	}
+}
+
+func xff(v string) http.Header { return http.Header{"X-Forwarded-For": {v}} }

@@ -5,8 +5,8 @@
 // (grasp.stored.*) to its own live subscribers. It serves NIP-11 with
 // supported_grasps and NIP-77 negentropy, caps REQ results (clients page
 // with until), and enforces per-connection and per-address limits through a
-// websocket frame guard in front of khatru (guard.go), which also sends
-// NIP-77 errors as the standard NEG-ERR.
+// websocket frame guard in front of khatru (package frameguard), which also
+// sends NIP-77 errors as the standard NEG-ERR.
 package relay
 
 import (
@@ -37,6 +37,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
+	"github.com/grasp-sync/grasp-sync/services/relay/frameguard"
 )
 
 // Config is the relay's configuration (GRASP_* variables). Zero numeric
@@ -308,7 +309,7 @@ func (r *Relay) capLimit(ctx context.Context, f *nostr.Filter) {
 // rejectFilter refuses what the store cannot answer.
 func rejectFilter(_ context.Context, f nostr.Filter) (bool, string) {
 	if f.Search != "" {
-		return true, searchUnsupported
+		return true, frameguard.SearchUnsupported
 	}
 	return false, ""
 }
@@ -408,14 +409,14 @@ func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
 	// The guard orders the connection's messages; it learns from the
 	// filter hook (trackSubscription), through the request khatru keeps,
 	// when a CLOSE has taken effect.
-	subs := newSubContexts()
-	req = req.WithContext(context.WithValue(req.Context(), subContextsKey{}, subs))
-	lim := connLimits{
-		maxMessage:   int(r.cfg.MaxMessageBytes),
-		maxFilters:   r.cfg.MaxFilters,
-		maxSubs:      r.cfg.MaxSubscriptions,
-		maxSubIDLen:  64,
-		writeTimeout: r.cfg.WriteTimeout,
+	subs := frameguard.NewSubscriptions()
+	req = req.WithContext(context.WithValue(req.Context(), subscriptionsKey{}, subs))
+	lim := frameguard.Limits{
+		MaxMessage:   int(r.cfg.MaxMessageBytes),
+		MaxFilters:   r.cfg.MaxFilters,
+		MaxSubs:      r.cfg.MaxSubscriptions,
+		MaxSubIDLen:  64,
+		WriteTimeout: r.cfg.WriteTimeout,
 	}
 	var eventAllowed func() bool
 	if !trusted {
@@ -423,15 +424,14 @@ func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
 	}
 	onRefuse := func(what string) { r.refused.WithLabelValues("guard-" + what).Inc() }
 	wrap := func(c net.Conn) net.Conn {
-		g := newGuardConn(c, lim, eventAllowed, onRefuse)
-		g.subs = subs
+		g := frameguard.New(c, lim, subs, eventAllowed, onRefuse)
 		if trusted {
 			return g
 		}
-		return &releasingConn{guardConn: g, release: func() { r.conns.release(addr) }}
+		return &releasingConn{Conn: g, release: func() { r.conns.release(addr) }}
 	}
 	hijacked := false
-	r.khatru.HandleWebsocket(guardWriter{ResponseWriter: w, wrap: func(c net.Conn) net.Conn {
+	r.khatru.HandleWebsocket(frameguard.HijackWriter{ResponseWriter: w, Wrap: func(c net.Conn) net.Conn {
 		hijacked = true
 		return wrap(c)
 	}}, req)
@@ -440,17 +440,39 @@ func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
 	}
 }
 
+// subscriptionsKey carries a connection's frameguard.Subscriptions in the
+// context of the HTTP request khatru keeps with the connection.
+type subscriptionsKey struct{}
+
+// trackSubscription is the OverwriteFilter hook that hands the guard of the
+// filter's connection the filter's context. Negentropy sessions, which also
+// pass through OverwriteFilter, are not subscriptions.
+func trackSubscription(ctx context.Context, _ *nostr.Filter) {
+	if eventstore.IsNegentropySession(ctx) {
+		return
+	}
+	conn := khatru.GetConnection(ctx)
+	if conn == nil || conn.Request == nil {
+		return
+	}
+	subs, _ := conn.Request.Context().Value(subscriptionsKey{}).(*frameguard.Subscriptions)
+	if subs == nil {
+		return
+	}
+	subs.Add(khatru.GetSubscriptionID(ctx), ctx)
+}
+
 // releasingConn gives back a connection slot when khatru closes the
 // connection (khatru may close it more than once).
 type releasingConn struct {
-	*guardConn
+	*frameguard.Conn
 	once    sync.Once
 	release func()
 }
 
 // Close closes the connection and releases its slot once.
 func (c *releasingConn) Close() error {
-	err := c.guardConn.Close()
+	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"os"
 	"testing"
@@ -177,3 +178,5 @@ func served(k testkit.Key, d string, maintainers ...string) *nostr.Event {
 func announce(k testkit.Key, d, clone, relays string, maintainers ...string) *nostr.Event {
 	return k.Announcement(d, []string{clone}, []string{relays}, maintainers)
 }
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -1,4 +1,4 @@
-package relay
+package frameguard
 
 import (
 	"encoding/json"
@@ -7,13 +7,14 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// The answers the guard (guard.go) sends a client instead of khatru.
+// The answers the guard (conn.go) sends a client instead of khatru.
 
-// searchUnsupported answers a REQ with a NIP-50 search filter. The guard
+// SearchUnsupported answers a REQ with a NIP-50 search filter. The guard
 // refuses such REQs before khatru sees them: khatru, refusing a later filter
 // of a REQ, leaves the earlier filters subscribed under an id the client
-// was told is closed.
-const searchUnsupported = "unsupported: full-text search (NIP-50) is not offered here"
+// was told is closed. The relay's own filter hook, its backstop, refuses
+// with the same words.
+const SearchUnsupported = "unsupported: full-text search (NIP-50) is not offered here"
 
 // The refusals of an event whose pubkey or signature does not have the
 // shape a verifier accepts, worded as pkg/policy words them so both builds

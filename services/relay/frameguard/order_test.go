@@ -1,4 +1,4 @@
-package relay
+package frameguard
 
 import (
 	"bytes"
@@ -62,13 +62,13 @@ func TestAwaitedEnds(t *testing.T) {
 // and precedes a REQ reusing an open id with a CLOSE of it. Here the test
 // plays khatru: it reads what the guard forwards and answers.
 func TestGuardOrdersMessages(t *testing.T) {
-	lim := connLimits{maxMessage: 1000, maxFilters: 2, maxSubs: 10, maxSubIDLen: 64}
+	lim := Limits{MaxMessage: 1000, MaxFilters: 2, MaxSubs: 10, MaxSubIDLen: 64}
 	evt := `["EVENT",{"id":"` + strings.Repeat("e", 64) + `"}]`
 	in := clientFrames(`["REQ","a",{}]`, evt, `["REQ","a",{"kinds":[1]}]`, `["CLOSE","a"]`, `["EOSE","a"]`, `["REQ","b",{}]`)
 	pc := &pipeConn{in: bytes.NewReader(in)}
-	g := newGuardConn(pc, lim, nil, nil)
+	g := New(pc, lim, nil, nil, nil)
 	g.upgraded = true
-	g.subs = newSubContexts()
+	g.subs = NewSubscriptions()
 
 	// khatru's reading goroutine.
 	forwarded := make(chan string)
@@ -111,7 +111,7 @@ func TestGuardOrdersMessages(t *testing.T) {
 
 	expect(`["REQ","a",{}]`)
 	ctx1, cancel1 := context.WithCancel(context.Background())
-	g.subs.add("a", ctx1) // khatru's filter hook
+	g.subs.Add("a", ctx1) // khatru's filter hook
 	reply(`["EVENT","a",{}]`)
 	reply(`["EOSE","a"]`)
 	expect(evt)
@@ -120,7 +120,7 @@ func TestGuardOrdersMessages(t *testing.T) {
 	cancel1()               // khatru removes the subscription
 	expect(`["REQ","a",{"kinds":[1]}]`)
 	ctx2, cancel2 := context.WithCancel(context.Background())
-	g.subs.add("a", ctx2)
+	g.subs.Add("a", ctx2)
 	reply(`["EOSE","a"]`)
 	expect(`["CLOSE","a"]`) // the client's
 	cancel2()
@@ -134,12 +134,12 @@ func TestGuardOrdersMessages(t *testing.T) {
 
 // A wait for khatru ends when the connection closes.
 func TestGuardWaitEndsOnClose(t *testing.T) {
-	lim := connLimits{maxMessage: 1000, maxFilters: 2, maxSubs: 10, maxSubIDLen: 64}
+	lim := Limits{MaxMessage: 1000, MaxFilters: 2, MaxSubs: 10, MaxSubIDLen: 64}
 	client, server := net.Pipe()
 	defer client.Close()
-	g := newGuardConn(server, lim, nil, nil)
+	g := New(server, lim, nil, nil, nil)
 	g.upgraded = true
-	g.subs = newSubContexts()
+	g.subs = NewSubscriptions()
 	// The first REQ is never answered; the second waits until Close.
 	go func() { _, _ = client.Write(clientFrames(`["REQ","a",{}]`, `["REQ","b",{}]`)) }()
 	first := make(chan struct{})

@@ -1,4 +1,4 @@
-package relay
+package frameguard
 
 import (
 	"encoding/json"
@@ -7,13 +7,13 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// The guard's client side (see guard.go): client frames are reassembled
+// The guard's client side (see conn.go): client frames are reassembled
 // into messages, each is inspected (inspect.go) and, if khatru gets it,
 // handed on re-framed once khatru has finished the one before (order.go).
 
 // Read hands khatru the client's frames after inspection, each message only
 // once khatru has finished the one before (order.go).
-func (c *guardConn) Read(p []byte) (int, error) {
+func (c *Conn) Read(p []byte) (int, error) {
 	for len(c.out) == 0 {
 		if c.held != nil {
 			err := c.settle()
@@ -49,9 +49,9 @@ func (c *guardConn) Read(p []byte) (int, error) {
 }
 
 // fill reads more client bytes.
-func (c *guardConn) fill() error {
+func (c *Conn) fill() error {
 	var tmp [32 << 10]byte
-	n, err := c.Conn.Read(tmp[:])
+	n, err := c.netConn.Read(tmp[:])
 	c.rbuf = append(c.rbuf, tmp[:n]...)
 	if n > 0 {
 		return nil
@@ -63,7 +63,7 @@ func (c *guardConn) fill() error {
 }
 
 // step consumes what it can from rbuf; false when it needs more bytes.
-func (c *guardConn) step() (bool, error) {
+func (c *Conn) step() (bool, error) {
 	if c.skip > 0 {
 		if len(c.rbuf) == 0 {
 			return false, nil
@@ -93,7 +93,7 @@ func (c *guardConn) step() (bool, error) {
 	if starts == c.inMsg {
 		return false, errBadFrame // continuation without a message, or a new message inside one
 	}
-	if c.dropping || uint64(len(c.msg))+h.length > uint64(c.lim.maxMessage) {
+	if c.dropping || uint64(len(c.msg))+h.length > uint64(c.lim.MaxMessage) {
 		if !c.dropping {
 			// Answered after khatru's answer to the message before.
 			if err := c.settle(); err != nil {
@@ -128,7 +128,7 @@ func (c *guardConn) step() (bool, error) {
 
 // drop starts or continues discarding an oversized message, answering it
 // once from its first bytes.
-func (c *guardConn) drop(h frameHeader) bool {
+func (c *Conn) drop(h frameHeader) bool {
 	if !c.dropping {
 		head := append([]byte(nil), c.msg...)
 		avail := c.rbuf[h.headLen:min(len(c.rbuf), h.headLen+int(min(h.length, 4096)))]
@@ -139,7 +139,7 @@ func (c *guardConn) drop(h frameHeader) bool {
 		head = append(head, chunk...)
 		c.dropping = true
 		c.msg = c.msg[:0]
-		c.refuse("message-too-large", oversized(head, c.lim.maxMessage))
+		c.refuse("message-too-large", oversized(head, c.lim.MaxMessage))
 	}
 	c.inMsg = !h.fin
 	if h.fin {
@@ -153,7 +153,7 @@ func (c *guardConn) drop(h frameHeader) bool {
 // deliver decides on a complete client message, once khatru has finished
 // the previous one. khatru treats binary messages as text, so does the
 // guard.
-func (c *guardConn) deliver() error {
+func (c *Conn) deliver() error {
 	if err := c.settle(); err != nil {
 		return err
 	}

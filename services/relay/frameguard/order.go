@@ -1,4 +1,4 @@
-package relay
+package frameguard
 
 import (
 	"bytes"
@@ -9,10 +9,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/fiatjaf/eventstore"
-	"github.com/fiatjaf/khatru"
-	"github.com/nbd-wtf/go-nostr"
 )
 
 // Messages of one connection take effect in the order they were sent
@@ -133,22 +129,28 @@ func stringEnd(b []byte) int {
 	return -1
 }
 
-// subContexts records, for one connection, the contexts khatru gives the
-// filters of each open subscription (its OverwriteFilter hook sees them).
-// khatru cancels them when a CLOSE removes the subscription, which is how the
-// guard knows a CLOSE has taken effect. Bounded by the guard's limits on
+// Subscriptions records, for one connection, the contexts khatru gives the
+// filters of each open subscription (its OverwriteFilter hook sees them;
+// the relay hands them over with Add). khatru cancels them when a CLOSE
+// removes the subscription, which is how the guard knows a CLOSE has taken
+// effect: khatru does not answer a CLOSE. Bounded by the guard's limits on
 // subscriptions and filters: entries leave with their CLOSE, and cancelled
 // ones are dropped as new ones arrive.
-type subContexts struct {
+type Subscriptions struct {
 	mu   sync.Mutex
 	byID map[string][]context.Context
 }
 
-func newSubContexts() *subContexts {
-	return &subContexts{byID: map[string][]context.Context{}}
+// NewSubscriptions returns an empty record, one per connection: the
+// relay's filter hook and the connection's guard (New) share it.
+func NewSubscriptions() *Subscriptions {
+	return &Subscriptions{byID: map[string][]context.Context{}}
 }
 
-func (s *subContexts) add(id string, ctx context.Context) {
+// Add records ctx, the context khatru gave one filter of subscription id
+// (khatru's OverwriteFilter hook sees it): a CLOSE of id has taken effect
+// once every context recorded for id is done.
+func (s *Subscriptions) Add(id string, ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	live := slices.DeleteFunc(s.byID[id], func(c context.Context) bool { return c.Err() != nil })
@@ -156,34 +158,12 @@ func (s *subContexts) add(id string, ctx context.Context) {
 }
 
 // take removes and returns the contexts of subscription id.
-func (s *subContexts) take(id string) []context.Context {
+func (s *Subscriptions) take(id string) []context.Context {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ctxs := s.byID[id]
 	delete(s.byID, id)
 	return ctxs
-}
-
-// subContextsKey carries a connection's subContexts in the context of the
-// HTTP request khatru keeps with the connection.
-type subContextsKey struct{}
-
-// trackSubscription is the OverwriteFilter hook that hands the guard of the
-// filter's connection the filter's context. Negentropy sessions, which also
-// pass through OverwriteFilter, are not subscriptions.
-func trackSubscription(ctx context.Context, _ *nostr.Filter) {
-	if eventstore.IsNegentropySession(ctx) {
-		return
-	}
-	conn := khatru.GetConnection(ctx)
-	if conn == nil || conn.Request == nil {
-		return
-	}
-	subs, _ := conn.Request.Context().Value(subContextsKey{}).(*subContexts)
-	if subs == nil {
-		return
-	}
-	subs.add(khatru.GetSubscriptionID(ctx), ctx)
 }
 
 // pending is a forwarded message khatru has not finished yet.
@@ -196,7 +176,7 @@ type pending struct {
 
 // forward queues a client message for khatru and notes what will end
 // khatru's work on it.
-func (c *guardConn) forward(op byte, msg []byte, a awaited) {
+func (c *Conn) forward(op byte, msg []byte, a awaited) {
 	if c.subs != nil && a.kind != awaitNothing {
 		p := &pending{await: a, done: make(chan struct{})}
 		if a.kind == awaitClose {
@@ -209,14 +189,14 @@ func (c *guardConn) forward(op byte, msg []byte, a awaited) {
 	c.out = appendFrame(c.out, op, true, true, msg)
 }
 
-// errOrderWait ends a wait for khatru that took longer than orderWait.
+// errOrderWait ends a wait for khatru that took longer than Limits.OrderWait.
 var errOrderWait = errors.New("khatru did not finish the previous message in time")
 
 // settle waits until khatru has finished the last forwarded message: its
 // answer passed (observe), or for a CLOSE, the subscription's contexts are
-// cancelled. It fails only when the connection is closed; after orderWait
+// cancelled. It fails only when the connection is closed; after OrderWait
 // it gives up waiting (order.go).
-func (c *guardConn) settle() error {
+func (c *Conn) settle() error {
 	c.seqMu.Lock()
 	p := c.waiting
 	c.seqMu.Unlock()
@@ -230,7 +210,7 @@ func (c *guardConn) settle() error {
 		}
 		c.seqMu.Unlock()
 	}()
-	wait := c.lim.orderWait
+	wait := c.lim.OrderWait
 	if wait <= 0 {
 		wait = defaultOrderWait
 	}
@@ -264,7 +244,7 @@ func (c *guardConn) settle() error {
 
 // observe ends the wait for khatru when msg, a message khatru is writing
 // to the client, is its answer to the last forwarded message.
-func (c *guardConn) observe(msg []byte) {
+func (c *Conn) observe(msg []byte) {
 	c.seqMu.Lock()
 	defer c.seqMu.Unlock()
 	p := c.waiting

@@ -1,4 +1,4 @@
-package relay
+package frameguard
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
-// What the guard (guard.go) decides on each complete client message, and
+// What the guard (conn.go) decides on each complete client message, and
 // the subscriptions of a connection it counts for that.
 
 // connState is what the guard knows about one connection's protocol state.
@@ -50,7 +50,7 @@ type verdict struct {
 // itself, client-to-relay labels khatru ignores are dropped, and a message
 // without a proper label never reaches khatru (whose NIP-77 fallback parser
 // panics on some, e.g. `[","]`, taking the process down).
-func inspect(msg []byte, st *connState, lim connLimits, eventAllowed func() bool) verdict {
+func inspect(msg []byte, st *connState, lim Limits, eventAllowed func() bool) verdict {
 	l := label(msg)
 	if !isLabel(l) {
 		return malformed(errors.New("want a JSON array starting with a label"))
@@ -86,22 +86,22 @@ func inspect(msg []byte, st *connState, lim connLimits, eventAllowed func() bool
 	switch env := env.(type) {
 	case *nostr.ReqEnvelope:
 		id := env.SubscriptionID
-		if len(id) > lim.maxSubIDLen {
-			return verdict{reply: closed(id, fmt.Sprintf("invalid: subscription id longer than %d characters", lim.maxSubIDLen)), what: "req"}
+		if len(id) > lim.MaxSubIDLen {
+			return verdict{reply: closed(id, fmt.Sprintf("invalid: subscription id longer than %d characters", lim.MaxSubIDLen)), what: "req"}
 		}
-		if n := len(env.Filters); n > lim.maxFilters {
-			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many filters in one REQ (%d, limit %d)", n, lim.maxFilters)), what: "req"}
+		if n := len(env.Filters); n > lim.MaxFilters {
+			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many filters in one REQ (%d, limit %d)", n, lim.MaxFilters)), what: "req"}
 		}
 		for _, f := range env.Filters {
 			if f.Search != "" {
-				return verdict{reply: closed(id, searchUnsupported), what: "req"}
+				return verdict{reply: closed(id, SearchUnsupported), what: "req"}
 			}
 		}
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		_, open := st.subs[id]
-		if !open && len(st.subs) >= lim.maxSubs {
-			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many open subscriptions (limit %d); CLOSE one first", lim.maxSubs)), what: "req"}
+		if !open && len(st.subs) >= lim.MaxSubs {
+			return verdict{reply: closed(id, fmt.Sprintf("blocked: too many open subscriptions (limit %d); CLOSE one first", lim.MaxSubs)), what: "req"}
 		}
 		st.subs[id] = struct{}{}
 		return verdict{forward: true, await: answer(id, "EOSE", "CLOSED"), replaces: open}

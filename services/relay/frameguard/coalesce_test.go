@@ -1,4 +1,4 @@
-package relay
+package frameguard
 
 import (
 	"fmt"
@@ -59,7 +59,7 @@ func (w *writesConn) messages(t *testing.T) []string {
 
 // khatruEvent writes an EVENT message as khatru does: frames of at most
 // 1 KiB (its upgrader's write buffer), each frame a write of its own.
-func khatruEvent(t *testing.T, g *guardConn, sub string, n int) string {
+func khatruEvent(t *testing.T, g *Conn, sub string, n int) string {
 	t.Helper()
 	msg := fmt.Sprintf(`["EVENT",%q,{"id":"%064d","content":"%s"}]`, sub, n, strings.Repeat("x", 1500))
 	b := []byte(msg)
@@ -77,7 +77,7 @@ func khatruEvent(t *testing.T, g *guardConn, sub string, n int) string {
 	return msg
 }
 
-func khatruWrite(t *testing.T, g *guardConn, msg string) {
+func khatruWrite(t *testing.T, g *Conn, msg string) {
 	t.Helper()
 	if _, err := g.Write(appendFrame(nil, opText, true, false, []byte(msg))); err != nil {
 		t.Fatal(err)
@@ -89,11 +89,11 @@ func khatruWrite(t *testing.T, g *guardConn, msg string) {
 // an event is written at once; what is held is written after the delay
 // even without an EOSE, and at coalesceBytes.
 func TestGuardCoalescesREQAnswer(t *testing.T) {
-	lim := connLimits{maxMessage: 1000, maxFilters: 2, maxSubs: 10, maxSubIDLen: 64}
+	lim := Limits{MaxMessage: 1000, MaxFilters: 2, MaxSubs: 10, MaxSubIDLen: 64}
 	wc := &writesConn{}
-	g := newGuardConn(wc, lim, nil, nil)
+	g := New(wc, lim, nil, nil, nil)
 	g.upgraded = true
-	g.subs = newSubContexts()
+	g.subs = NewSubscriptions()
 	g.coalesceDelay = time.Hour
 
 	g.forward(opText, []byte(`["REQ","a",{}]`), answer("a", "EOSE", "CLOSED"))

@@ -1,18 +1,11 @@
-package relay
+package frameguard
 
 import (
 	"bytes"
-	"encoding/json"
-	"io"
-	"log/slog"
 	"net"
-	"net/http"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/grasp-sync/grasp-sync/pkg/policy"
 )
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -85,7 +78,7 @@ func TestUnmaskIsPositional(t *testing.T) {
 }
 
 func TestInspect(t *testing.T) {
-	lim := connLimits{maxMessage: 1000, maxFilters: 2, maxSubs: 2, maxSubIDLen: 8}
+	lim := Limits{MaxMessage: 1000, MaxFilters: 2, MaxSubs: 2, MaxSubIDLen: 8}
 	id := strings.Repeat("a", 64)
 	pk, sig := strings.Repeat("b", 64), strings.Repeat("c", 128)
 	type step struct {
@@ -263,11 +256,11 @@ func clientFrames(msgs ...string) []byte {
 }
 
 func TestGuardConnReadSide(t *testing.T) {
-	lim := connLimits{maxMessage: 200, maxFilters: 1, maxSubs: 10, maxSubIDLen: 64}
+	lim := Limits{MaxMessage: 200, MaxFilters: 1, MaxSubs: 10, MaxSubIDLen: 64}
 	big := `["EVENT",{"id":"` + strings.Repeat("c", 64) + `","content":"` + strings.Repeat("x", 300) + `"}]`
 	in := clientFrames(`["REQ","a",{}]`, `["REQ","b",{},{}]`, big, `["CLOSE","a"]`)
 	pc := &pipeConn{in: bytes.NewReader(in)}
-	g := newGuardConn(pc, lim, nil, nil)
+	g := New(pc, lim, nil, nil, nil)
 	g.upgraded = true
 	var got bytes.Buffer
 	buf := make([]byte, 7) // small reads: khatru's reader may ask for any size
@@ -297,7 +290,7 @@ func TestGuardConnReadSide(t *testing.T) {
 
 func TestGuardConnWriteSide(t *testing.T) {
 	pc := &pipeConn{in: bytes.NewReader(nil)}
-	g := newGuardConn(pc, connLimits{maxMessage: 100, maxFilters: 1, maxSubs: 10, maxSubIDLen: 64}, nil, nil)
+	g := New(pc, Limits{MaxMessage: 100, MaxFilters: 1, MaxSubs: 10, MaxSubIDLen: 64}, nil, nil, nil)
 	handshake := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"
 	if _, err := g.Write([]byte(handshake)); err != nil {
 		t.Fatal(err)
@@ -332,105 +325,6 @@ func TestGuardConnWriteSide(t *testing.T) {
 	}
 }
 
-func TestAddrLimiter(t *testing.T) {
-	now := time.Unix(1000, 0)
-	l := newAddrLimiter(1, 3, func() time.Time { return now })
-	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
-	for i := 0; i < 3; i++ {
-		if !l.allow(a) {
-			t.Fatalf("burst token %d refused", i)
-		}
-	}
-	if l.allow(a) {
-		t.Fatal("fourth token within the same instant allowed")
-	}
-	if !l.allow(b) {
-		t.Fatal("another address is limited by the first")
-	}
-	now = now.Add(time.Second)
-	if !l.allow(a) || l.allow(a) {
-		t.Fatal("refill after one second should give exactly one token")
-	}
-}
-
-func TestResolveClient(t *testing.T) {
-	proxies, err := parsePrefixes("10.0.0.0/8, 192.0.2.7, 127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	trusted, _ := parsePrefixes("127.0.0.1, 10.0.0.0/8")
-	tests := []struct {
-		name          string
-		remote        string
-		header        http.Header
-		want          string
-		viaProxy      bool
-		exempt        bool
-		forwardedFlag bool
-	}{
-		{"direct", "203.0.113.5:4000", nil, "203.0.113.5", false, false, false},
-		{"direct v4-mapped", "[::ffff:203.0.113.5]:4000", nil, "203.0.113.5", false, false, false},
-		{"direct from a trusted address", "127.0.0.1:4000", nil, "127.0.0.1", false, true, false},
-		{"not a proxy: header ignored", "203.0.113.5:4000", xff("1.2.3.4"), "203.0.113.5", false, false, true},
-		{"right-most non-proxy", "10.1.2.3:4000", xff("1.2.3.4, 198.51.100.9"), "198.51.100.9", true, false, true},
-		{"proxy hops skipped", "10.1.2.3:4000", xff("198.51.100.9, 192.0.2.7"), "198.51.100.9", true, false, true},
-		{"several header lines", "10.1.2.3:4000", http.Header{"X-Forwarded-For": {"1.2.3.4", "198.51.100.9"}}, "198.51.100.9", true, false, true},
-		{"every hop a proxy: the left-most", "10.1.2.3:4000", xff("10.9.9.9, 10.0.0.1"), "10.9.9.9", true, false, true},
-		{"garbage: the proxy, not exempt", "10.1.2.3:4000", xff("garbage"), "10.1.2.3", false, false, true},
-		{"loopback proxy forwarding: not exempt", "127.0.0.1:4000", xff("198.51.100.9"), "198.51.100.9", true, false, true},
-		{"loopback proxy forwarding a loopback client: not exempt", "127.0.0.1:4000", xff("127.0.0.1"), "127.0.0.1", true, false, true},
-		{"X-Real-IP from a proxy", "10.1.2.3:4000", http.Header{"X-Real-Ip": {"198.51.100.9"}}, "198.51.100.9", true, false, true},
-		{"Forwarded alone: the proxy, not exempt", "10.1.2.3:4000", http.Header{"Forwarded": {"for=198.51.100.9"}}, "10.1.2.3", false, false, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := &http.Request{RemoteAddr: tt.remote, Header: tt.header}
-			if r.Header == nil {
-				r.Header = http.Header{}
-			}
-			got := resolveClient(r, proxies)
-			if got.addr.String() != tt.want || got.viaProxy != tt.viaProxy || got.forwarded != tt.forwardedFlag || got.exempt(trusted) != tt.exempt {
-				t.Errorf("resolveClient(%s, %v) = %s via proxy %v forwarded %v exempt %v; want %s %v %v %v",
-					tt.remote, tt.header, got.addr, got.viaProxy, got.forwarded, got.exempt(trusted), tt.want, tt.viaProxy, tt.forwardedFlag, tt.exempt)
-			}
-		})
-	}
-	if _, err := parsePrefixes("10.0.0.0/33"); err == nil {
-		t.Error("bad prefix accepted")
-	}
-}
-
-func xff(v string) http.Header { return http.Header{"X-Forwarded-For": {v}} }
-
-func TestConnCounter(t *testing.T) {
-	c := &connCounter{max: 2, count: map[netip.Addr]int{}}
-	a := netip.MustParseAddr("192.0.2.1")
-	if !c.acquire(a) || !c.acquire(a) || c.acquire(a) {
-		t.Fatal("want exactly two slots")
-	}
-	c.release(a)
-	if !c.acquire(a) {
-		t.Fatal("released slot not reusable")
-	}
-}
-
-func TestInfoDocument(t *testing.T) {
-	r := &Relay{cfg: Config{MaxMessageBytes: 1000, MaxSubscriptions: 3, MaxLimit: 50, Limits: policy.Limits{MaxTags: 9, MaxEventBytes: 900}}}
-	r.khatru = newRelay(Config{Addr: "127.0.0.1:1", Name: "n", Description: "d", PubKey: strings.Repeat("ab", 32)}, nil, nil, discard(), time.Now).khatru
-	b, _ := json.Marshal(r.Info())
-	var doc map[string]any
-	_ = json.Unmarshal(b, &doc)
-	if doc["name"] != "n" || doc["pubkey"] != strings.Repeat("ab", 32) {
-		t.Fatalf("info %s", b)
-	}
-	lim := doc["limitation"].(map[string]any)
-	if lim["max_subscriptions"] != 3.0 || lim["max_limit"] != 50.0 || lim["max_message_length"] != 1000.0 {
-		t.Fatalf("limitation %v", lim)
-	}
-}
-
-func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 // FuzzGuardRead feeds arbitrary client bytes through the guard: no panic,
 // no endless loop, and what reaches khatru is a well-formed frame stream
 // whose messages respect the size limit.
@@ -440,9 +334,9 @@ func FuzzGuardRead(f *testing.F) {
 	f.Add([]byte{0x81, 0xff, 0, 0, 0, 0, 0, 0, 0x10, 0, 1, 2, 3, 4})
 	f.Add([]byte{0x01, 0x82, 1, 2, 3, 4, 'a', 'b', 0x80, 0x81, 1, 2, 3, 4, 'c'})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		lim := connLimits{maxMessage: 256, maxFilters: 2, maxSubs: 2, maxSubIDLen: 8}
+		lim := Limits{MaxMessage: 256, MaxFilters: 2, MaxSubs: 2, MaxSubIDLen: 8}
 		pc := &pipeConn{in: bytes.NewReader(data)}
-		g := newGuardConn(pc, lim, func() bool { return true }, nil)
+		g := New(pc, lim, nil, func() bool { return true }, nil)
 		g.upgraded = true
 		var got bytes.Buffer
 		buf := make([]byte, 512)
@@ -462,7 +356,7 @@ func FuzzGuardRead(f *testing.F) {
 			if !ok || err != nil || uint64(len(b)) < uint64(h.headLen)+h.length {
 				t.Fatalf("guard forwarded a broken frame stream: %x", got.Bytes())
 			}
-			if !h.control() && h.length > uint64(lim.maxMessage) {
+			if !h.control() && h.length > uint64(lim.MaxMessage) {
 				t.Fatalf("guard forwarded a %d-byte message", h.length)
 			}
 			b = b[uint64(h.headLen)+h.length:]

@@ -1,4 +1,4 @@
-package relay
+package frameguard
 
 import (
 	"encoding/binary"
@@ -6,7 +6,7 @@ import (
 )
 
 // Websocket frame codec (RFC 6455 §5.2), just enough for the guard (see
-// guard.go) to read client messages before khatru does and to rewrite or add
+// conn.go) to read client messages before khatru does and to rewrite or add
 // server messages. No extensions are negotiated (khatru's upgrader does not
 // enable compression), so payloads are plain.
 

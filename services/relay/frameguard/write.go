@@ -1,4 +1,4 @@
-package relay
+package frameguard
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// The guard's server side (see guard.go): khatru's frames pass to the
+// The guard's server side (see conn.go): khatru's frames pass to the
 // client, NEG-ERROR rewritten, and the guard's own answers go between
 // khatru's messages.
 
@@ -55,7 +55,7 @@ func negReason(r string) string {
 	return nostr.NormalizeOKMessage(r, "error")
 }
 
-func (c *guardConn) refuse(what string, reply []byte) {
+func (c *Conn) refuse(what string, reply []byte) {
 	if c.onRefuse != nil {
 		c.onRefuse(what)
 	}
@@ -65,7 +65,7 @@ func (c *guardConn) refuse(what string, reply []byte) {
 }
 
 // inject sends a guard answer, between khatru's messages.
-func (c *guardConn) inject(msg []byte) error {
+func (c *Conn) inject(msg []byte) error {
 	frame := appendFrame(nil, opText, true, false, msg)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -87,13 +87,13 @@ func (c *guardConn) inject(msg []byte) error {
 // send writes to the client within the write timeout; c.wmu held. A client
 // that stops reading is disconnected rather than allowed to block khatru's
 // writers (a broadcast holds khatru's lock over every subscription).
-func (c *guardConn) send(b []byte) error {
-	timeout := c.lim.writeTimeout
+func (c *Conn) send(b []byte) error {
+	timeout := c.lim.WriteTimeout
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(timeout))
-	if _, err := c.Conn.Write(b); err != nil {
+	_ = c.netConn.SetWriteDeadline(time.Now().Add(timeout))
+	if _, err := c.netConn.Write(b); err != nil {
 		_ = c.Close()
 		return err
 	}
@@ -121,7 +121,7 @@ var obufPool = sync.Pool{New: func() any { return new([]byte) }}
 
 // holding reports whether server EVENT frames may be held back now: a
 // REQ's (or COUNT's) answer is pending. c.wmu held.
-func (c *guardConn) holding() bool {
+func (c *Conn) holding() bool {
 	c.seqMu.Lock()
 	defer c.seqMu.Unlock()
 	p := c.waiting
@@ -129,7 +129,7 @@ func (c *guardConn) holding() bool {
 }
 
 // flush writes what obuf holds; c.wmu held.
-func (c *guardConn) flush() error {
+func (c *Conn) flush() error {
 	if c.flushArmed {
 		c.flushTimer.Stop()
 		c.flushArmed = false
@@ -147,7 +147,7 @@ func (c *guardConn) flush() error {
 }
 
 // hold keeps obuf for a later write, within c.coalesceDelay; c.wmu held.
-func (c *guardConn) hold() {
+func (c *Conn) hold() {
 	if c.flushArmed {
 		return
 	}
@@ -160,7 +160,7 @@ func (c *guardConn) hold() {
 }
 
 // timedFlush is the coalescing timer's: it writes what is still held.
-func (c *guardConn) timedFlush() {
+func (c *Conn) timedFlush() {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if !c.flushArmed {
@@ -171,7 +171,7 @@ func (c *guardConn) timedFlush() {
 }
 
 // queue appends a frame to obuf, from the pool when obuf has none.
-func (c *guardConn) queue(frame []byte) {
+func (c *Conn) queue(frame []byte) {
 	if c.obuf == nil {
 		c.obuf = *obufPool.Get().(*[]byte)
 	}
@@ -180,7 +180,7 @@ func (c *guardConn) queue(frame []byte) {
 
 // Write passes khatru's frames on, rewriting NEG-ERROR, once each frame is
 // whole.
-func (c *guardConn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if !c.upgraded {
@@ -188,10 +188,10 @@ func (c *guardConn) Write(p []byte) (int, error) {
 		// connection first, in one write.
 		end := bytes.Index(p, []byte("\r\n\r\n"))
 		if end < 0 {
-			return c.Conn.Write(p)
+			return c.netConn.Write(p)
 		}
 		c.upgraded = true
-		if _, err := c.Conn.Write(p[:end+4]); err != nil {
+		if _, err := c.netConn.Write(p[:end+4]); err != nil {
 			return 0, err
 		}
 		if n, err := c.writeFrames(p[end+4:]); err != nil {
@@ -205,7 +205,7 @@ func (c *guardConn) Write(p []byte) (int, error) {
 // writeFrames is Write once the connection speaks websocket; c.wmu held.
 // Frames are parsed from p itself when no partial frame is buffered, so a
 // frame is copied once (into obuf), not twice.
-func (c *guardConn) writeFrames(p []byte) (int, error) {
+func (c *Conn) writeFrames(p []byte) (int, error) {
 	buf := p
 	if len(c.wbuf) > 0 {
 		c.wbuf = append(c.wbuf, p...)
