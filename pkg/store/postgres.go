@@ -152,7 +152,10 @@ func (p *pgBackend) analyzeLocked() {
 			return // the next growth tries again
 		}
 		p.stats.runs++
-		p.stats.base = int64(max(rows, 0))
+		// At least what this process has seen inserted: ANALYZE by a role
+		// that does not own the table only warns and leaves reltuples as
+		// it was, and a stale base would start one every 1,000 rows.
+		p.stats.base = max(int64(rows), p.stats.base+from)
 		p.stats.since -= from
 	}()
 }
