@@ -11,6 +11,35 @@ import (
 // directory, and for benchmarks comparing the two layouts in one run.
 func WithKVTagsV2() Option { return func(o *options) { o.kvTagsV2 = true } }
 
+// WithPostgresTagsAsBefore opens PostgreSQL as the code before decision
+// 0058 did: the tag index keeps its pending list (fastupdate on) and the
+// store never analyzes the table. For benchmarks measuring the difference.
+func WithPostgresTagsAsBefore() Option { return func(o *options) { o.pgTagsAsBefore = true } }
+
+// PostgresWaitAnalyze waits for the PostgreSQL store's ANALYZE in flight, if
+// any, and reports how many it has run since it opened.
+func PostgresWaitAnalyze(s *Store) int {
+	p, ok := s.b.(*pgBackend)
+	if !ok {
+		return 0
+	}
+	p.stats.wg.Wait()
+	p.stats.mu.Lock()
+	defer p.stats.mu.Unlock()
+	return p.stats.runs
+}
+
+// PostgresItemsPlan is PostgreSQL's plan (EXPLAIN, with ANALYZE and
+// BUFFERS if analyze) for Items(f) on a PostgreSQL store, run as Items runs
+// it; f must not need splitting.
+func PostgresItemsPlan(ctx context.Context, s *Store, f nostr.Filter, analyze bool) (string, error) {
+	p, ok := s.b.(*pgBackend)
+	if !ok {
+		return "", nil
+	}
+	return p.itemsPlan(ctx, f, analyze)
+}
+
 // KVKeys counts the keys of a kv store (every prefix), for benchmarks that
 // report store writes per event.
 func KVKeys(s *Store) (int, error) {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lib/pq"
@@ -30,7 +31,37 @@ import (
 type pgBackend struct {
 	db    *sql.DB
 	table string // schema-qualified, quoted
+	stats pgStats
 }
+
+// pgStats keeps the planner's statistics of the table fresh while it grows
+// (decision 0058): the store runs ANALYZE itself, in the background, each
+// time the rows it inserted since the last one reach the rows the table
+// held then (and at least pgAnalyzeMin), so a table filled from empty is
+// analyzed at about 1k, 2k, 4k, … rows — a bounded number of times, never
+// per write. Autovacuum cannot be relied on for this: it may be off (it is
+// on the test box) and, on, it looks at a table once a minute, while a bulk
+// sync fills it in seconds. Several processes each count their own writes,
+// so with k writers the table is analyzed at most each (k+1)× growth.
+type pgStats struct {
+	mu      sync.Mutex
+	off     bool  // as before decision 0058 (benchmarks)
+	base    int64 // rows at the last ANALYZE (pg_class.reltuples)
+	since   int64 // rows this process inserted since
+	running bool
+	runs    int
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// pgAnalyzeMin is the fewest inserted rows that start an ANALYZE: below it
+// a table is small enough that any plan is fast.
+const pgAnalyzeMin = 1000
+
+// pgAnalyzeTimeout bounds one background ANALYZE (it samples 30,000 rows
+// at the default statistics target, well under a second).
+const pgAnalyzeTimeout = 5 * time.Minute
 
 // pgConnectTimeout bounds how long Open waits for PostgreSQL.
 const pgConnectTimeout = 10 * time.Second
@@ -58,18 +89,82 @@ func openPostgres(raw string, o options) (*pgBackend, error) {
 	if o.pgSchema != "" {
 		p.table = pq.QuoteIdentifier(o.pgSchema) + "." + p.table
 	}
-	if err := p.createSchema(ctx, o.pgSchema); err != nil {
+	if err := p.createSchema(ctx, o.pgSchema, !o.pgTagsAsBefore); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("store %s: create schema: %s", where, oneLine(err))
 	}
+	p.stats.off = o.pgTagsAsBefore
+	p.stats.ctx, p.stats.cancel = context.WithCancel(context.Background())
+	if !p.stats.off {
+		// reltuples is -1 for a table never analyzed (PostgreSQL 14 on):
+		// analyze it now, as a store a bulk sync left unanalyzed (issue
+		// 31: a sequential scan per local-set statement) needs.
+		var rows float64
+		if err := db.QueryRowContext(ctx, `SELECT reltuples FROM pg_class WHERE oid = $1::regclass`, p.table).Scan(&rows); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("store %s: read table statistics: %s", where, oneLine(err))
+		}
+		p.stats.mu.Lock()
+		p.stats.base = int64(max(rows, 0))
+		if rows < 0 {
+			p.analyzeLocked()
+		}
+		p.stats.mu.Unlock()
+	}
 	return p, nil
+}
+
+// wrote counts rows this process inserted and starts an ANALYZE when they
+// reach the rows the table held at the last one (pgStats).
+func (p *pgBackend) wrote(n int) {
+	if n == 0 || p.stats.off {
+		return
+	}
+	p.stats.mu.Lock()
+	defer p.stats.mu.Unlock()
+	p.stats.since += int64(n)
+	if !p.stats.running && p.stats.since >= max(p.stats.base, pgAnalyzeMin) {
+		p.analyzeLocked()
+	}
+}
+
+// analyzeLocked runs ANALYZE in the background; p.stats.mu is held. It
+// takes SHARE UPDATE EXCLUSIVE, which writers and readers do not wait for.
+// The raw JSON is left out: nothing filters on it, and sampling it would
+// read 30,000 events' text.
+func (p *pgBackend) analyzeLocked() {
+	p.stats.running = true
+	from := p.stats.since
+	p.stats.wg.Add(1)
+	go func() {
+		defer p.stats.wg.Done()
+		ctx, cancel := context.WithTimeout(p.stats.ctx, pgAnalyzeTimeout)
+		defer cancel()
+		rows := float64(-1)
+		_, err := p.db.ExecContext(ctx, `ANALYZE `+p.table+` (id, pubkey, created_at, kind, rkey, tagvalues)`)
+		if err == nil {
+			err = p.db.QueryRowContext(ctx, `SELECT reltuples FROM pg_class WHERE oid = $1::regclass`, p.table).Scan(&rows)
+		}
+		p.stats.mu.Lock()
+		defer p.stats.mu.Unlock()
+		p.stats.running = false
+		if err != nil {
+			return // the next growth tries again
+		}
+		p.stats.runs++
+		// At least what this process has seen inserted: ANALYZE by a role
+		// that does not own the table only warns and leaves reltuples as
+		// it was, and a stale base would start one every 1,000 rows.
+		p.stats.base = max(int64(rows), p.stats.base+from)
+		p.stats.since -= from
+	}()
 }
 
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
-func (p *pgBackend) createSchema(ctx context.Context, schema string) error {
+func (p *pgBackend) createSchema(ctx context.Context, schema string, tagsPerDecision0058 bool) error {
 	tx, err := p.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -105,17 +200,56 @@ func (p *pgBackend) createSchema(ctx context.Context, schema string) error {
 		`CREATE INDEX IF NOT EXISTS grasp_event_kind_created ON `+t+` (kind, created_at DESC, id)`,
 		`DROP INDEX IF EXISTS `+p.index("grasp_event_kind"),
 		`CREATE INDEX IF NOT EXISTS grasp_event_pubkey ON `+t+` (pubkey, kind, created_at DESC)`,
-		`CREATE INDEX IF NOT EXISTS grasp_event_tags ON `+t+` USING gin (tagvalues)`,
 	)
+	if !tagsPerDecision0058 {
+		ddl = append(ddl, `CREATE INDEX IF NOT EXISTS grasp_event_tags ON `+t+` USING gin (tagvalues)`)
+	} else {
+		// Without a pending list (fastupdate off) every insert puts its
+		// tag values in the index's tree at once, so a lookup never
+		// reads a pending list that only VACUUM merges: 101 ms per
+		// local-set statement at 102,000 rows with it, 1–3 ms without
+		// (issue 31; decision 0058).
+		ddl = append(ddl, `CREATE INDEX IF NOT EXISTS grasp_event_tags ON `+t+` USING gin (tagvalues) WITH (fastupdate = off)`)
+	}
 	for _, q := range ddl {
 		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	if tagsPerDecision0058 {
+		if err := p.tagIndexWithoutPendingList(ctx, tx); err != nil {
 			return err
 		}
 	}
 	return tx.Commit()
 }
 
-func (p *pgBackend) close() error { return p.db.Close() }
+// tagIndexWithoutPendingList turns fastupdate off on a tag index created
+// before decision 0058 and merges the pending list it holds (which
+// fastupdate = off leaves as it is). Only when the index has it on: the
+// ALTER needs the table's owner and a lock, which a start-up that changes
+// nothing should not.
+func (p *pgBackend) tagIndexWithoutPendingList(ctx context.Context, tx *sql.Tx) error {
+	idx := p.index("grasp_event_tags")
+	var off bool
+	if err := tx.QueryRowContext(ctx, `SELECT coalesce('fastupdate=off' = ANY(reloptions), false) FROM pg_class WHERE oid = $1::regclass`, idx).Scan(&off); err != nil {
+		return err
+	}
+	if off {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `ALTER INDEX `+idx+` SET (fastupdate = off)`); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `SELECT gin_clean_pending_list($1::regclass)`, idx)
+	return err
+}
+
+func (p *pgBackend) close() error {
+	p.stats.cancel()
+	p.stats.wg.Wait()
+	return p.db.Close()
+}
 
 // PostgreSQL takes arrays, so only id lists are chunked, to keep single
 // statements of sane size.
@@ -142,6 +276,7 @@ func (p *pgBackend) write(ctx context.Context, q string, evt *nostr.Event, rkey 
 			pq.Array(tagIndexValues(evt.Tags)), string(raw)).Scan(&id)
 		switch {
 		case err == nil:
+			p.wrote(1)
 			return true, nil
 		case errors.Is(err, sql.ErrNoRows):
 			return false, nil // duplicate id, or not newer than the stored version
@@ -183,6 +318,7 @@ func (p *pgBackend) insertBatch(ctx context.Context, evts []*nostr.Event) []Save
 			part[k] = evts[n]
 		}
 		stored, err := p.insertRows(ctx, part)
+		p.wrote(len(stored))
 		for _, n := range at {
 			res[n] = SaveResult{Stored: stored[evts[n].ID], Err: err}
 		}
@@ -368,31 +504,99 @@ func (p *pgBackend) items(ctx context.Context, f nostr.Filter) ([]Item, error) {
 		return nil, err
 	}
 	var out []Item
+	sorted := true
 	for _, part := range parts {
-		where, args := p.where(part)
-		rows, err := p.db.QueryContext(ctx, `SELECT id, created_at FROM `+p.table+where+` ORDER BY created_at DESC, id`, args...)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
+		q, args, ordered := p.itemsStatement(part)
+		sorted = sorted && ordered
+		err := p.read(ctx, p.tagRead(part), q, args, func(rows *sql.Rows) error {
 			var it Item
 			var ts int64
 			if err := rows.Scan(&it.ID, &ts); err != nil {
-				rows.Close()
-				return nil, err
+				return err
 			}
 			it.CreatedAt = nostr.Timestamp(ts)
 			out = append(out, it)
-		}
-		err = rows.Err()
-		rows.Close()
+			return nil
+		})
 		if err != nil {
 			return nil, err
 		}
 	}
 	// Parts split ids only, so they are disjoint; restore one global order.
-	if len(parts) > 1 {
+	if len(parts) > 1 || !sorted {
 		sortItems(out)
 	}
 	return out, nil
+}
+
+// tagRead tells whether f is read as decision 0058 reads tag lookups: with
+// sequential scans priced out and no ORDER BY (see read).
+func (p *pgBackend) tagRead(f nostr.Filter) bool { return len(f.Tags) > 0 && !p.stats.off }
+
+// itemsStatement renders items' statement for f; ordered tells whether it
+// returns the items in their order. A tag lookup is sorted here rather than
+// by PostgreSQL: an ORDER BY makes a walk of grasp_event_created, reading
+// every event, look cheaper than the tag index to the planner when the
+// table is small (decision 0058), and the sort is no cheaper there.
+func (p *pgBackend) itemsStatement(f nostr.Filter) (q string, args []any, ordered bool) {
+	where, args := p.where(f)
+	q = `SELECT id, created_at FROM ` + p.table + where
+	if p.tagRead(f) {
+		return q, args, false
+	}
+	return q + ` ORDER BY created_at DESC, id`, args, true
+}
+
+// itemsPlan is PostgreSQL's plan for items(f) (one part), as items runs it.
+func (p *pgBackend) itemsPlan(ctx context.Context, f nostr.Filter, analyze bool) (string, error) {
+	q, args, _ := p.itemsStatement(f)
+	explain := `EXPLAIN `
+	if analyze {
+		explain = `EXPLAIN (ANALYZE, BUFFERS) `
+	}
+	var lines []string
+	err := p.read(ctx, p.tagRead(f), explain+q, args, func(rows *sql.Rows) error {
+		var l string
+		err := rows.Scan(&l)
+		lines = append(lines, l)
+		return err
+	})
+	return strings.Join(lines, "\n"), err
+}
+
+// read runs q and calls row for each row. A statement on tag values runs
+// with sequential scans priced out (SET LOCAL, in its own read-only
+// transaction: three more round trips on a local connection, well under a
+// millisecond): PostgreSQL prices a sequential scan's `tagvalues && $1` as
+// one operator call per row, where with the local set's 100 values it is a
+// hundred comparisons, so from a few thousand rows to a few tens of
+// thousands it chooses the scan — 100–300 ms at 10,000 rows where the GIN
+// index takes a few (decision 0058). enable_seqscan = off is a price, not a
+// ban: a filter no index serves still runs.
+func (p *pgBackend) read(ctx context.Context, tags bool, q string, args []any, row func(*sql.Rows) error) error {
+	var rows *sql.Rows
+	var err error
+	if tags && !p.stats.off {
+		var tx *sql.Tx
+		if tx, err = p.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true}); err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }() // read-only: rolling back is committing
+		if _, err = tx.ExecContext(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, q, args...)
+	} else {
+		rows, err = p.db.QueryContext(ctx, q, args...)
+	}
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := row(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }

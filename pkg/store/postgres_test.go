@@ -286,3 +286,98 @@ func newestByID(evts []*nostr.Event) []*nostr.Event {
 	})
 	return out
 }
+
+// TestPostgresTagIndexUpkeep (decision 0058): a tag index created before
+// the decision, with its pending list on, has fastupdate off after the next
+// open, and opening again changes nothing; the store analyzes a table never
+// analyzed when it opens, and again once its inserts have doubled the
+// table; the local-set statement (Items of 100 #e values) then reads the
+// GIN index, not the whole table.
+func TestPostgresTagIndexUpkeep(t *testing.T) {
+	url, schema := pgSchema(t)
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	table := pq.QuoteIdentifier(schema) + ".grasp_event"
+	for _, q := range []string{
+		`CREATE SCHEMA ` + pq.QuoteIdentifier(schema),
+		`CREATE TABLE ` + table + ` (id text PRIMARY KEY, pubkey text NOT NULL, created_at bigint NOT NULL,
+			kind integer NOT NULL, rkey text UNIQUE, tagvalues text[] NOT NULL, raw text NOT NULL)`,
+		`CREATE INDEX grasp_event_tags ON ` + table + ` USING gin (tagvalues)`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fastupdate := func() string {
+		var opts []string
+		if err := db.QueryRow(`SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`,
+			pq.QuoteIdentifier(schema)+".grasp_event_tags").Scan(pq.Array(&opts)); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(opts, ",")
+	}
+	reltuples := func() float64 {
+		var n float64
+		if err := db.QueryRow(`SELECT reltuples FROM pg_class WHERE oid = $1::regclass`, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := fastupdate(); got != "" {
+		t.Fatalf("old index options %q, want none", got)
+	}
+	ctx := context.Background()
+	c := newCorpus(10)
+	for open := range 2 {
+		s, err := store.Open(url, store.WithPostgresSchema(schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fastupdate(); got != "fastupdate=off" {
+			t.Fatalf("open %d: tag index options %q, want fastupdate=off", open, got)
+		}
+		if open == 1 {
+			s.Close()
+			break
+		}
+		if runs := store.PostgresWaitAnalyze(s); runs != 1 || reltuples() != 0 {
+			t.Fatalf("after opening a table never analyzed: %d ANALYZEs, reltuples %v; want 1 and 0", runs, reltuples())
+		}
+		const n = 2_500
+		for from := 0; from < n; from += 64 {
+			var batch []*nostr.Event
+			for range min(64, n-from) {
+				batch = append(batch, c.next())
+			}
+			for _, r := range s.SaveBatch(ctx, batch) {
+				if r.Err != nil {
+					t.Fatal(r.Err)
+				}
+			}
+		}
+		// Inserts past 1,000 start one ANALYZE, and past 2,000 (twice
+		// the rows then) another, unless the first was still running.
+		if runs := store.PostgresWaitAnalyze(s); runs < 2 || reltuples() < 1000 {
+			t.Fatalf("after %d inserts: %d ANALYZEs, reltuples %v; want ≥ 2 and ≥ 1000", n, runs, reltuples())
+		}
+		f := nostr.Filter{Tags: nostr.TagMap{"e": c.roots[:100]}}
+		plan, err := store.PostgresItemsPlan(ctx, s, f, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(plan, "Bitmap Index Scan on grasp_event_tags") || strings.Contains(plan, "Seq Scan") {
+			t.Fatalf("local-set statement's plan does not read the tag index:\n%s", plan)
+		}
+		items, err := s.Items(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(items) < 100 {
+			t.Fatalf("Items of 100 roots' replies: %d items, want at least the replies of each", len(items))
+		}
+		s.Close()
+	}
+}

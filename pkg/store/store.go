@@ -84,6 +84,9 @@ type options struct {
 	// kvTagsV2 makes a new kv store write format v2's tag keys (tests:
 	// a directory as the code before format v3 wrote it).
 	kvTagsV2 bool
+	// pgTagsAsBefore leaves PostgreSQL's tag index and statistics as the
+	// code before decision 0058 did (benchmarks measure the difference).
+	pgTagsAsBefore bool
 }
 
 // WithPostgresSchema keeps the PostgreSQL store's tables in this schema
