@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
 )
 
 // TestBenchRemote is `make bench`'s initial sync with the remote relays in
@@ -27,7 +29,7 @@ import (
 // per REQ filter) is seeded once with the world; then graspd (the `make
 // build` binary on its shipped defaults, its own process) syncs it, timed
 // from publishing the announcements until its ingesters stored every
-// event; then the baseline (testkit.SyncBaseline in e2e/cmd/syncbaseline,
+// event; then the baseline (syncbaseline.Sync in e2e/cmd/syncbaseline,
 // its own process) syncs the same relays into a fresh store. For each it
 // reports wall-clock events/s and the CPU-seconds of its process
 // (/proc/<pid>/stat utime+stime over the timed interval) per 1,000 events,
@@ -251,7 +253,7 @@ func waitStoredCounter(ctx context.Context, tgt *scaleTarget, want float64) erro
 // reading its CPU (and the farm's) right before telling it to start and
 // right after it reports the sync done, then has it check every id.
 func runBaselineProc(t *testing.T, ctx context.Context, bin, dir string, w *testkit.World, farm *farmProc) remoteSide {
-	relays := make([]testkit.BaselineRelay, len(farm.urls))
+	relays := make([]syncbaseline.Relay, len(farm.urls))
 	for i, u := range farm.urls {
 		relays[i].URL = u
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
 )
 
 // benchPublicURL is the service URL the generated announcements list. It is
@@ -388,7 +389,7 @@ func resyncBytesIn(t *testing.T, dataDir, eventsDir string, urls []string, disab
 }
 
 // baseline syncs the dataset the simplest way one process can
-// (testkit.SyncBaseline) into a fresh store of the same backend, in this
+// (syncbaseline.Sync) into a fresh store of the same backend, in this
 // process.
 func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 	t.Helper()
@@ -397,7 +398,7 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	relays := make([]testkit.BaselineRelay, len(urls))
+	relays := make([]syncbaseline.Relay, len(urls))
 	for i, url := range urls {
 		relays[i].URL = url
 	}
@@ -410,7 +411,7 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 	stopProfile := startCPUProfile(t, "baseline")
 	defer stopProfile()
 	began := time.Now()
-	if _, err := testkit.SyncBaseline(ctx, st, relays); err != nil {
+	if _, err := syncbaseline.Sync(ctx, st, relays); err != nil {
 		t.Fatalf("baseline: %v", err)
 	}
 	wall := time.Since(began)
@@ -505,7 +506,7 @@ func renderBench(r benchResult) string {
 	}
 	fmt.Fprintf(&b, "The pipeline is timed from publishing the announcements to our relay until the last event is in the "+
 		"store (discovery, planning, NIP-77 reconciliation, id fetches, layer 3, policy, parking, storage). The baseline "+
-		"(`testkit.SyncBaseline`) is one connection per relay: layer-2 REQs for the repositories listing it (and their "+
+		"(`syncbaseline.Sync`) is one connection per relay: layer-2 REQs for the repositories listing it (and their "+
 		"states), then layer-3 REQs for the roots it found, each paged completely with `pkg/history`, every copy's signature "+
 		"checked, saved into a fresh store of the same backend; no policy, no NATS, no persistence of progress, no NIP-77. "+
 		"Everything here shares one process with the relays; \"A benchmark with the relays in their own process\" below "+

@@ -1,7 +1,9 @@
 // Package testkit holds the test helpers shared by every grasp-sync package:
-// an embedded JetStream server, a real khatru relay backed by an on-disk
-// eventstore, a websocket client to publish to and query relays, and signed
-// NIP-34 fixtures with real keys.
+// a real khatru relay backed by an on-disk eventstore, a websocket client to
+// publish to and query relays, and signed NIP-34 fixtures with real keys.
+// Its subpackages serve narrower needs: natstest (embedded NATS),
+// delayproxy (a slow network), loadgen (a saturated process) and
+// syncbaseline (the benchmarks' baseline sync).
 //
 // Nothing here is a mock: tests exercise the same protocols, stores and
 // signatures as production, so a green test means the real wire behaviour

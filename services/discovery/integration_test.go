@@ -25,18 +25,19 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // env is one NATS with the contract's buckets, shared by the discovery
 // instances of a test.
 type env struct {
-	nats *testkit.NATS
+	nats *natstest.NATS
 	kv   jetstream.KeyValue
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	b, err := bus.ConnectInProcess(n.Server, "test", bus.DefaultNames())
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/delayproxy"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -22,7 +23,7 @@ import (
 // logged "report lost" and never retried.)
 func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 	e := newEnv(t)
-	p := testkit.StartDelayProxy(t, strings.TrimPrefix(e.nats.URL, "nats://"))
+	p := delayproxy.Start(t, strings.TrimPrefix(e.nats.URL, "nats://"))
 	cfg := baseConfig("fetcher-a")
 	cfg.Shards, cfg.LeaseTTL = 1, 60*time.Second // the held answers must not cost the lease
 	f := e.startOn(e.connectTo("nats://"+p.Addr, cfg.ID), cfg, func(*fetcher.Fetcher) {})
@@ -37,11 +38,11 @@ func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 	// stored, and not acknowledged in time.
 	released := make(chan struct{})
 	r.Set(testkit.Faults{Inject: func(string) [][]byte {
-		p.Hold(testkit.Down, true)
+		p.Hold(delayproxy.Down, true)
 		go func() {
 			defer close(released)
 			time.Sleep(7 * time.Second)
-			p.Hold(testkit.Down, false)
+			p.Hold(delayproxy.Down, false)
 		}()
 		return nil
 	}})

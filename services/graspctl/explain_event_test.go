@@ -12,6 +12,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // graspctl explain EVENT_ID says whether the relay holds the event and who
@@ -20,7 +21,7 @@ import (
 func TestExplainEvent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	nc := n.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
