@@ -18,6 +18,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestBenchRemote is `make bench`'s initial sync with the remote relays in
@@ -79,14 +80,14 @@ func TestBenchRemote(t *testing.T) {
 // remoteKind is a kind of remote relay the benchmark syncs from.
 type remoteKind struct {
 	key, name string
-	farm      testkit.FarmOptions
+	farm      testrelay.FarmOptions
 }
 
 // remoteKinds are issue 24's two kinds: NIP-77 relays and plain-khatru,
 // REQ-capped ones.
 var remoteKinds = []remoteKind{
-	{"nip77", "NIP-77 relays (tag-exact, 500 per REQ)", testkit.FarmOptions{Relays: 5, NegentropyFraction: 1, MaxLimit: 500}},
-	{"khatru", "plain khatru relays (REQ only, tag-letter quirk, 500 per REQ)", testkit.FarmOptions{Relays: 5, IgnoreTagLetterFraction: 1, MaxLimit: 500}},
+	{"nip77", "NIP-77 relays (tag-exact, 500 per REQ)", testrelay.FarmOptions{Relays: 5, NegentropyFraction: 1, MaxLimit: 500}},
+	{"khatru", "plain khatru relays (REQ only, tag-letter quirk, 500 per REQ)", testrelay.FarmOptions{Relays: 5, IgnoreTagLetterFraction: 1, MaxLimit: 500}},
 }
 
 // pickRemoteKinds parses GRASP_BENCH_REMOTE_KINDS (empty: all).
@@ -153,7 +154,7 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 	s0, f0, c0 := farm.stats(t), procCPU(farmPid), tgt.cpu()
 	began := time.Now()
 	profiled := profileRemote(ctx, tgt, k.name)
-	if err := testkit.Publish(ctx, tgt.relay, anns...); err != nil {
+	if err := testrelay.Publish(ctx, tgt.relay, anns...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
 	}
 	if err := waitStoredCounter(ctx, tgt, float64(res.events)); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // benchPublicURL is the service URL the generated announcements list. It is
@@ -75,10 +76,10 @@ func TestBenchEndToEnd(t *testing.T) {
 	// StrictTags) instead of measuring against tag-correct relays.
 	quirk := os.Getenv("GRASP_BENCH_KHATRU_QUIRK") != ""
 	res.quirk = quirk
-	remotes := make([]*testkit.Relay, res.relays)
+	remotes := make([]*testrelay.Relay, res.relays)
 	urls := make([]string, res.relays)
 	for i := range remotes {
-		remotes[i] = testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, MaxLimit: 500})
+		remotes[i] = testrelay.Start(t, testrelay.Options{Negentropy: true, MaxLimit: 500})
 		if !quirk {
 			StrictTags(remotes[i])
 		}
@@ -107,7 +108,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	began = time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	if err := testkit.Publish(ctx, app.RelayURL(), ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), ds.Announcements...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
 	}
 	if err := waitAll(ctx, app.Store(), ds.Distinct); err != nil {
@@ -192,7 +193,7 @@ func TestBenchEndToEnd(t *testing.T) {
 // announcements to the target until the target holds every event. It
 // returns the wall time and the target's OK and duplicate answers.
 func benchBoltOn(t *testing.T, ds *Dataset) (wall time.Duration, writes, duplicates float64) {
-	target := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 500})
+	target := testrelay.Start(t, testrelay.Options{MaxLimit: 500})
 	StrictTags(target)
 	env := BaseEnv(t.TempDir())
 	env["GRASP_PUBLIC_URL"] = benchPublicURL
@@ -210,7 +211,7 @@ func benchBoltOn(t *testing.T, ds *Dataset) (wall time.Duration, writes, duplica
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	began := time.Now()
-	if err := testkit.Publish(ctx, target.URL, ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, target.URL, ds.Announcements...); err != nil {
 		t.Fatalf("publish announcements to the target: %v", err)
 	}
 	if err := waitAllOn(ctx, target, ds.Distinct); err != nil {
@@ -225,7 +226,7 @@ func benchBoltOn(t *testing.T, ds *Dataset) (wall time.Duration, writes, duplica
 }
 
 // waitAllOn polls a relay's store until it holds every event.
-func waitAllOn(ctx context.Context, r *testkit.Relay, evts []*nostr.Event) error {
+func waitAllOn(ctx context.Context, r *testrelay.Relay, evts []*nostr.Event) error {
 	pending := IDs(evts...)
 	for {
 		var still []string
@@ -298,7 +299,7 @@ func waitAll(ctx context.Context, st *store.Store, evts []*nostr.Event) error {
 // liveLatencies publishes n events one at a time on a relay their
 // repository lists (alternating new issues and comments on known roots) and
 // measures publish → stored.
-func liveLatencies(t *testing.T, app Target, ds *Dataset, remotes []*testkit.Relay, n int) []time.Duration {
+func liveLatencies(t *testing.T, app Target, ds *Dataset, remotes []*testrelay.Relay, n int) []time.Duration {
 	t.Helper()
 	who := testkit.NewKey()
 	out := make([]time.Duration, 0, n)

@@ -7,9 +7,10 @@ import (
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit/delayproxy"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit/loadgen"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
@@ -31,7 +32,7 @@ func TestLoadedFetcherKeepsShardsAndRelays(t *testing.T) {
 	rf := e.startOn(e.connectTo("nats://"+p.Addr, cfg.ID), cfg, func(*fetcher.Fetcher) {})
 	f, reg := rf.Fetcher, rf.reg
 	e.waitFor("fetcher owns every shard", func() bool { return len(f.Shards()) == shards })
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	e.send(shardOf(r.URL, shards), &graspv1.FetchCommand{RelayUrl: r.URL,
 		Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
 	c1 := e.connected(r.URL)

@@ -11,8 +11,9 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit/delayproxy"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -28,7 +29,7 @@ func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 	cfg.Shards, cfg.LeaseTTL = 1, 60*time.Second // the held answers must not cost the lease
 	f := e.startOn(e.connectTo("nats://"+p.Addr, cfg.ID), cfg, func(*fetcher.Fetcher) {})
 	e.waitFor("fetcher owns its shard", func() bool { return len(f.Shards()) == 1 })
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL,
 		Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
 	s := e.connected(r.URL).GetSessionId()
@@ -37,7 +38,7 @@ func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 	// for longer than one publish attempt waits: its BatchDone is sent,
 	// stored, and not acknowledged in time.
 	released := make(chan struct{})
-	r.Set(testkit.Faults{Inject: func(string) [][]byte {
+	r.Set(faultrelay.Faults{Inject: func(string) [][]byte {
 		p.Hold(delayproxy.Down, true)
 		go func() {
 			defer close(released)

@@ -13,6 +13,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // graspctl explain EVENT_ID says whether the relay holds the event and who
@@ -35,7 +36,7 @@ func TestExplainEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	target := testkit.StartRelay(t, testkit.RelayOptions{})
+	target := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	ref := testkit.RepoRef(k.PubKey, "r")
 	held, spam, foreign := k.Issue(ref, "held"), k.Issue(ref, "spam"), k.Issue(ref, "not ours")

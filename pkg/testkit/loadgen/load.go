@@ -24,7 +24,7 @@ type Load struct {
 	Published atomic.Int64
 }
 
-// StartLoad starts the load: cpuPerCore spinning goroutines per core, and
+// Start starts the load: cpuPerCore spinning goroutines per core, and
 // floodWorkers goroutines publishing 1 KiB messages to a memory stream of
 // their own on nc as fast as the server stores them (0: no flood).
 func Start(t testing.TB, cpuPerCore int, nc *nats.Conn, floodWorkers int) *Load {

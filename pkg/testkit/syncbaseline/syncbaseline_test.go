@@ -11,6 +11,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestSyncBaselineStoresEveryLayer: the benchmark's baseline brings a
@@ -32,7 +33,7 @@ func TestSyncBaselineStoresEveryLayer(t *testing.T) {
 	defer cancel()
 	var relays []syncbaseline.Relay
 	for range 2 {
-		r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 500})
+		r := testrelay.Start(t, testrelay.Options{MaxLimit: 500})
 		for _, e := range append([]*nostr.Event{other}, want...) {
 			if err := r.Store.SaveEvent(ctx, e); err != nil {
 				t.Fatal(err)
