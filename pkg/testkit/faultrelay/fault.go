@@ -101,12 +101,12 @@ func Start(t testing.TB, opts testrelay.Options) *Relay {
 	// stall can stop every byte, pongs included, without closing anything.
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("testkit: listen for fault relay: %v", err)
+		t.Fatalf("faultrelay: listen for fault relay: %v", err)
 	}
 	outer, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		_ = inner.Close()
-		t.Fatalf("testkit: listen for fault relay: %v", err)
+		t.Fatalf("faultrelay: listen for fault relay: %v", err)
 	}
 	f := &Relay{Relay: up, URL: "ws://" + outer.Addr().String(), outer: outer, closing: make(chan struct{})}
 	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve), ReadHeaderTimeout: 5 * time.Second}

@@ -103,12 +103,12 @@ func startRelay(t testing.TB, opts Options, configure func(*Relay)) *Relay {
 		},
 	}
 	if err := db.Init(); err != nil {
-		t.Fatalf("testkit: init badger store: %v", err)
+		t.Fatalf("testrelay: init badger store: %v", err)
 	}
 
 	if err := opts.Limits.Validate(); err != nil {
 		db.Close()
-		t.Fatalf("testkit: %v", err)
+		t.Fatalf("testrelay: %v", err)
 	}
 	r := &Relay{Khatru: khatru.NewRelay(), Store: db}
 	rl := r.Khatru
@@ -149,7 +149,7 @@ func startRelay(t testing.TB, opts Options, configure func(*Relay)) *Relay {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		db.Close()
-		t.Fatalf("testkit: listen for relay: %v", err)
+		t.Fatalf("testrelay: listen for relay: %v", err)
 	}
 	if r.lim != nil {
 		ln = limitListener{Listener: ln, l: r.lim}
@@ -214,7 +214,7 @@ func (r *Relay) Add(t testing.TB, evts ...*nostr.Event) {
 	for _, evt := range evts {
 		// The store hook broadcasts (under khatru's lock) as it saves.
 		if _, err := r.Khatru.AddEvent(ctx, evt); err != nil {
-			t.Fatalf("testkit: add event %s (kind %d) to relay %s: %v", evt.ID, evt.Kind, r.URL, err)
+			t.Fatalf("testrelay: add event %s (kind %d) to relay %s: %v", evt.ID, evt.Kind, r.URL, err)
 		}
 	}
 }
