@@ -15,6 +15,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // archivedRepo is a repository whose announcement does not list us, published
@@ -27,7 +28,7 @@ type archivedRepo struct {
 
 // publishArchivedRepo puts k's announcement of d (listing only own as its
 // relay and a non-GRASP clone URL) on boot, and its history on own.
-func publishArchivedRepo(t *testing.T, k, contributor testkit.Key, d string, boot, own *testkit.Relay) archivedRepo {
+func publishArchivedRepo(t *testing.T, k, contributor testkit.Key, d string, boot, own *testrelay.Relay) archivedRepo {
 	t.Helper()
 	ann := k.Announcement(d, []string{"https://git.example.org/" + k.PubKey + "/" + d + ".git"}, []string{own.URL}, nil)
 	ref := testkit.RepoRef(k.PubKey, d)
@@ -59,8 +60,8 @@ func npubOf(t *testing.T, k testkit.Key) string {
 // write about the archived repository through our relay; NIP-11 says
 // GRASP-05; the metrics count it.
 func TestArchiveWhitelistedMaintainer(t *testing.T) {
-	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
-	own := testkit.StartRelay(t, testkit.RelayOptions{})
+	boot := testrelay.Start(t, testrelay.Options{Negentropy: true})
+	own := testrelay.Start(t, testrelay.Options{})
 	bob, mallory, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	app := start(t, Env{"GRASP_BOOTSTRAP_RELAYS": boot.URL, "GRASP_ARCHIVE_WHITELIST": npubOf(t, bob), "GRASP_NATS_LISTEN": "127.0.0.1:0"})
 
@@ -80,7 +81,7 @@ func TestArchiveWhitelistedMaintainer(t *testing.T) {
 	// and a new version of bob's announcement are refused with the reason.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := testkit.Dial(ctx, app.RelayURL())
+	c, err := testrelay.Dial(ctx, app.RelayURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,8 +155,8 @@ func TestArchiveForms(t *testing.T) {
 		{"identifier", func(testkit.Key) string { return "tool" }, []string{"bob:tool", "mallory:tool"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
-			own := testkit.StartRelay(t, testkit.RelayOptions{})
+			boot := testrelay.Start(t, testrelay.Options{Negentropy: true})
+			own := testrelay.Start(t, testrelay.Options{})
 			bob, mallory, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 			app := start(t, Env{"GRASP_BOOTSTRAP_RELAYS": boot.URL, "GRASP_ARCHIVE_WHITELIST": tc.whitelist(bob)})
 			repos := map[string]archivedRepo{}
@@ -185,8 +186,8 @@ func TestArchiveForms(t *testing.T) {
 // found, but at most GRASP_ARCHIVE_MAX_REPOS of them are synced; what is left
 // out is counted.
 func TestArchiveAllBounded(t *testing.T) {
-	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
-	own := testkit.StartRelay(t, testkit.RelayOptions{})
+	boot := testrelay.Start(t, testrelay.Options{Negentropy: true})
+	own := testrelay.Start(t, testrelay.Options{})
 	contributor := testkit.NewKey()
 	app := start(t, Env{"GRASP_BOOTSTRAP_RELAYS": boot.URL, "GRASP_ARCHIVE_ALL": "true", "GRASP_ARCHIVE_MAX_REPOS": "2"})
 	var repos []archivedRepo
@@ -285,8 +286,8 @@ func waitMetric(t *testing.T, app Target, name string, want float64) {
 // operator adds the npub and restarts: the remembered refusal is forgotten
 // at start, so the restart's NIP-77 catch-up of layer 1 fetches it again.
 func TestArchiveWhitelistAddedLater(t *testing.T) {
-	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
-	own := testkit.StartRelay(t, testkit.RelayOptions{})
+	boot := testrelay.Start(t, testrelay.Options{Negentropy: true})
+	own := testrelay.Start(t, testrelay.Options{})
 	bob, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := publishArchivedRepo(t, bob, contributor, "tool", boot, own)
 	env := BaseEnv(t.TempDir())
@@ -306,10 +307,10 @@ func TestArchiveWhitelistAddedLater(t *testing.T) {
 // bootstrap relay) names is found there and its repository synced; so is
 // one on a GRASP server their grasp list (10317) names.
 func TestArchiveFoundThroughRelayList(t *testing.T) {
-	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
-	outbox := testkit.StartRelay(t, testkit.RelayOptions{})
-	grasp := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
-	own := testkit.StartRelay(t, testkit.RelayOptions{})
+	boot := testrelay.Start(t, testrelay.Options{Negentropy: true})
+	outbox := testrelay.Start(t, testrelay.Options{})
+	grasp := testrelay.Start(t, testrelay.Options{Negentropy: true})
+	own := testrelay.Start(t, testrelay.Options{})
 	bob, carol, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	boot.Add(t,
 		bob.Sign(&nostr.Event{Kind: 10002, Tags: nostr.Tags{{"r", outbox.URL, "write"}}}),

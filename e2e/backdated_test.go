@@ -11,6 +11,8 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // backdatedOutage syncs a repository with 50 hour-old issues from remote,
@@ -22,7 +24,7 @@ import (
 // brings it back within the quick-reconnect window. It returns the new,
 // the back-dated and the reply events and the historic events received
 // before the outage.
-func backdatedOutage(t *testing.T, app Target, remote *testkit.FaultRelay, d string) (fresh, backdated, replies []*nostr.Event, before float64) {
+func backdatedOutage(t *testing.T, app Target, remote *faultrelay.Relay, d string) (fresh, backdated, replies []*nostr.Event, before float64) {
 	t.Helper()
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, d)
@@ -49,7 +51,7 @@ func backdatedOutage(t *testing.T, app Target, remote *testkit.FaultRelay, d str
 	}
 	before = MetricSum(m, "grasp_fetcher_events_received_total", `mode="historic"`)
 
-	remote.Set(testkit.Faults{DropAfterEvents: 1, RejectConnections: 1 << 30})
+	remote.Set(faultrelay.Faults{DropAfterEvents: 1, RejectConnections: 1 << 30})
 	trigger := contributor.Issue(repo, "drops the connection")
 	mustPublish(t, remote.Relay, trigger)
 	waitConnected(t, app, remote.URL, false)
@@ -67,7 +69,7 @@ func backdatedOutage(t *testing.T, app Target, remote *testkit.FaultRelay, d str
 	remote.Add(t, backdated...)
 	remote.Add(t, replies...)
 	time.Sleep(time.Second) // down across several reconnect attempts
-	remote.Set(testkit.Faults{})
+	remote.Set(faultrelay.Faults{})
 	return fresh, backdated, replies, before
 }
 
@@ -101,7 +103,7 @@ func readRelay(t *testing.T, app Graspd, url string) syncstatus.Relay {
 // downloaded again. (Before, the catch-up read from since = disconnected_at
 // − 15 min and these events waited for the daily resync.)
 func TestBackdatedEventsAfterReconnectNIP77(t *testing.T) {
-	remote := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, nil)
 	fresh, backdated, replies, before := backdatedOutage(t, app, remote, "backdated-neg")
 	mustArrive(t, app, 30*time.Second, append(append(fresh, backdated...), replies...)...)
@@ -138,7 +140,7 @@ func TestBackdatedEventsAfterReconnectNIP77(t *testing.T) {
 // counts them as missed, in the metric and in the relay's record graspctl
 // status shows.
 func TestBackdatedEventsREQOnlyWaitForResync(t *testing.T) {
-	remote := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	remote := faultrelay.Start(t, testrelay.Options{})
 	// The daily resync 45 s after the first connect: after the outage and
 	// its catch-up, soon enough for a test.
 	// A NATS listener (a free port) lets the test read the relay records.

@@ -15,6 +15,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestBenchEndToEndForeign is `make bench`'s resync measurement in a world
@@ -37,10 +39,10 @@ func TestBenchEndToEndForeign(t *testing.T) {
 		load = strings.Fields(string(b))[0]
 	}
 	const nRelays = 5
-	remotes := make([]*testkit.Relay, nRelays)
+	remotes := make([]*testrelay.Relay, nRelays)
 	urls := make([]string, nRelays)
 	for i := range remotes {
-		remotes[i] = testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, MaxLimit: 500})
+		remotes[i] = testrelay.Start(t, testrelay.Options{Negentropy: true, MaxLimit: 500})
 		StrictTags(remotes[i])
 		urls[i] = remotes[i].URL
 	}
@@ -78,7 +80,7 @@ func TestBenchEndToEndForeign(t *testing.T) {
 	app, stop := StartGraspd(t, env, nil, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	if err := testkit.Publish(ctx, app.RelayURL(), ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), ds.Announcements...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
 	}
 	if err := waitAll(ctx, app.Store(), ds.Distinct); err != nil {

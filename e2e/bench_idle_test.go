@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestBenchIdleCost syncs a world of many relays (the design's shape: many
@@ -39,10 +39,10 @@ func TestBenchIdleCost(t *testing.T) {
 	nRelays, repos := benchInt("GRASP_BENCH_RELAYS", 100), benchInt("GRASP_BENCH_REPOS", 1000)
 	perRepo, k := benchInt("GRASP_BENCH_EVENTS_PER_REPO", 10), benchInt("GRASP_BENCH_RELAYS_PER_REPO", 5)
 	idle := time.Duration(benchInt("GRASP_BENCH_IDLE_SECONDS", 60)) * time.Second
-	remotes := make([]*testkit.Relay, nRelays)
+	remotes := make([]*testrelay.Relay, nRelays)
 	urls := make([]string, nRelays)
 	for i := range remotes {
-		remotes[i] = testkit.StartRelay(t, testkit.RelayOptions{Negentropy: i%2 == 0, MaxLimit: 500})
+		remotes[i] = testrelay.Start(t, testrelay.Options{Negentropy: i%2 == 0, MaxLimit: 500})
 		StrictTags(remotes[i])
 		urls[i] = remotes[i].URL
 	}
@@ -78,7 +78,7 @@ func TestBenchIdleCost(t *testing.T) {
 	}
 	began := time.Now()
 	cpu0 := procCPUSeconds(p.Pid())
-	if err := testkit.Publish(ctx, "ws://"+relayAddr, ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, "ws://"+relayAddr, ds.Announcements...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
 	}
 	if err := waitAllOnRelay(ctx, "ws://"+relayAddr, IDs(ds.Distinct...)); err != nil {

@@ -17,7 +17,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestBenchGraspdMemory measures graspd's own peak RSS during the initial
@@ -41,10 +41,10 @@ func TestBenchGraspdMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	repos, perRepo := benchInt("GRASP_BENCH_REPOS", 1000), benchInt("GRASP_BENCH_EVENTS_PER_REPO", 50)
-	remotes := make([]*testkit.Relay, 5)
+	remotes := make([]*testrelay.Relay, 5)
 	urls := make([]string, len(remotes))
 	for i := range remotes {
-		remotes[i] = testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, MaxLimit: 500})
+		remotes[i] = testrelay.Start(t, testrelay.Options{Negentropy: true, MaxLimit: 500})
 		StrictTags(remotes[i])
 		urls[i] = remotes[i].URL
 	}
@@ -97,7 +97,7 @@ func TestBenchGraspdMemory(t *testing.T) {
 		defer func() { close(stop); <-done }()
 	}
 	began := time.Now()
-	if err := testkit.Publish(ctx, own, ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, own, ds.Announcements...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
 	}
 	if err := waitAllOnRelay(ctx, own, IDs(ds.Distinct...)); err != nil {
@@ -168,7 +168,7 @@ func metOrGap(measured, target int64) string {
 }
 
 // seedRelays stores each relay's share of the dataset in its store.
-func seedRelays(t *testing.T, remotes []*testkit.Relay, ds *Dataset) {
+func seedRelays(t *testing.T, remotes []*testrelay.Relay, ds *Dataset) {
 	t.Helper()
 	var g errgroup.Group
 	for i, r := range remotes {

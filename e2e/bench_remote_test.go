@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestBenchRemote is `make bench`'s initial sync with the remote relays in
@@ -27,7 +30,7 @@ import (
 // per REQ filter) is seeded once with the world; then graspd (the `make
 // build` binary on its shipped defaults, its own process) syncs it, timed
 // from publishing the announcements until its ingesters stored every
-// event; then the baseline (testkit.SyncBaseline in e2e/cmd/syncbaseline,
+// event; then the baseline (syncbaseline.Sync in e2e/cmd/syncbaseline,
 // its own process) syncs the same relays into a fresh store. For each it
 // reports wall-clock events/s and the CPU-seconds of its process
 // (/proc/<pid>/stat utime+stime over the timed interval) per 1,000 events,
@@ -77,14 +80,14 @@ func TestBenchRemote(t *testing.T) {
 // remoteKind is a kind of remote relay the benchmark syncs from.
 type remoteKind struct {
 	key, name string
-	farm      testkit.FarmOptions
+	farm      testrelay.FarmOptions
 }
 
 // remoteKinds are issue 24's two kinds: NIP-77 relays and plain-khatru,
 // REQ-capped ones.
 var remoteKinds = []remoteKind{
-	{"nip77", "NIP-77 relays (tag-exact, 500 per REQ)", testkit.FarmOptions{Relays: 5, NegentropyFraction: 1, MaxLimit: 500}},
-	{"khatru", "plain khatru relays (REQ only, tag-letter quirk, 500 per REQ)", testkit.FarmOptions{Relays: 5, IgnoreTagLetterFraction: 1, MaxLimit: 500}},
+	{"nip77", "NIP-77 relays (tag-exact, 500 per REQ)", testrelay.FarmOptions{Relays: 5, NegentropyFraction: 1, MaxLimit: 500}},
+	{"khatru", "plain khatru relays (REQ only, tag-letter quirk, 500 per REQ)", testrelay.FarmOptions{Relays: 5, IgnoreTagLetterFraction: 1, MaxLimit: 500}},
 }
 
 // pickRemoteKinds parses GRASP_BENCH_REMOTE_KINDS (empty: all).
@@ -151,7 +154,7 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 	s0, f0, c0 := farm.stats(t), procCPU(farmPid), tgt.cpu()
 	began := time.Now()
 	profiled := profileRemote(ctx, tgt, k.name)
-	if err := testkit.Publish(ctx, tgt.relay, anns...); err != nil {
+	if err := testrelay.Publish(ctx, tgt.relay, anns...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
 	}
 	if err := waitStoredCounter(ctx, tgt, float64(res.events)); err != nil {
@@ -251,7 +254,7 @@ func waitStoredCounter(ctx context.Context, tgt *scaleTarget, want float64) erro
 // reading its CPU (and the farm's) right before telling it to start and
 // right after it reports the sync done, then has it check every id.
 func runBaselineProc(t *testing.T, ctx context.Context, bin, dir string, w *testkit.World, farm *farmProc) remoteSide {
-	relays := make([]testkit.BaselineRelay, len(farm.urls))
+	relays := make([]syncbaseline.Relay, len(farm.urls))
 	for i, u := range farm.urls {
 		relays[i].URL = u
 	}

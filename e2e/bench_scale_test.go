@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
@@ -69,7 +71,7 @@ type scaleWorld struct {
 
 // scaleLimits are the limits of GRASP_BENCH_SCALE_LIMITS's farm: strfry's
 // long-standing defaults (the farm's 500 per filter is its MaxLimit).
-var scaleLimits = testkit.RelayLimits{MaxMessageBytes: 131072, MaxSubscriptions: 20, MaxFilters: 20, Style: testkit.StyleStrfry}
+var scaleLimits = testrelay.Limits{MaxMessageBytes: 131072, MaxSubscriptions: 20, MaxFilters: 20, Style: testrelay.StyleStrfry}
 
 // limitedWorld is w run against relays with scaleLimits.
 func limitedWorld(w scaleWorld) scaleWorld {
@@ -269,10 +271,10 @@ type farmTotals struct {
 }
 
 // totals is b − a summed over relays.
-func totals(a, b []testkit.RelayStats) farmTotals {
+func totals(a, b []testrelay.RelayStats) farmTotals {
 	var t farmTotals
 	for i, r := range b {
-		var p testkit.RelayStats
+		var p testrelay.RelayStats
 		if a != nil {
 			p = a[i]
 		}
@@ -420,24 +422,24 @@ type farmProc struct {
 }
 
 func startFarm(t *testing.T, bin string, relays int, logPath string) *farmProc {
-	return startFarmWith(t, bin, logPath, testkit.FarmOptions{Relays: relays, NegentropyFraction: 0.5, MaxLimit: 500})
+	return startFarmWith(t, bin, logPath, testrelay.FarmOptions{Relays: relays, NegentropyFraction: 0.5, MaxLimit: 500})
 }
 
 // startLimitedFarm is startFarm with scaleLimits on every relay, half of
 // them saying so in NIP-11.
 func startLimitedFarm(t *testing.T, bin string, relays int, logPath string) *farmProc {
-	return startFarmWith(t, bin, logPath, testkit.FarmOptions{Relays: relays, NegentropyFraction: 0.5, MaxLimit: 500, Limits: scaleLimits, AdvertiseFraction: 0.5})
+	return startFarmWith(t, bin, logPath, testrelay.FarmOptions{Relays: relays, NegentropyFraction: 0.5, MaxLimit: 500, Limits: scaleLimits, AdvertiseFraction: 0.5})
 }
 
 // startFarmWith starts the relay farm binary with o's relays (count,
 // NIP-77 and tag-letter fractions, REQ cap, limits, the fractions that say
 // them in NIP-11 and refuse reads without NIP-42) and waits for its
 // address line.
-func startFarmWith(t *testing.T, bin, logPath string, o testkit.FarmOptions) *farmProc {
+func startFarmWith(t *testing.T, bin, logPath string, o testrelay.FarmOptions) *farmProc {
 	ff := func(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 	style := o.Limits.Style
 	if style == "" {
-		style = testkit.StyleStrfry
+		style = testrelay.StyleStrfry
 	}
 	cmd := exec.Command(bin, "-relays", strconv.Itoa(o.Relays), "-nip77", ff(o.NegentropyFraction),
 		"-ignore-tag-letter", ff(o.IgnoreTagLetterFraction), "-max-limit", strconv.Itoa(o.MaxLimit),
@@ -479,13 +481,13 @@ func startFarmWith(t *testing.T, bin, logPath string, o testkit.FarmOptions) *fa
 	return f
 }
 
-func (f *farmProc) stats(t *testing.T) []testkit.RelayStats {
+func (f *farmProc) stats(t *testing.T) []testrelay.RelayStats {
 	resp, err := http.Get(f.control + "/stats")
 	if err != nil {
 		t.Fatalf("farm stats: %v", err)
 	}
 	defer resp.Body.Close()
-	var st []testkit.RelayStats
+	var st []testrelay.RelayStats
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatalf("farm stats: %v", err)
 	}
@@ -498,7 +500,7 @@ func (f *farmProc) seed(t *testing.T, w *testkit.World) int {
 	go func() {
 		enc := json.NewEncoder(pw)
 		for _, e := range w.Events {
-			if err := enc.Encode(testkit.FarmSeed{Relays: e.Relays, Event: e.Event}); err != nil {
+			if err := enc.Encode(testrelay.FarmSeed{Relays: e.Relays, Event: e.Event}); err != nil {
 				pw.CloseWithError(err)
 				return
 			}
@@ -718,7 +720,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	// Published as a user would, while progress is polled: graspd starts
 	// syncing with the first announcements.
 	published := make(chan error, 1)
-	go func() { published <- testkit.Publish(ctx, tgt.relay, anns...) }()
+	go func() { published <- testrelay.Publish(ctx, tgt.relay, anns...) }()
 	pubDone := false
 	// Progress: the ingesters' stored counter (the announcements went to
 	// the relay directly; remote copies of them are duplicates).

@@ -18,6 +18,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // benchPublicURL is the service URL the generated announcements list. It is
@@ -74,10 +76,10 @@ func TestBenchEndToEnd(t *testing.T) {
 	// StrictTags) instead of measuring against tag-correct relays.
 	quirk := os.Getenv("GRASP_BENCH_KHATRU_QUIRK") != ""
 	res.quirk = quirk
-	remotes := make([]*testkit.Relay, res.relays)
+	remotes := make([]*testrelay.Relay, res.relays)
 	urls := make([]string, res.relays)
 	for i := range remotes {
-		remotes[i] = testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, MaxLimit: 500})
+		remotes[i] = testrelay.Start(t, testrelay.Options{Negentropy: true, MaxLimit: 500})
 		if !quirk {
 			StrictTags(remotes[i])
 		}
@@ -106,7 +108,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	began = time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	if err := testkit.Publish(ctx, app.RelayURL(), ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), ds.Announcements...); err != nil {
 		t.Fatalf("publish announcements: %v", err)
 	}
 	if err := waitAll(ctx, app.Store(), ds.Distinct); err != nil {
@@ -191,7 +193,7 @@ func TestBenchEndToEnd(t *testing.T) {
 // announcements to the target until the target holds every event. It
 // returns the wall time and the target's OK and duplicate answers.
 func benchBoltOn(t *testing.T, ds *Dataset) (wall time.Duration, writes, duplicates float64) {
-	target := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 500})
+	target := testrelay.Start(t, testrelay.Options{MaxLimit: 500})
 	StrictTags(target)
 	env := BaseEnv(t.TempDir())
 	env["GRASP_PUBLIC_URL"] = benchPublicURL
@@ -209,7 +211,7 @@ func benchBoltOn(t *testing.T, ds *Dataset) (wall time.Duration, writes, duplica
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	began := time.Now()
-	if err := testkit.Publish(ctx, target.URL, ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, target.URL, ds.Announcements...); err != nil {
 		t.Fatalf("publish announcements to the target: %v", err)
 	}
 	if err := waitAllOn(ctx, target, ds.Distinct); err != nil {
@@ -224,7 +226,7 @@ func benchBoltOn(t *testing.T, ds *Dataset) (wall time.Duration, writes, duplica
 }
 
 // waitAllOn polls a relay's store until it holds every event.
-func waitAllOn(ctx context.Context, r *testkit.Relay, evts []*nostr.Event) error {
+func waitAllOn(ctx context.Context, r *testrelay.Relay, evts []*nostr.Event) error {
 	pending := IDs(evts...)
 	for {
 		var still []string
@@ -297,7 +299,7 @@ func waitAll(ctx context.Context, st *store.Store, evts []*nostr.Event) error {
 // liveLatencies publishes n events one at a time on a relay their
 // repository lists (alternating new issues and comments on known roots) and
 // measures publish → stored.
-func liveLatencies(t *testing.T, app Target, ds *Dataset, remotes []*testkit.Relay, n int) []time.Duration {
+func liveLatencies(t *testing.T, app Target, ds *Dataset, remotes []*testrelay.Relay, n int) []time.Duration {
 	t.Helper()
 	who := testkit.NewKey()
 	out := make([]time.Duration, 0, n)
@@ -388,7 +390,7 @@ func resyncBytesIn(t *testing.T, dataDir, eventsDir string, urls []string, disab
 }
 
 // baseline syncs the dataset the simplest way one process can
-// (testkit.SyncBaseline) into a fresh store of the same backend, in this
+// (syncbaseline.Sync) into a fresh store of the same backend, in this
 // process.
 func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 	t.Helper()
@@ -397,7 +399,7 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	relays := make([]testkit.BaselineRelay, len(urls))
+	relays := make([]syncbaseline.Relay, len(urls))
 	for i, url := range urls {
 		relays[i].URL = url
 	}
@@ -410,7 +412,7 @@ func baseline(t *testing.T, ds *Dataset, urls []string) time.Duration {
 	stopProfile := startCPUProfile(t, "baseline")
 	defer stopProfile()
 	began := time.Now()
-	if _, err := testkit.SyncBaseline(ctx, st, relays); err != nil {
+	if _, err := syncbaseline.Sync(ctx, st, relays); err != nil {
 		t.Fatalf("baseline: %v", err)
 	}
 	wall := time.Since(began)
@@ -505,7 +507,7 @@ func renderBench(r benchResult) string {
 	}
 	fmt.Fprintf(&b, "The pipeline is timed from publishing the announcements to our relay until the last event is in the "+
 		"store (discovery, planning, NIP-77 reconciliation, id fetches, layer 3, policy, parking, storage). The baseline "+
-		"(`testkit.SyncBaseline`) is one connection per relay: layer-2 REQs for the repositories listing it (and their "+
+		"(`syncbaseline.Sync`) is one connection per relay: layer-2 REQs for the repositories listing it (and their "+
 		"states), then layer-3 REQs for the roots it found, each paged completely with `pkg/history`, every copy's signature "+
 		"checked, saved into a fresh store of the same backend; no policy, no NATS, no persistence of progress, no NIP-77. "+
 		"Everything here shares one process with the relays; \"A benchmark with the relays in their own process\" below "+

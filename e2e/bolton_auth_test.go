@@ -17,6 +17,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // A target that exempts an authenticated pubkey from its limit (the
@@ -25,11 +26,11 @@ import (
 // although the target's clock never moves.
 func TestBoltOnAuthExempt(t *testing.T) {
 	sidecar := testkit.NewKey()
-	target := testkit.StartGraspRelay(t, testkit.GraspOptions{
+	target := testrelay.StartGraspRelay(t, testrelay.GraspOptions{
 		RequireAuth: true, TrustedPubKeys: []string{sidecar.PubKey},
 		Clock: clock.NewFake(time.Unix(1_800_000_000, 0)),
 	})
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := startBoltOn(t, target.URL, Env{"GRASP_TARGET_AUTH_KEY": sidecar.Secret})
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	ann := ourAnnouncement(owner, app, "trusted", []string{remote.URL}, nil)
@@ -39,7 +40,7 @@ func TestBoltOnAuthExempt(t *testing.T) {
 	// The owner announces on the target with a key of their own.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := testkit.Dial(ctx, target.URL)
+	c, err := testrelay.Dial(ctx, target.URL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // Bolt-on mode (GRASP_TARGET_RELAY, issue 18): graspd runs no relay of its
@@ -45,7 +46,7 @@ func startBoltOn(t *testing.T, targetURL string, overrides Env) Target {
 }
 
 // onTarget waits up to wait for every event to be on the target relay.
-func onTarget(t *testing.T, target *testkit.Relay, wait time.Duration, evts ...*nostr.Event) {
+func onTarget(t *testing.T, target *testrelay.Relay, wait time.Duration, evts ...*nostr.Event) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
@@ -72,7 +73,7 @@ func onTarget(t *testing.T, target *testkit.Relay, wait time.Duration, evts ...*
 }
 
 // eventCount is how many events a relay's store holds.
-func eventCount(t *testing.T, r *testkit.Relay) int64 {
+func eventCount(t *testing.T, r *testrelay.Relay) int64 {
 	t.Helper()
 	c, ok := r.Store.(interface {
 		CountEvents(context.Context, nostr.Filter) (int64, error)
@@ -91,9 +92,9 @@ func eventCount(t *testing.T, r *testkit.Relay) int64 {
 // events all end up on the target; the remotes are only read; the status
 // page is served on the metrics address and shows the target.
 func TestBoltOnHistoryAndLive(t *testing.T) {
-	target := testkit.StartRelay(t, testkit.RelayOptions{})
-	r1 := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
-	r2 := testkit.StartRelay(t, testkit.RelayOptions{})
+	target := testrelay.Start(t, testrelay.Options{})
+	r1 := testrelay.Start(t, testrelay.Options{Negentropy: true})
+	r2 := testrelay.Start(t, testrelay.Options{})
 	app := startBoltOn(t, target.URL, nil)
 	if app.RelayURL() != target.URL || app.PublicURL() != target.URL {
 		t.Fatalf("relay %s, public URL %s: want the target %s for both", app.RelayURL(), app.PublicURL(), target.URL)
@@ -156,7 +157,7 @@ func TestBoltOnHistoryAndLive(t *testing.T) {
 // metrics, and recorded with the target's reason where graspctl explain
 // reads it. The other events arrive.
 func TestBoltOnTargetRefusalsVisible(t *testing.T) {
-	target := testkit.StartRelay(t, testkit.RelayOptions{})
+	target := testrelay.Start(t, testrelay.Options{})
 	var spamTries atomic.Int64
 	target.Khatru.RejectEvent = append(target.Khatru.RejectEvent, func(_ context.Context, e *nostr.Event) (bool, string) {
 		if strings.Contains(e.Content, "spam") {
@@ -165,7 +166,7 @@ func TestBoltOnTargetRefusalsVisible(t *testing.T) {
 		}
 		return false, ""
 	})
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := startBoltOn(t, target.URL, nil)
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	ann := ourAnnouncement(owner, app, "refusals", []string{remote.URL}, nil)
@@ -226,8 +227,8 @@ func TestBoltOnTargetRefusalsVisible(t *testing.T) {
 // keeps slow resumes after a restart on the same data: every event ends up
 // on the target, none lost.
 func TestBoltOnRestartMidSync(t *testing.T) {
-	target := testkit.StartRelay(t, testkit.RelayOptions{})
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	target := testrelay.Start(t, testrelay.Options{})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	dir := t.TempDir()
 	env := BaseEnv(dir)
 	for k, v := range boltOnEnv(target.URL) {
@@ -306,9 +307,9 @@ func TestBoltOnGraspRelay(t *testing.T) {
 
 func boltOnGraspRelay(t *testing.T, nip77 bool) {
 	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
-	target := testkit.StartGraspRelay(t, testkit.GraspOptions{Relay: testkit.RelayOptions{Negentropy: nip77}, Clock: clk})
-	r1 := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
-	r2 := testkit.StartRelay(t, testkit.RelayOptions{})
+	target := testrelay.StartGraspRelay(t, testrelay.GraspOptions{Relay: testrelay.Options{Negentropy: nip77}, Clock: clk})
+	r1 := testrelay.Start(t, testrelay.Options{Negentropy: true})
+	r2 := testrelay.Start(t, testrelay.Options{})
 	app := startBoltOn(t, target.URL, Env{
 		// Our own pace is not the limit here: the target's answers are.
 		"GRASP_TARGET_PUBLISH_RATE":   "50",

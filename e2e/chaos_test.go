@@ -14,6 +14,10 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // Chaos in multi-process mode: one process at a time is killed with
@@ -35,7 +39,7 @@ func chaosScale() (repos, eventsPerRepo int) {
 
 // chaosWorld is the remote side of a chaos run and what must end up stored.
 type chaosWorld struct {
-	remotes  []*testkit.FaultRelay
+	remotes  []*faultrelay.Relay
 	urls     []string
 	ds       *Dataset
 	expected map[string]*nostr.Event
@@ -51,7 +55,7 @@ func seedChaosWorld(t *testing.T, publicURL string) *chaosWorld {
 	t.Helper()
 	w := &chaosWorld{expected: map[string]*nostr.Event{}, noise: map[string]*nostr.Event{}}
 	for i := range 3 {
-		r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: i == 0, MaxLimit: 500})
+		r := faultrelay.Start(t, testrelay.Options{Negentropy: i == 0, MaxLimit: 500})
 		w.remotes = append(w.remotes, r)
 		w.urls = append(w.urls, r.URL)
 	}
@@ -231,7 +235,7 @@ func maxOverlap(spans []ConnSpanView) int {
 }
 
 // ConnSpanView is testkit's record of one connection.
-type ConnSpanView = testkit.ConnSpan
+type ConnSpanView = faultrelay.ConnSpan
 
 // chaosEnv shortens what recovery waits on, like BaseEnv shortens the
 // rest: the planner's reconnect heartbeat and the ingester lag gauge.
@@ -252,7 +256,7 @@ func runChaos(t *testing.T, opts DeploymentOptions, fault func(t *testing.T, d *
 	t.Logf("deployment up and %d relays seeded (%d expected events, %d noise) in %s", len(w.remotes), len(w.expected), len(w.noise), time.Since(began).Round(time.Millisecond))
 	syncStart := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	if err := testkit.Publish(ctx, d.RelayURL(), w.ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, d.RelayURL(), w.ds.Announcements...); err != nil {
 		cancel()
 		t.Fatalf("publish announcements: %v", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestLayer2ThenLayer3 runs layer2ThenLayer3 against graspd in-process.
@@ -15,13 +17,13 @@ func TestLayer2ThenLayer3(t *testing.T) { layer2ThenLayer3(t, start) }
 // tagged with the repository) and a comment on the issue (layer 3, tagged
 // only with the issue's id) arrive from each.
 func layer2ThenLayer3(t *testing.T, start starter) {
-	plain := testkit.StartRelay(t, testkit.RelayOptions{})
-	neg := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	plain := testrelay.Start(t, testrelay.Options{})
+	neg := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, nil)
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "layers")
 	var want []*nostrEvent
-	for _, r := range []*testkit.Relay{plain, neg} {
+	for _, r := range []*testrelay.Relay{plain, neg} {
 		patch := contributor.Patch(repo)
 		issue := contributor.Issue(repo, "broken on "+r.URL)
 		comment := owner.Comment(issue, issue, "looking")
@@ -38,7 +40,7 @@ func layer2ThenLayer3(t *testing.T, start starter) {
 // announcement that does not list us, and a host-confusion one (our host in
 // a clone URL path, a look-alike relay URL), are not, nor is their content.
 func TestBootstrapLayer1(t *testing.T) {
-	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	boot := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, Env{"GRASP_BOOTSTRAP_RELAYS": boot.URL})
 	owner, stranger, confuser, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 
@@ -66,7 +68,7 @@ func TestHistoryWithAndWithoutNegentropy(t *testing.T) {
 			name = "NIP-77"
 		}
 		t.Run(name, func(t *testing.T) {
-			remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: neg, MaxLimit: 100}) // = GRASP_FETCHER_RELAY_MIN_CAP: smaller caps end the read early (documented)
+			remote := testrelay.Start(t, testrelay.Options{Negentropy: neg, MaxLimit: 100}) // = GRASP_FETCHER_RELAY_MIN_CAP: smaller caps end the read early (documented)
 			app := start(t, nil)
 			owner, contributor := testkit.NewKey(), testkit.NewKey()
 			repo := testkit.RepoRef(owner.PubKey, "history")
@@ -95,7 +97,7 @@ func history5000CappedAt500(t *testing.T, start starter) {
 	if testing.Short() {
 		t.Skip("SKIP: -short")
 	}
-	remote := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 500})
+	remote := testrelay.Start(t, testrelay.Options{MaxLimit: 500})
 	app := start(t, nil)
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "big")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/deploy/validate"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/graspd/configdoc"
 )
@@ -309,14 +310,14 @@ func packagedEnv(t *testing.T, root, dataDir string) Env {
 // on one, an issue and its comment on the other, and an announcement that
 // does not list us.
 type skeleton struct {
-	remote1, remote2 *testkit.Relay
+	remote1, remote2 *testrelay.Relay
 	ann, notOurs     *nostr.Event
 	want             []*nostr.Event
 	repo             string
 }
 
 func newSkeleton(t *testing.T, publicURL string) *skeleton {
-	s := &skeleton{remote1: testkit.StartRelay(t, testkit.RelayOptions{}), remote2: testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})}
+	s := &skeleton{remote1: testrelay.Start(t, testrelay.Options{}), remote2: testrelay.Start(t, testrelay.Options{Negentropy: true})}
 	owner, contributor, stranger := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	s.ann = owner.Announcement("skeleton", []string{testkit.GraspCloneURL(publicURL, owner.PubKey, "skeleton")},
 		[]string{publicURL, s.remote1.URL, s.remote2.URL}, nil)
@@ -333,7 +334,7 @@ func newSkeleton(t *testing.T, publicURL string) *skeleton {
 }
 
 // synced waits until our relay serves every event of the scenario and
-// checks the foreign announcement is not there. (testkit.QueryAll, not
+// checks the foreign announcement is not there. (testrelay.QueryAll, not
 // waitAllOnRelay: go-nostr's Relay.Close races its connection goroutine
 // under -race.)
 func (s *skeleton) synced(t *testing.T, d *daemon) {
@@ -342,7 +343,7 @@ func (s *skeleton) synced(t *testing.T, d *daemon) {
 	defer cancel()
 	ids := IDs(s.want...)
 	for {
-		got, err := testkit.QueryAll(ctx, d.relay, nostr.Filter{IDs: ids})
+		got, err := testrelay.QueryAll(ctx, d.relay, nostr.Filter{IDs: ids})
 		if err == nil && len(got) == len(ids) {
 			break
 		}
@@ -352,7 +353,7 @@ func (s *skeleton) synced(t *testing.T, d *daemon) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	got, err := testkit.QueryAll(ctx, d.relay, nostr.Filter{IDs: []string{s.notOurs.ID}})
+	got, err := testrelay.QueryAll(ctx, d.relay, nostr.Filter{IDs: []string{s.notOurs.ID}})
 	if err != nil || len(got) != 0 {
 		t.Errorf("the announcement that does not list us: %d stored (%v)", len(got), err)
 	}
@@ -399,7 +400,7 @@ func TestPackagedGraspdSyncs(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := testkit.Publish(ctx, d.relay, s.ann); err != nil {
+	if err := testrelay.Publish(ctx, d.relay, s.ann); err != nil {
 		t.Fatalf("publish announcement: %v", err)
 	}
 	s.synced(t, d)
@@ -437,7 +438,7 @@ func TestUpgradeKeepsData(t *testing.T) {
 	d := startDaemon(t, old, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := testkit.Publish(ctx, d.relay, s.ann); err != nil {
+	if err := testrelay.Publish(ctx, d.relay, s.ann); err != nil {
 		t.Fatalf("publish announcement: %v", err)
 	}
 	s.synced(t, d)
@@ -450,7 +451,7 @@ func TestUpgradeKeepsData(t *testing.T) {
 
 	d = startDaemon(t, filepath.Join(root, "usr/bin/graspd"), env)
 	ids := append(IDs(s.want...), s.ann.ID)
-	got, err := testkit.QueryAll(ctx, d.relay, nostr.Filter{IDs: ids})
+	got, err := testrelay.QueryAll(ctx, d.relay, nostr.Filter{IDs: ids})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
 )
 
@@ -259,8 +259,8 @@ func PeakRSS() int64 {
 // ({"#A": [x]} also returns events tagged ["a", x]), in REQs and in NIP-77
 // sessions alike, so every layer-2 and layer-3 event comes back once per
 // tag letter. Real relays of that build behave so; the benchmark measures
-// both. Call it right after StartRelay, before any client connects.
-func StrictTags(r *testkit.Relay) {
+// both. Call it right after testrelay.Start, before any client connects.
+func StrictTags(r *testrelay.Relay) {
 	hooks := r.Khatru.QueryEvents
 	for i, q := range hooks {
 		hooks[i] = func(ctx context.Context, f nostr.Filter) (chan *nostr.Event, error) {

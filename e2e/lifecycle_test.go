@@ -11,6 +11,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/khatrulock"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // publishRemote stores evts on a remote relay and broadcasts them to its
@@ -18,7 +20,7 @@ import (
 // EVENT path notifies listeners without its clientsMutex and races with
 // another connection's CLOSE (which consolidation sends), so the remote
 // relay itself would fail -race; see pkg/khatrulock.
-func publishRemote(r *testkit.Relay, evts ...*nostr.Event) error {
+func publishRemote(r *testrelay.Relay, evts ...*nostr.Event) error {
 	for _, evt := range evts {
 		skip, err := r.Khatru.AddEvent(context.Background(), evt)
 		if err != nil {
@@ -36,8 +38,8 @@ func publishRemote(r *testkit.Relay, evts ...*nostr.Event) error {
 // stops listing us is dropped; a bootstrap relay stays connected with no
 // repository on it.
 func TestAnnouncementLifecycle(t *testing.T) {
-	a := testkit.StartRelay(t, testkit.RelayOptions{})
-	boot := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	a := testrelay.Start(t, testrelay.Options{})
+	boot := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, Env{"GRASP_BOOTSTRAP_RELAYS": boot.URL})
 	owner, other, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "life")
@@ -81,8 +83,8 @@ func TestSSRFNeverDialled(t *testing.T) { ssrfNeverDialled(t, start) }
 // the cloud metadata address is synced from its allowlisted relay only; the
 // other two are never dialled.
 func ssrfNeverDialled(t *testing.T, start starter) {
-	allowed := testkit.StartRelay(t, testkit.RelayOptions{})
-	forbidden := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	allowed := testrelay.Start(t, testrelay.Options{})
+	forbidden := faultrelay.Start(t, testrelay.Options{})
 	app := start(t, Env{"GRASP_RELAY_ALLOWLIST": allowed.URL[len("ws://"):]})
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "ssrf")
@@ -108,8 +110,8 @@ func ssrfNeverDialled(t *testing.T, start starter) {
 // A rate-limited remote (CLOSED rate-limited on its first REQs) is cooled
 // down and then synced completely.
 func TestRateLimitedCompletes(t *testing.T) {
-	remote := testkit.StartFaultRelay(t, testkit.RelayOptions{})
-	remote.Set(testkit.Faults{RateLimitREQs: 2})
+	remote := faultrelay.Start(t, testrelay.Options{})
+	remote.Set(faultrelay.Faults{RateLimitREQs: 2})
 	app := start(t, Env{"GRASP_FETCHER_RATE_LIMIT_COOLDOWN": "1s", "GRASP_FETCHER_RATE_LIMIT_MAX_COOLDOWN": "2s"})
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "limited")
@@ -134,7 +136,7 @@ func TestRateLimitedCompletes(t *testing.T) {
 // arrive through the catch-up, and the history older than the since window
 // (backdated an hour) is not downloaded again.
 func TestQuickReconnect(t *testing.T) {
-	remote := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	remote := faultrelay.Start(t, testrelay.Options{})
 	app := start(t, nil)
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "flaky")
@@ -154,7 +156,7 @@ func TestQuickReconnect(t *testing.T) {
 	before := MetricSum(m, "grasp_fetcher_events_received_total", `mode="historic"`)
 
 	// Down: the next forwarded event drops the session, reconnects fail.
-	remote.Set(testkit.Faults{DropAfterEvents: 1, RejectConnections: 1 << 30})
+	remote.Set(faultrelay.Faults{DropAfterEvents: 1, RejectConnections: 1 << 30})
 	trigger := contributor.Issue(repo, "drops the connection")
 	mustPublish(t, remote.Relay, trigger)
 	waitConnected(t, app, remote.URL, false)
@@ -165,7 +167,7 @@ func TestQuickReconnect(t *testing.T) {
 	}
 	remote.Add(t, meanwhile...)
 	time.Sleep(time.Second) // stay down across several reconnect attempts
-	remote.Set(testkit.Faults{})
+	remote.Set(faultrelay.Faults{})
 	mustArrive(t, app, 30*time.Second, append(meanwhile, trigger)...)
 	if m, err = Metrics(context.Background(), app); err != nil {
 		t.Fatal(err)
@@ -195,7 +197,7 @@ func TestQuickReconnect(t *testing.T) {
 // and closes the old ones once the relay has registered the new ones
 // (services/fetcher/live.go, replaceLive).
 func TestConsolidationMissesNothing(t *testing.T) {
-	remote := testkit.StartRelay(t, testkit.RelayOptions{})
+	remote := testrelay.Start(t, testrelay.Options{})
 	app := start(t, Env{"GRASP_PLANNER_MAX_LIVE_FILTERS": "4"})
 	contributor := testkit.NewKey()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -263,7 +265,7 @@ func TestConsolidationMissesNothing(t *testing.T) {
 }
 
 // mustPublish is publishRemote from the test goroutine.
-func mustPublish(t *testing.T, r *testkit.Relay, evts ...*nostr.Event) {
+func mustPublish(t *testing.T, r *testrelay.Relay, evts ...*nostr.Event) {
 	t.Helper()
 	if err := publishRemote(r, evts...); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // Public relays' limits (issue 30): graspd syncs a world from farm relays
@@ -19,12 +21,12 @@ import (
 // strfryDefaults are strfry's long-standing limits: 128 KiB messages, 20
 // subscriptions, 20 filters per REQ (500 per filter is the farm's
 // MaxLimit default).
-var strfryDefaults = testkit.RelayLimits{MaxMessageBytes: 131072, MaxSubscriptions: 20, MaxFilters: 20}
+var strfryDefaults = testrelay.Limits{MaxMessageBytes: 131072, MaxSubscriptions: 20, MaxFilters: 20}
 
 // limitedSync is one run: the world, the farm and what the sync left.
 type limitedSync struct {
 	world *testkit.World
-	farm  *testkit.Farm
+	farm  *testrelay.Farm
 	app   Target
 	// skip are relays whose events need not arrive (refusing reads).
 	skip map[int]bool
@@ -39,10 +41,10 @@ type limitedSync struct {
 // syncLimited starts a farm with fo, seeds spec's world on it, starts
 // graspd with env, publishes the announcements and waits up to wait for
 // every event held by a relay not in skip.
-func syncLimited(t *testing.T, spec testkit.WorldSpec, fo testkit.FarmOptions, env Env, wait time.Duration, skip ...int) *limitedSync {
+func syncLimited(t *testing.T, spec testkit.WorldSpec, fo testrelay.FarmOptions, env Env, wait time.Duration, skip ...int) *limitedSync {
 	t.Helper()
 	fo.Relays = spec.Relays
-	farm, err := testkit.StartFarm(fo)
+	farm, err := testrelay.StartFarm(fo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,14 +166,14 @@ func (s *limitedSync) checkHealthy(t *testing.T) {
 // ends the connection on it. One relay says its limit in NIP-11, the other
 // is silent (the fetcher's own default budget must keep it under).
 func TestLimitMessageSize(t *testing.T) {
-	for _, style := range []testkit.LimitStyle{testkit.StyleStrfry, testkit.StyleNostrRsRelay} {
+	for _, style := range []testrelay.LimitStyle{testrelay.StyleStrfry, testrelay.StyleNostrRsRelay} {
 		t.Run(string(style), func(t *testing.T) {
-			if style != testkit.StyleStrfry {
+			if style != testrelay.StyleStrfry {
 				long(t) // about a minute each under -race: strfry's in CI, the other in e2e-long
 			}
 			spec := testkit.WorldSpec{Repos: 40, Relays: 2, RelaysPerRepo: 2, RootsPerRepo: 50, CommentsPerRoot: 0, CopiesMin: 2, CopiesMax: 2, Seed: 30}
-			lim := testkit.RelayLimits{MaxMessageBytes: 131072, Style: style}
-			s := syncLimited(t, spec, testkit.FarmOptions{NegentropyFraction: 0.5, AdvertiseFraction: 0.5, Limits: lim}, nil, 90*time.Second)
+			lim := testrelay.Limits{MaxMessageBytes: 131072, Style: style}
+			s := syncLimited(t, spec, testrelay.FarmOptions{NegentropyFraction: 0.5, AdvertiseFraction: 0.5, Limits: lim}, nil, 90*time.Second)
 			s.checkHealthy(t)
 			for _, r := range s.farm.Stats() {
 				if r.LargestMessage > 131072 || (!r.Advertised && r.LargestMessage > 64<<10) {
@@ -193,12 +195,12 @@ func TestLimitSubscriptions(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		max   int
-		style testkit.LimitStyle
-	}{{"strfry", 20, testkit.StyleStrfry}, {"closed", 20, testkit.StyleClosed}, {"strfry-4", 4, testkit.StyleStrfry}, {"closed-4", 4, testkit.StyleClosed}} {
+		style testrelay.LimitStyle
+	}{{"strfry", 20, testrelay.StyleStrfry}, {"closed", 20, testrelay.StyleClosed}, {"strfry-4", 4, testrelay.StyleStrfry}, {"closed-4", 4, testrelay.StyleClosed}} {
 		t.Run(c.name, func(t *testing.T) {
 			spec := testkit.WorldSpec{Repos: 60, Relays: 2, RelaysPerRepo: 2, RootsPerRepo: 5, CommentsPerRoot: 1, Seed: 31}
-			lim := testkit.RelayLimits{MaxSubscriptions: c.max, Style: c.style}
-			s := syncLimited(t, spec, testkit.FarmOptions{NegentropyFraction: 0.5, AdvertiseFraction: 0.5, Limits: lim}, nil, 60*time.Second)
+			lim := testrelay.Limits{MaxSubscriptions: c.max, Style: c.style}
+			s := syncLimited(t, spec, testrelay.FarmOptions{NegentropyFraction: 0.5, AdvertiseFraction: 0.5, Limits: lim}, nil, 60*time.Second)
 			if c.max < 20 {
 				// Below the default budget, a silent relay teaches its
 				// limit by refusing what was in flight over it.
@@ -215,7 +217,7 @@ func TestLimitSubscriptions(t *testing.T) {
 // (#e, #E, #q per 100), and historic batches name many repositories.
 func TestLimitFilters(t *testing.T) {
 	spec := testkit.WorldSpec{Repos: 30, Relays: 2, RelaysPerRepo: 2, RootsPerRepo: 50, CommentsPerRoot: 0, CopiesMin: 1, CopiesMax: 2, Seed: 32}
-	s := syncLimited(t, spec, testkit.FarmOptions{NegentropyFraction: 0.5, Limits: testkit.RelayLimits{MaxFilters: 20}}, nil, 60*time.Second)
+	s := syncLimited(t, spec, testrelay.FarmOptions{NegentropyFraction: 0.5, Limits: testrelay.Limits{MaxFilters: 20}}, nil, 60*time.Second)
 	s.checkHealthy(t)
 }
 
@@ -224,7 +226,7 @@ func TestLimitFilters(t *testing.T) {
 // NIP-77 must be paged.
 func TestLimitREQCap(t *testing.T) {
 	spec := testkit.WorldSpec{Repos: 2, Relays: 2, RelaysPerRepo: 2, RootsPerRepo: 400, CommentsPerRoot: 1, CopiesMin: 1, CopiesMax: 2, Seed: 33}
-	s := syncLimited(t, spec, testkit.FarmOptions{NegentropyFraction: 0, MaxLimit: 500}, nil, 60*time.Second)
+	s := syncLimited(t, spec, testrelay.FarmOptions{NegentropyFraction: 0, MaxLimit: 500}, nil, 60*time.Second)
 	s.checkHealthy(t)
 }
 
@@ -233,7 +235,7 @@ func TestLimitREQCap(t *testing.T) {
 // (GRASP_BENCH_SCALE_LIMITS) in small.
 func TestLimitStrfryDefaults(t *testing.T) {
 	spec := testkit.WorldSpec{Repos: 30, Relays: 4, RelaysPerRepo: 3, RootsPerRepo: 10, CommentsPerRoot: 1, Seed: 34}
-	s := syncLimited(t, spec, testkit.FarmOptions{NegentropyFraction: 0.5, AdvertiseFraction: 0.5, Limits: strfryDefaults}, nil, 60*time.Second)
+	s := syncLimited(t, spec, testrelay.FarmOptions{NegentropyFraction: 0.5, AdvertiseFraction: 0.5, Limits: strfryDefaults}, nil, 60*time.Second)
 	s.checkHealthy(t)
 }
 
@@ -244,7 +246,7 @@ func TestLimitStrfryDefaults(t *testing.T) {
 func TestLimitAuthReads(t *testing.T) {
 	spec := testkit.WorldSpec{Repos: 12, Relays: 4, RelaysPerRepo: 3, RootsPerRepo: 5, CommentsPerRoot: 1, Seed: 35}
 	// AuthReadsFraction 0.25 of 4 relays: relay 3.
-	s := syncLimited(t, spec, testkit.FarmOptions{NegentropyFraction: 0.5, AuthReadsFraction: 0.25}, nil, 60*time.Second, 3)
+	s := syncLimited(t, spec, testrelay.FarmOptions{NegentropyFraction: 0.5, AuthReadsFraction: 0.25}, nil, 60*time.Second, 3)
 	auth := s.farm.Stats()[3]
 	if !auth.AuthReads || auth.AuthRefused == 0 {
 		t.Fatalf("relay 3 (auth reads %v) refused %d reads; the scenario needs it to refuse graspd", auth.AuthReads, auth.AuthRefused)

@@ -11,7 +11,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -87,7 +87,7 @@ func reconcileStoreAgainstRelay(t *testing.T, strict bool) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, MaxLimit: 500})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true, MaxLimit: 500})
 	if strict {
 		StrictTags(remote)
 	}

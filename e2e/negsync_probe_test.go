@@ -9,6 +9,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // A NIP-77 reconciliation between identical sets needs nothing: the daily
@@ -16,7 +17,7 @@ import (
 // khatru relay.
 func TestReconcileIdenticalNeedsNothing(t *testing.T) {
 	for _, n := range []int{10, 300, 2000} {
-		remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+		remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 		owner := testkit.NewKey()
 		repo := testkit.RepoRef(owner.PubKey, "n")
 		var local []negsync.Item

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestShippedNATSPermissions runs the deployment as Kubernetes does: the
@@ -26,13 +28,13 @@ func TestShippedNATSPermissions(t *testing.T) {
 	pg := postgresURL(t)
 	d := StartDeployment(t, DeploymentOptions{PostgresURL: pg, Auth: true})
 
-	plain := testkit.StartRelay(t, testkit.RelayOptions{})
-	neg := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	plain := testrelay.Start(t, testrelay.Options{})
+	neg := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	const ident = "shipped-acl"
 	repo := testkit.RepoRef(owner.PubKey, ident)
 	var want []*nostrEvent
-	for _, r := range []*testkit.Relay{plain, neg} {
+	for _, r := range []*testrelay.Relay{plain, neg} {
 		issue := contributor.Issue(repo, "seen on "+r.URL)
 		comment := owner.Comment(issue, issue, "looking")
 		patch := contributor.Patch(repo)

@@ -24,6 +24,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/planner"
 )
@@ -31,8 +32,8 @@ import (
 // slowRemote starts a remote relay whose queries take 0–1.5 s, chosen by a
 // hash of the filter, so the batches of an initial sync finish spread over
 // time and a planner can be killed while some are confirmed and others not.
-func slowRemote(t *testing.T) *testkit.Relay {
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+func slowRemote(t *testing.T) *testrelay.Relay {
+	r := testrelay.Start(t, testrelay.Options{})
 	r.Khatru.RejectFilter = append(r.Khatru.RejectFilter, func(ctx context.Context, f nostr.Filter) (bool, string) {
 		if len(f.Tags["e"]) == 0 {
 			return false, ""
@@ -148,7 +149,7 @@ func TestKillPlannerDuringInitialSync(t *testing.T) {
 	ann := owner.Announcement("failover",
 		[]string{testkit.GraspCloneURL(app.PublicURL(), owner.PubKey, "failover")},
 		[]string{app.PublicURL(), remote1.URL, remote2.URL}, nil)
-	if err := testkit.Publish(ctx, app.RelayURL(), ann); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), ann); err != nil {
 		t.Fatal(err)
 	}
 

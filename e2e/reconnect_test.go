@@ -11,6 +11,10 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // Long reconnect: the remote is down longer than the quick-reconnect window
@@ -18,7 +22,7 @@ import (
 // the planner starts the relay fresh and everything published meanwhile
 // arrives.
 func TestLongReconnect(t *testing.T) {
-	remote := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, Env{"GRASP_PLANNER_QUICK_RECONNECT": "1s", "GRASP_PLANNER_SINCE_BUFFER": "1s"})
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "gone")
@@ -28,7 +32,7 @@ func TestLongReconnect(t *testing.T) {
 	mustArrive(t, app, 20*time.Second, first)
 	waitConnected(t, app, remote.URL, true)
 
-	remote.Set(testkit.Faults{DropAfterEvents: 1, RejectConnections: 1 << 30})
+	remote.Set(faultrelay.Faults{DropAfterEvents: 1, RejectConnections: 1 << 30})
 	trigger := contributor.Issue(repo, "drops the connection")
 	mustPublish(t, remote.Relay, trigger)
 	waitConnected(t, app, remote.URL, false)
@@ -41,7 +45,7 @@ func TestLongReconnect(t *testing.T) {
 	}
 	remote.Add(t, meanwhile...)
 	time.Sleep(2 * time.Second) // longer than the 1s quick-reconnect window
-	remote.Set(testkit.Faults{})
+	remote.Set(faultrelay.Faults{})
 	mustArrive(t, app, 30*time.Second, append(meanwhile, trigger)...)
 	m, err := Metrics(context.Background(), app)
 	if err != nil {
@@ -83,7 +87,7 @@ func TestDeadRelayBackoff(t *testing.T) {
 	}()
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	dead := "ws://" + ln.Addr().String()
-	live := testkit.StartRelay(t, testkit.RelayOptions{})
+	live := testrelay.Start(t, testrelay.Options{})
 	app := start(t, Env{"GRASP_FETCHER_BACKOFF_BASE": "200ms", "GRASP_FETCHER_BACKOFF_MAX": "1600ms"})
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	issue := contributor.Issue(testkit.RepoRef(owner.PubKey, "half"), "from the live relay")

@@ -9,6 +9,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // metricAtLeast polls app's metrics until the sum of name (matching match)
@@ -48,7 +50,7 @@ func metricNow(t *testing.T, app Target, name string, match ...string) float64 {
 // serve) are refused once and then remembered: a daily resync through NIP-77
 // counts them as held and does not download them again.
 func TestForeignAnnouncementsNotFetchedAgain(t *testing.T) {
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, Env{"GRASP_PLANNER_RESYNC_MIN": "4s", "GRASP_PLANNER_RESYNC_MAX": "5s"})
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	const foreign = 6
@@ -89,7 +91,7 @@ func TestForeignAnnouncementsNotFetchedAgain(t *testing.T) {
 // their state, an issue tagging only their coordinate and a comment on it
 // follow.
 func TestRefusedMaintainerRevived(t *testing.T) {
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, nil)
 	owner, m, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	earlier := testkit.At(nostr.Timestamp(time.Now().Add(-time.Hour).Unix()))
@@ -114,7 +116,7 @@ func TestRefusedMaintainerRevived(t *testing.T) {
 // is synced, and so is a comment on it; one tagging the coordinate of an
 // announcement by someone who maintains nothing of ours is not.
 func TestMaintainerCoordinateSynced(t *testing.T) {
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, nil)
 	owner, m, stranger, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	mAnn := m.Announcement("proj", []string{"https://git.example.org/m/proj.git"}, []string{remote.URL}, nil)

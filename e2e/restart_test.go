@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // graspd killed (stopped without a drain) in the middle of its initial sync
@@ -21,9 +21,9 @@ func TestRestartMidInitialSync(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	remotes := []*testkit.Relay{
-		testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, MaxLimit: 500}),
-		testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 500}),
+	remotes := []*testrelay.Relay{
+		testrelay.Start(t, testrelay.Options{Negentropy: true, MaxLimit: 500}),
+		testrelay.Start(t, testrelay.Options{MaxLimit: 500}),
 	}
 	ds := GenerateDataset("ws://"+addr, []string{remotes[0].URL, remotes[1].URL}, 40, 50, 2, 7)
 	for i, r := range remotes {

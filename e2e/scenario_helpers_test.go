@@ -9,6 +9,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // starter starts the deployment a scenario runs against, with BaseEnv
@@ -41,7 +43,7 @@ func announce(t *testing.T, app Target, evts ...*nostr.Event) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := testkit.Publish(ctx, app.RelayURL(), evts...); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), evts...); err != nil {
 		t.Fatalf("publish to our relay: %v", err)
 	}
 }

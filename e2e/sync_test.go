@@ -8,6 +8,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // signed builds and signs an event of kind with exactly tags.
@@ -19,7 +21,7 @@ func signed(k testkit.Key, kind int, content string, tags ...nostr.Tag) *nostr.E
 // (layer 2), e, E and q naming a root (layer 3). Every event carries only
 // the one tag, so a filter missing a tag name misses its event.
 func TestTagVariations(t *testing.T) {
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, nil)
 	owner, other := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "tags")
@@ -52,7 +54,7 @@ func TestTagVariations(t *testing.T) {
 // coordinate is synced too (layer 2 names the maintainers' stored
 // coordinates): TestMaintainerCoordinateSynced.
 func TestMaintainersRecursive(t *testing.T) {
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := start(t, nil)
 	owner, m1, m2, stranger, contributor := testkit.NewKey(), testkit.NewKey(), testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
 	earlier := testkit.At(nostr.Timestamp(time.Now().Add(-time.Hour).Unix()))
@@ -73,7 +75,7 @@ func TestLiveIssueThenComment(t *testing.T) { liveIssueThenComment(t, start) }
 // Live: once the repository is synced, an issue and immediately a comment on
 // it (before any layer 3 subscription for the issue can exist) both arrive.
 func liveIssueThenComment(t *testing.T, start starter) {
-	remote := testkit.StartRelay(t, testkit.RelayOptions{})
+	remote := testrelay.Start(t, testrelay.Options{})
 	app := start(t, nil)
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(owner.PubKey, "live")

@@ -16,7 +16,7 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // connect returns a bus on the embedded server, or on the external server
@@ -34,7 +34,7 @@ func connect(t *testing.T, external bool) *bus.Bus {
 		}
 		b, err = bus.Connect(ctx, url, "bus-test", names, bus.Security{})
 	} else {
-		b, err = bus.ConnectInProcess(testkit.StartNATS(t).Server, "bus-test", names)
+		b, err = bus.ConnectInProcess(natstest.Start(t).Server, "bus-test", names)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // A pull request that is lost on its way — in a cluster, one sent before a
@@ -23,7 +23,7 @@ import (
 // after two missed heartbeats rather than at its 30 s expiry: a message
 // published meanwhile is delivered well within the test's 20 s.
 func TestConsumeRenewsALostPull(t *testing.T) {
-	srv := testkit.StartNATS(t)
+	srv := natstest.Start(t)
 	dialer := &pullDropper{}
 	nc, err := nats.Connect(srv.URL, nats.SetCustomDialer(dialer), nats.Name("consume-test"))
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // Services start together and all run Setup: concurrent setups, each on
@@ -31,8 +31,8 @@ func TestSetupConcurrent(t *testing.T) {
 		urls     func(t *testing.T) []string
 		replicas int
 	}{
-		{"single node", func(t *testing.T) []string { return []string{testkit.StartNATS(t).URL} }, 1},
-		{"3-node cluster", func(t *testing.T) []string { return strings.Split(testkit.StartNATSCluster(t, 3).URL, ",") }, 3},
+		{"single node", func(t *testing.T) []string { return []string{natstest.Start(t).URL} }, 1},
+		{"3-node cluster", func(t *testing.T) []string { return strings.Split(natstest.StartCluster(t, 3).URL, ",") }, 3},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // A relay that caps every REQ at 7 results still yields every event, even
@@ -19,7 +20,7 @@ import (
 func TestReadThroughCappedRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 7})
+	r := testrelay.Start(t, testrelay.Options{MaxLimit: 7})
 	k := testkit.NewKey()
 	want := map[string]bool{}
 	for i := range 60 {
@@ -67,7 +68,7 @@ func TestReadCrowdedSecondOnRealRelay(t *testing.T) {
 	}
 	older := author.Issue(repo, "older", testkit.At(at-10))
 	for _, nip77 := range []bool{true, false} {
-		r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100, Negentropy: nip77})
+		r := testrelay.Start(t, testrelay.Options{MaxLimit: 100, Negentropy: nip77})
 		r.Add(t, append(append([]*nostr.Event{issue, older}, layer2...), layer3...)...)
 		for _, tc := range []struct {
 			layer  string

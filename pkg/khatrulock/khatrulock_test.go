@@ -12,6 +12,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/khatrulock"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // The workaround depends on a private field: fail loudly when an upgrade
@@ -46,7 +47,7 @@ func TestListeningForFollowsSubscriptions(t *testing.T) {
 		}
 	}
 	want(1, false)
-	conn, err := testkit.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"))
+	conn, err := testrelay.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // Clients publishing while other clients open and close subscriptions is the
@@ -20,10 +22,10 @@ import (
 func TestPublishWhileSubscribing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 
-	watcher, err := testkit.Dial(ctx, r.URL)
+	watcher, err := testrelay.Dial(ctx, r.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +50,7 @@ func TestPublishWhileSubscribing(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conn, err := testkit.Dial(churnCtx, r.URL)
+			conn, err := testrelay.Dial(churnCtx, r.URL)
 			if err != nil {
 				return
 			}
@@ -79,7 +81,7 @@ func TestPublishWhileSubscribing(t *testing.T) {
 	for i := 0; i < events; i++ {
 		evt := k.Note(fmt.Sprintf("note %d", i))
 		published[evt.ID] = true
-		if err := testkit.Publish(ctx, r.URL, evt); err != nil {
+		if err := testrelay.Publish(ctx, r.URL, evt); err != nil {
 			t.Fatal(err)
 		}
 	}

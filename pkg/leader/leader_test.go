@@ -18,7 +18,9 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/leader"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/delayproxy"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/loadgen"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // leaseTTL is short so failover tests finish in seconds; 1 s is the
@@ -30,13 +32,13 @@ var names = bus.Names{Prefix: "lt"}
 // leaseBucket creates the lease bucket the way every service does and returns
 // a handle on it through a connection of its own (one per candidate, so a
 // test can kill one candidate by closing its connection).
-func leaseBucket(t *testing.T, n *testkit.NATS) func() (jetstream.KeyValue, *nats.Conn) {
+func leaseBucket(t *testing.T, n *natstest.NATS) func() (jetstream.KeyValue, *nats.Conn) {
 	t.Helper()
 	return leaseBucketTTL(t, n, leaseTTL)
 }
 
 // leaseBucketTTL is leaseBucket with a bucket TTL of ttl.
-func leaseBucketTTL(t *testing.T, n *testkit.NATS, ttl time.Duration) func() (jetstream.KeyValue, *nats.Conn) {
+func leaseBucketTTL(t *testing.T, n *natstest.NATS, ttl time.Duration) func() (jetstream.KeyValue, *nats.Conn) {
 	t.Helper()
 	ctx := context.Background()
 	nc := n.Connect(t)
@@ -136,7 +138,7 @@ func (c *candidate) stop(t *testing.T) {
 }
 
 func TestFailoverWhenHolderDies(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	open := leaseBucket(t, n)
 	a := newArena()
 	kvA, ncA := open()
@@ -170,7 +172,7 @@ func TestFailoverWhenHolderDies(t *testing.T) {
 }
 
 func TestCleanStopReleasesAtOnce(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	open := leaseBucket(t, n)
 	a := newArena()
 	kvA, ncA := open()
@@ -204,7 +206,7 @@ func TestCleanStopReleasesAtOnce(t *testing.T) {
 // another connection; the TTL is long so the holder's next real renewal does
 // not come first.
 func TestCleanStopReleasesAfterAnUnconfirmedRenewal(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	const ttl = 9 * time.Second // renewals every 3 s
 	open := leaseBucketTTL(t, n, ttl)
 	a := newArena()
@@ -255,7 +257,7 @@ func TestCleanStopReleasesAfterAnUnconfirmedRenewal(t *testing.T) {
 // many times, by clean stops and by kills, and checks that every term's
 // epoch is greater than the one before and that no two terms overlapped.
 func TestEpochsIncreaseAndNeverOverlap(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	open := leaseBucket(t, n)
 	a := newArena()
 	cands := map[string]*candidate{}
@@ -293,7 +295,7 @@ func TestEpochsIncreaseAndNeverOverlap(t *testing.T) {
 }
 
 func TestEpochSurvivesExpiry(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	open := leaseBucket(t, n)
 	a := newArena()
 	kvA, ncA := open()
@@ -325,7 +327,7 @@ func TestEpochSurvivesExpiry(t *testing.T) {
 }
 
 func TestLeadErrorEndsRunAndReleases(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	open := leaseBucket(t, n)
 	kv, _ := open()
 	boom := errors.New("boom")
@@ -340,7 +342,7 @@ func TestLeadErrorEndsRunAndReleases(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	open := leaseBucket(t, n)
 	kv, nc := open()
 	js, _ := jetstream.New(nc)
@@ -377,9 +379,9 @@ func TestConfigValidation(t *testing.T) {
 
 // proxiedCandidate opens the lease bucket through a delay proxy, so the test
 // can slow, stall or cut this candidate's NATS traffic.
-func proxiedCandidate(t *testing.T, n *testkit.NATS) (jetstream.KeyValue, *testkit.DelayProxy) {
+func proxiedCandidate(t *testing.T, n *natstest.NATS) (jetstream.KeyValue, *delayproxy.Proxy) {
 	t.Helper()
-	p := testkit.StartDelayProxy(t, strings.TrimPrefix(n.URL, "nats://"))
+	p := delayproxy.Start(t, strings.TrimPrefix(n.URL, "nats://"))
 	nc, err := nats.Connect("nats://" + p.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -426,7 +428,7 @@ func leadUntilLost(t *testing.T, kv jetstream.KeyValue, id string, ttl time.Dura
 // more attempt before the deadline, and a renewal stored with its answer
 // late made the next one "refused": the term ended.
 func TestLeaderKeepsLeaseOnSaturatedProcess(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	const ttl = 6 * time.Second
 	open := leaseBucketTTL(t, n, ttl)
 	_, nc := open()
@@ -437,10 +439,10 @@ func TestLeaderKeepsLeaseOnSaturatedProcess(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("never led")
 	}
-	load := testkit.StartLoad(t, 1, nc, 2)
-	p.SetDelay(testkit.Up, 50*time.Millisecond, 50*time.Millisecond)
-	p.SetDelay(testkit.Down, 50*time.Millisecond, 50*time.Millisecond)
-	stopStalls := p.Stalls(t, testkit.Down, 2*ttl, ttl/3+200*time.Millisecond)
+	load := loadgen.Start(t, 1, nc, 2)
+	p.SetDelay(delayproxy.Up, 50*time.Millisecond, 50*time.Millisecond)
+	p.SetDelay(delayproxy.Down, 50*time.Millisecond, 50*time.Millisecond)
+	stopStalls := p.Stalls(t, delayproxy.Down, 2*ttl, ttl/3+200*time.Millisecond)
 	select {
 	case cause := <-ended:
 		t.Fatalf("leadership lost under load: %v", cause)
@@ -454,7 +456,7 @@ func TestLeaderKeepsLeaseOnSaturatedProcess(t *testing.T) {
 // up waiting is recognised as ours (the key names this holder and term at
 // a newer revision): the term goes on.
 func TestLeaderRenewalStoredWithoutAnswer(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	const ttl = 6 * time.Second
 	open := leaseBucketTTL(t, n, ttl)
 	direct, _ := open()
@@ -468,7 +470,7 @@ func TestLeaderRenewalStoredWithoutAnswer(t *testing.T) {
 	rev := func() uint64 {
 		e, err := direct.Get(context.Background(), "role")
 		if err != nil {
-			p.Hold(testkit.Down, false)
+			p.Hold(delayproxy.Down, false)
 			t.Fatalf("lease key: %v (the term ended and released it)", err)
 		}
 		return e.Revision()
@@ -477,7 +479,7 @@ func TestLeaderRenewalStoredWithoutAnswer(t *testing.T) {
 		t.Helper()
 		for until := time.Now().Add(within); !cond(rev()); time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(until) {
-				p.Hold(testkit.Down, false)
+				p.Hold(delayproxy.Down, false)
 				t.Fatalf("no %s within %s", what, within)
 			}
 		}
@@ -488,11 +490,11 @@ func TestLeaderRenewalStoredWithoutAnswer(t *testing.T) {
 	// hold the server's answers: the next renewal is stored, its answer held
 	// past the renewal's timeout.
 	time.Sleep(ttl / 8)
-	p.Hold(testkit.Down, true)
+	p.Hold(delayproxy.Down, true)
 	r1 := rev()
 	waitRev("renewal stored while answers are held", func(r uint64) bool { return r > r1 }, ttl/2)
 	time.Sleep(ttl/3 + 200*time.Millisecond)
-	p.Hold(testkit.Down, false)
+	p.Hold(delayproxy.Down, false)
 	r2 := rev()
 	waitRev("renewals after the held answer", func(r uint64) bool { return r > r2+1 }, 2*ttl)
 	select {
@@ -506,7 +508,7 @@ func TestLeaderRenewalStoredWithoutAnswer(t *testing.T) {
 // steps down before its lease can expire on the server, and a standby takes
 // over within 30 s, never while the first still leads.
 func TestLeaderPartitionedStandbyTakesOver(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	const ttl = 2 * time.Second
 	open := leaseBucketTTL(t, n, ttl)
 	a := newArena()
@@ -517,8 +519,8 @@ func TestLeaderPartitionedStandbyTakesOver(t *testing.T) {
 		doneA <- leader.Run(ctx, leader.Config{KV: kvA, Key: "role", ID: "a", TTL: ttl, Clock: clock.Real{}, Log: quiet()}, a.lead("a"))
 	}()
 	t.Cleanup(func() {
-		p.Hold(testkit.Up, false)
-		p.Hold(testkit.Down, false)
+		p.Hold(delayproxy.Up, false)
+		p.Hold(delayproxy.Down, false)
 		cancel()
 		<-doneA
 	})
@@ -528,8 +530,8 @@ func TestLeaderPartitionedStandbyTakesOver(t *testing.T) {
 	kvB, ncB := open()
 	start(t, kvB, ncB, "b", a)
 	cut := time.Now()
-	p.Hold(testkit.Up, true)
-	p.Hold(testkit.Down, true)
+	p.Hold(delayproxy.Up, true)
+	p.Hold(delayproxy.Down, true)
 	second := a.next(t, 30*time.Second)
 	t.Logf("leader partitioned: standby leads after %s (TTL %s)", second.at.Sub(cut).Round(time.Millisecond), ttl)
 	if second.id != "b" {

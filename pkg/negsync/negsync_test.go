@@ -13,6 +13,8 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 func notes(k testkit.Key, n int, from nostr.Timestamp) []*nostr.Event {
@@ -47,7 +49,7 @@ func dial(t *testing.T, ctx context.Context, url string) *relayconn.Conn {
 func TestReconcileFindsExactlyTheMissingIDs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	k := testkit.NewKey()
 	remote := notes(k, 600, 1000)
 	r.Add(t, remote...)
@@ -74,7 +76,7 @@ func TestReconcileFindsExactlyTheMissingIDs(t *testing.T) {
 // Every way a relay says "no NIP-77" ends the reconciliation with
 // ErrUnsupported instead of hanging, and the connection stays usable.
 func TestReconcileUnsupported(t *testing.T) {
-	for name, faults := range map[string]testkit.Faults{
+	for name, faults := range map[string]faultrelay.Faults{
 		"NEG-ERR":       {NegOpenAnswer: "NEG-ERR", NegOpenText: "blocked: too many query results"},
 		"NEG-ERROR":     {NegOpenAnswer: "NEG-ERROR", NegOpenText: "invalid limit 0"},
 		"notice":        {NegOpenAnswer: "NOTICE", NegOpenText: "ERROR: bad msg: negentropy disabled"},
@@ -84,7 +86,7 @@ func TestReconcileUnsupported(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			f := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+			f := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 			k := testkit.NewKey()
 			f.Add(t, notes(k, 3, 1000)...)
 			f.Set(faults)
@@ -121,7 +123,7 @@ func TestReconcileUnsupported(t *testing.T) {
 func TestReconcileAgainstRelayWithoutNIP77(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	_, err := negsync.Reconcile(ctx, dial(t, ctx, r.URL), nostr.Filter{Kinds: []int{1}}, nil, negsync.Options{})
 	if !errors.Is(err, negsync.ErrUnsupported) {
 		t.Fatalf("err = %v, want ErrUnsupported", err)
@@ -132,9 +134,9 @@ func TestReconcileAgainstRelayWithoutNIP77(t *testing.T) {
 func TestReconcileConnectionLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	f := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	f := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	f.Add(t, notes(testkit.NewKey(), 100, 1000)...)
-	f.Set(testkit.Faults{DropMidNegentropy: true})
+	f.Set(faultrelay.Faults{DropMidNegentropy: true})
 	_, err := negsync.Reconcile(ctx, dial(t, ctx, f.URL), nostr.Filter{Kinds: []int{1}}, nil, negsync.Options{})
 	if err == nil || errors.Is(err, negsync.ErrUnsupported) {
 		t.Fatalf("err = %v, want a connection error", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // A refusal recorded by one process is part of another's local set for the
@@ -18,7 +19,7 @@ import (
 func TestCacheServesRecordedRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.ConnectInProcess(testkit.StartNATS(t).Server, "t", bus.DefaultNames())
+	b, err := bus.ConnectInProcess(natstest.Start(t).Server, "t", bus.DefaultNames())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func TestCacheServesRecordedRefusals(t *testing.T) {
 func TestForget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.ConnectInProcess(testkit.StartNATS(t).Server, "t", bus.DefaultNames())
+	b, err := bus.ConnectInProcess(natstest.Start(t).Server, "t", bus.DefaultNames())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // A subscription over strfry's count gets a NOTICE naming none, and is
@@ -22,11 +23,11 @@ import (
 // it is closed with that reason. Either way OnLimit is told, and the next
 // REQ waits for a free slot instead of being refused again.
 func TestSubscriptionRefusal(t *testing.T) {
-	for _, style := range []testkit.LimitStyle{testkit.StyleStrfry, testkit.StyleNostrRsRelay, testkit.StyleClosed} {
+	for _, style := range []testrelay.LimitStyle{testrelay.StyleStrfry, testrelay.StyleNostrRsRelay, testrelay.StyleClosed} {
 		t.Run(string(style), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxSubscriptions: 2, Style: style}})
+			r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxSubscriptions: 2, Style: style}})
 			var mu sync.Mutex
 			var limits []relaylimits.Refusal
 			var opens []int
@@ -55,7 +56,7 @@ func TestSubscriptionRefusal(t *testing.T) {
 				}
 				subs = append(subs, s)
 			}
-			if style == testkit.StyleClosed {
+			if style == testrelay.StyleClosed {
 				select {
 				case reason := <-subs[2].Closed():
 					if relaylimits.Classify(reason) != relaylimits.TooManySubscriptions {
@@ -123,7 +124,7 @@ func TestSubscriptionRefusal(t *testing.T) {
 func TestGateKeepsToTheBudget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxSubscriptions: 4}})
+	r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxSubscriptions: 4}})
 	k := testkit.NewKey()
 	for i := range 30 {
 		r.Add(t, k.Note("n", testkit.At(nostr.Timestamp(1000+i))))
@@ -172,7 +173,7 @@ func TestGateKeepsToTheBudget(t *testing.T) {
 func TestMessageOverBudgetNotSent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxMessageBytes: 4096}})
+	r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxMessageBytes: 4096}})
 	c, err := relayconn.Dial(ctx, r.URL, relayconn.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +198,7 @@ func TestMessageOverBudgetNotSent(t *testing.T) {
 func TestFetchInfo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxMessageBytes: 131072, MaxSubscriptions: 20, Advertise: true}})
+	r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxMessageBytes: 131072, MaxSubscriptions: 20, Advertise: true}})
 	doc, err := relayconn.FetchInfo(ctx, r.URL, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -11,12 +11,14 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 func TestSubscribeStoredThenLive(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	var stored []*nostr.Event
 	for i := range 50 {
@@ -51,7 +53,7 @@ func TestSubscribeStoredThenLive(t *testing.T) {
 		t.Fatal("no EOSE")
 	}
 	live := k.Note("live")
-	if err := testkit.Publish(ctx, r.URL, live); err != nil {
+	if err := testrelay.Publish(ctx, r.URL, live); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -69,7 +71,7 @@ func TestSubscribeStoredThenLive(t *testing.T) {
 func TestCheckDialRefusesAddress(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	refused := errors.New("refused by test")
 	var dialled string
 	_, err := relayconn.Dial(ctx, r.URL, relayconn.Options{CheckDial: func(host, address string) error {
@@ -87,7 +89,7 @@ func TestCheckDialRefusesAddress(t *testing.T) {
 func TestConnectionLossEndsSubscriptions(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	c, err := relayconn.Dial(ctx, r.URL, relayconn.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -115,8 +117,8 @@ func TestConnectionLossEndsSubscriptions(t *testing.T) {
 func TestStalledRelayDeclaredDead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := testkit.StartFaultRelay(t, testkit.RelayOptions{})
-	f.Set(testkit.Faults{StallAfterEvents: -1})
+	f := faultrelay.Start(t, testrelay.Options{})
+	f.Set(faultrelay.Faults{StallAfterEvents: -1})
 	c, err := relayconn.Dial(ctx, f.URL, relayconn.Options{PingInterval: 50 * time.Millisecond, PongTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +138,7 @@ func TestStalledRelayDeclaredDead(t *testing.T) {
 func TestKeepaliveKeepsHealthyConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	c, err := relayconn.Dial(ctx, r.URL, relayconn.Options{PingInterval: 20 * time.Millisecond, PongTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -163,8 +165,8 @@ func TestKeepaliveKeepsHealthyConnection(t *testing.T) {
 func TestMalformedNoticesAndChannels(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	f := testkit.StartFaultRelay(t, testkit.RelayOptions{})
-	f.Set(testkit.Faults{
+	f := faultrelay.Start(t, testrelay.Options{})
+	f.Set(faultrelay.Faults{
 		NoticeOnREQ: "hello",
 		Inject: func(sub string) [][]byte {
 			return [][]byte{[]byte(`{not json`), []byte(`[1,2]`), []byte(`["EVENT","` + sub + `",{"kind":"x"}]`)}
@@ -218,8 +220,8 @@ func TestMalformedNoticesAndChannels(t *testing.T) {
 func TestDialErrorStatus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	f := testkit.StartFaultRelay(t, testkit.RelayOptions{})
-	f.Set(testkit.Faults{RejectConnections: 1})
+	f := faultrelay.Start(t, testrelay.Options{})
+	f.Set(faultrelay.Faults{RejectConnections: 1})
 	_, err := relayconn.Dial(ctx, f.URL, relayconn.Options{})
 	var de *relayconn.DialError
 	if !errors.As(err, &de) || de.StatusCode != 503 {
@@ -232,7 +234,7 @@ func TestDialErrorStatus(t *testing.T) {
 func TestEventsSurviveLaterMessages(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	want := map[string]string{}
 	var stored []*nostr.Event

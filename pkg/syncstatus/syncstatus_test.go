@@ -13,7 +13,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 const (
@@ -51,7 +51,7 @@ func TestFromRelayState(t *testing.T) {
 func snapshotOf(t *testing.T, states []*graspv1.RelayState, needs []*graspv1.RepoSyncNeeds) *syncstatus.Snapshot {
 	t.Helper()
 	ctx := context.Background()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	nc := n.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {

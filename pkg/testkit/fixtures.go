@@ -358,6 +358,31 @@ func (k Key) Note(text string, opts ...Option) *nostr.Event {
 	return k.build(KindNote, text, nil, opts)
 }
 
+// EveryFixture returns one event of every fixture kind, all about one
+// repository of owner's, signed by owner or other: for tests that must hold
+// for every kind (a relay storing and returning each).
+func EveryFixture(owner, other Key) []*nostr.Event {
+	ref := RepoRef(owner.PubKey, "repo")
+	ann := owner.Announcement("repo",
+		[]string{"https://git.example.com/repo.git", GraspCloneURL("wss://grasp.example.com", owner.PubKey, "repo")},
+		[]string{"wss://relay.example.com", "wss://grasp.example.com"},
+		[]string{other.PubKey})
+	state := owner.State("repo", map[string]string{"refs/heads/main": FakeCommit(), "refs/tags/v1": FakeCommit()})
+	patch := other.Patch(ref)
+	pr := other.PullRequest(ref, FakeCommit())
+	prUpdate := other.PullRequestUpdate(ref, pr, FakeCommit())
+	issue := other.Issue(ref, "it breaks")
+	comment := owner.Comment(issue, issue, "thanks")
+	reply := other.Comment(issue, comment, "you're welcome")
+	repoComment := other.RepoComment(ref, "nice repo")
+	applied := owner.Status(KindStatusApplied, patch)
+	closed := owner.Status(KindStatusClosed, issue)
+	note := other.Note("unrelated")
+	deletion := other.Deletion([]*nostr.Event{note})
+	grasp := owner.GraspList([]string{"wss://grasp.example.com"})
+	return []*nostr.Event{ann, state, patch, pr, prUpdate, issue, comment, reply, repoComment, applied, closed, note, deletion, grasp}
+}
+
 // coordinate returns "<kind>:<pubkey>:<d>" for an addressable or
 // replaceable event (d is empty for replaceable ones).
 func coordinate(evt *nostr.Event) string {

@@ -13,32 +13,9 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
-// fixtureSet returns one event of every fixture kind, all about one repository.
-func fixtureSet(owner, other testkit.Key) []*nostr.Event {
-	ref := testkit.RepoRef(owner.PubKey, "repo")
-	ann := owner.Announcement("repo",
-		[]string{"https://git.example.com/repo.git", testkit.GraspCloneURL("wss://grasp.example.com", owner.PubKey, "repo")},
-		[]string{"wss://relay.example.com", "wss://grasp.example.com"},
-		[]string{other.PubKey})
-	state := owner.State("repo", map[string]string{"refs/heads/main": testkit.FakeCommit(), "refs/tags/v1": testkit.FakeCommit()})
-	patch := other.Patch(ref)
-	pr := other.PullRequest(ref, testkit.FakeCommit())
-	prUpdate := other.PullRequestUpdate(ref, pr, testkit.FakeCommit())
-	issue := other.Issue(ref, "it breaks")
-	comment := owner.Comment(issue, issue, "thanks")
-	reply := other.Comment(issue, comment, "you're welcome")
-	repoComment := other.RepoComment(ref, "nice repo")
-	applied := owner.Status(testkit.KindStatusApplied, patch)
-	closed := owner.Status(testkit.KindStatusClosed, issue)
-	note := other.Note("unrelated")
-	deletion := other.Deletion([]*nostr.Event{note})
-	grasp := owner.GraspList([]string{"wss://grasp.example.com"})
-	return []*nostr.Event{ann, state, patch, pr, prUpdate, issue, comment, reply, repoComment, applied, closed, note, deletion, grasp}
-}
-
 func TestFixturesAreValid(t *testing.T) {
 	owner, other := testkit.NewKey(), testkit.NewKey()
-	for _, evt := range fixtureSet(owner, other) {
+	for _, evt := range testkit.EveryFixture(owner, other) {
 		if !evt.CheckID() || evt.GetID() != evt.ID {
 			t.Errorf("kind %d: id %s does not match content", evt.Kind, evt.ID)
 		}

@@ -25,18 +25,20 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // env is one NATS with the contract's buckets, shared by the discovery
 // instances of a test.
 type env struct {
-	nats *testkit.NATS
+	nats *natstest.NATS
 	kv   jetstream.KeyValue
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	b, err := bus.ConnectInProcess(n.Server, "test", bus.DefaultNames())
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +164,7 @@ func refOf(k testkit.Key, d string) nip34.RepoRef {
 // add stores events in the test relay; testkit's Add broadcasts them under
 // khatru's client-list lock (pkg/khatrulock), so discovery (re)subscribing
 // meanwhile is not a data race.
-func add(t *testing.T, r *testkit.Relay, evts ...*nostr.Event) {
+func add(t *testing.T, r *testrelay.Relay, evts ...*nostr.Event) {
 	t.Helper()
 	r.Add(t, evts...)
 }
@@ -171,7 +173,7 @@ func add(t *testing.T, r *testkit.Relay, evts ...*nostr.Event) {
 // created_at, through a relay that returns at most 500 events per REQ, all
 // reach the index; so do the roots stored with them.
 func TestHistoryThroughCappedRelay(t *testing.T) {
-	relay := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 500})
+	relay := testrelay.Start(t, testrelay.Options{MaxLimit: 500})
 	owner := testkit.NewKey()
 	base := nostr.Now() - 1000
 	// 40 announcements per second of created_at, so pages end inside a
@@ -221,7 +223,7 @@ func TestHistoryThroughCappedRelay(t *testing.T) {
 // changes and removals (no longer listing us, NIP-09 deletion) reach the
 // bucket, the bootstrap relays are published, and refused URLs are counted.
 func TestLiveIndexing(t *testing.T) {
-	relay := testkit.StartRelay(t, testkit.RelayOptions{})
+	relay := testrelay.Start(t, testrelay.Options{})
 	e := newEnv(t)
 	in := e.start(t, Config{RelayURL: relay.URL, BatchWindow: 50 * time.Millisecond,
 		BootstrapRelays: []string{"wss://boot.example"}}, clock.Real{})
@@ -276,7 +278,7 @@ func TestLiveIndexing(t *testing.T) {
 // quiet period share one write, and a stream that never pauses is still
 // written when the window, counted from its first change, closes.
 func TestBatchWindow(t *testing.T) {
-	relay := testkit.StartRelay(t, testkit.RelayOptions{})
+	relay := testrelay.Start(t, testrelay.Options{})
 	e := newEnv(t)
 	fake := clock.NewFake(time.Now())
 	const quiet, window = 150 * time.Millisecond, 5 * time.Second
@@ -428,7 +430,7 @@ func (p *proxy) up(t *testing.T) {
 // created_at is a few minutes before the disconnection (it propagated late)
 // — is in the index after the reconnect.
 func TestReconnectMissesNothing(t *testing.T) {
-	relay := testkit.StartRelay(t, testkit.RelayOptions{})
+	relay := testrelay.Start(t, testrelay.Options{})
 	host := relay.URL[len("ws://"):]
 	p := startProxy(t, host)
 	e := newEnv(t)
@@ -474,7 +476,7 @@ func TestReconnectMissesNothing(t *testing.T) {
 // (both ready); when the active one stops, the standby takes over and keeps
 // the index.
 func TestOneActiveDiscovery(t *testing.T) {
-	relay := testkit.StartRelay(t, testkit.RelayOptions{})
+	relay := testrelay.Start(t, testrelay.Options{})
 	e := newEnv(t)
 	cfg := Config{RelayURL: relay.URL, BatchWindow: 50 * time.Millisecond}
 	cfg.InstanceID = "one"
@@ -552,7 +554,7 @@ func TestHistoryCrowdedSecond(t *testing.T) {
 	wg.Wait()
 	for _, nip77 := range []bool{true, false} {
 		t.Run(fmt.Sprintf("nip77=%v", nip77), func(t *testing.T) {
-			relay := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100, Negentropy: nip77})
+			relay := testrelay.Start(t, testrelay.Options{MaxLimit: 100, Negentropy: nip77})
 			for _, evt := range evts {
 				if err := relay.Store.SaveEvent(context.Background(), evt); err != nil {
 					t.Fatal(err)

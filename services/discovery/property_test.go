@@ -18,6 +18,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // universe is a small world of keys, repositories and relays that random
@@ -189,7 +190,7 @@ func recompute(events []*nostr.Event) map[string]string {
 // restarts in between (a new index reconciling the bucket it finds), the
 // bucket equals a from-scratch recomputation.
 func TestIndexEqualsRecomputation(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	js, err := jetstream.New(n.Connect(t))
 	if err != nil {
 		t.Fatal(err)

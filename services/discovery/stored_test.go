@@ -18,6 +18,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // publishStored announces evt on grasp.stored.<kind> the way the ingester
@@ -46,7 +47,7 @@ func publishStored(t *testing.T, b *bus.Bus, evt *nostr.Event) {
 // the relay is back, the same events seen again through the websocket
 // change nothing.
 func TestStoredFeedWhileRelayDown(t *testing.T) {
-	relay := testkit.StartRelay(t, testkit.RelayOptions{})
+	relay := testrelay.Start(t, testrelay.Options{})
 	p := startProxy(t, relay.URL[len("ws://"):])
 	e := newEnv(t)
 	in := e.start(t, Config{RelayURL: "ws://" + p.addr, BatchWindow: 50 * time.Millisecond}, clock.Real{})

@@ -9,6 +9,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -31,7 +33,7 @@ type backdatedWorld struct {
 	since                   int64 // between the back-dated and the new ones
 }
 
-func newBackdatedWorld(r *testkit.FaultRelay) (backdatedWorld, func(t *testing.T)) {
+func newBackdatedWorld(r *faultrelay.Relay) (backdatedWorld, func(t *testing.T)) {
 	k := testkit.NewKey()
 	w := backdatedWorld{held: notes(k, 100, 1, 1000), since: 100_000}
 	for i := range 5 {
@@ -72,7 +74,7 @@ func TestCatchUpSinceBoundsOnlyREQ(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
-			r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: c.negentropy})
+			r := faultrelay.Start(t, testrelay.Options{Negentropy: c.negentropy})
 			w, fill := newBackdatedWorld(r)
 			fill(t)
 			local := localStore(t, w.held)
@@ -95,10 +97,10 @@ func TestCatchUpSinceBoundsOnlyREQ(t *testing.T) {
 					t.Fatalf("probe batch did not fall back: %v", d)
 				}
 				e.waitEvents(w.recent)
-				r.Set(testkit.Faults{DropAfterEvents: 1})
+				r.Set(faultrelay.Faults{DropAfterEvents: 1})
 				e.addBatch(r.URL, s, "drop", kind1, w.since, false)
 				e.report(r.URL, disconnected(s))
-				r.Set(testkit.Faults{})
+				r.Set(faultrelay.Faults{})
 				s = e.reconnect(r.URL, s)
 			}
 			e.addBatch(r.URL, s, "catch-up", kind1, w.since, false)
@@ -148,7 +150,7 @@ func TestResyncBatchCountsMissedEvents(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
-			r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: c.negentropy})
+			r := faultrelay.Start(t, testrelay.Options{Negentropy: c.negentropy})
 			w, fill := newBackdatedWorld(r)
 			fill(t)
 			local := localStore(t, w.held)

@@ -9,7 +9,8 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // A shard's command consumer that stops under the fetcher (here: the
@@ -20,7 +21,7 @@ import (
 func TestShardConsumerResumesAfterStreamRecreated(t *testing.T) {
 	e := newEnv(t)
 	f := e.start(baseConfig("a"), nil)
-	r1 := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r1 := faultrelay.Start(t, testrelay.Options{})
 	e.ensure(r1.URL)
 	e.connected(r1.URL)
 
@@ -33,7 +34,7 @@ func TestShardConsumerResumesAfterStreamRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r2 := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r2 := faultrelay.Start(t, testrelay.Options{})
 	e.ensure(r2.URL)
 	// The fake clock drives the consumer's restart backoff.
 	e.advanceUntil("a command sent after the stream was recreated is handled", time.Second, func() bool {

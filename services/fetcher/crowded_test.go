@@ -11,6 +11,8 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // signAll builds n events with build, signing on every core.
@@ -45,7 +47,7 @@ func TestCrowdedSecondOneRepositoryAndOneRoot(t *testing.T) {
 		return author.Comment(issue, issue, fmt.Sprint("comment ", i), testkit.At(at))
 	})
 	for _, nip77 := range []bool{true, false} {
-		r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100, Negentropy: nip77})
+		r := testrelay.Start(t, testrelay.Options{MaxLimit: 100, Negentropy: nip77})
 		r.Add(t, append(append([]*nostr.Event{issue, older}, layer2...), layer3...)...)
 		for _, tc := range []struct {
 			layer  string
@@ -97,7 +99,7 @@ func TestCrowdedSecondSplitByRepository(t *testing.T) {
 		repos = append(repos, testkit.RepoRef(owner.PubKey, fmt.Sprintf("repo-%02d", i)))
 	}
 	evts := signAll(1000, func(i int) *nostr.Event { return author.Issue(repos[i%20], fmt.Sprint("issue ", i), testkit.At(at)) })
-	r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100})
+	r := testrelay.Start(t, testrelay.Options{MaxLimit: 100})
 	r.Add(t, evts...)
 	e := newEnv(t)
 	f := e.start(baseConfig("a"), nil)
@@ -130,7 +132,7 @@ func TestRelayCappingBelowMinCapReadCompletely(t *testing.T) {
 	few := signAll(30, func(i int) *nostr.Event {
 		return author.Issue(small, fmt.Sprint("issue ", i), testkit.At(at-nostr.Timestamp(i)))
 	})
-	r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 50})
+	r := testrelay.Start(t, testrelay.Options{MaxLimit: 50})
 	r.Add(t, append(issues, few...)...)
 	e := newEnv(t)
 	e.start(baseConfig("a"), nil)

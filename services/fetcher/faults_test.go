@@ -11,6 +11,10 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 func disconnected(session string) func(*graspv1.FetchReport) bool {
@@ -48,10 +52,10 @@ func (e *env) reconnect(url string, old ...string) string {
 // is never reported done.
 func TestDropAfterEvents(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	evts := notes(testkit.NewKey(), 60, 1, 1000)
 	r.Add(t, evts...)
-	r.Set(testkit.Faults{DropAfterEvents: 20})
+	r.Set(faultrelay.Faults{DropAfterEvents: 20})
 	e.start(baseConfig("a"), nil)
 	s1 := e.connectRelay(r.URL)
 	e.addFilters(0, r.URL, s1, "b1", kind1, nil)
@@ -64,7 +68,7 @@ func TestDropAfterEvents(t *testing.T) {
 		h.GetNextAttempt() != e.clock.Now().Add(5*time.Second).UnixMilli() {
 		t.Fatalf("health %v", h)
 	}
-	r.Set(testkit.Faults{})
+	r.Set(faultrelay.Faults{})
 	s2 := e.reconnect(r.URL, s1)
 	e.addFilters(0, r.URL, s2, "b2", kind1, nil)
 	if done := e.batchDone(r.URL, "b2"); done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
@@ -79,16 +83,16 @@ func TestDropAfterEvents(t *testing.T) {
 // Same for a connection dropped during the NIP-77 exchange.
 func TestDropMidNegentropy(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	evts := notes(testkit.NewKey(), 100, 2, 1000)
 	r.Add(t, evts...)
-	r.Set(testkit.Faults{DropMidNegentropy: true})
+	r.Set(faultrelay.Faults{DropMidNegentropy: true})
 	// One event held: with an empty local set NIP-77 is not tried.
 	e.start(baseConfig("a"), localStore(t, evts[:1]))
 	s1 := e.connectRelay(r.URL)
 	e.addFilters(0, r.URL, s1, "b1", kind1, nil)
 	e.report(r.URL, disconnected(s1))
-	r.Set(testkit.Faults{})
+	r.Set(faultrelay.Faults{})
 	s2 := e.reconnect(r.URL, s1)
 	e.addFilters(0, r.URL, s2, "b2", kind1, nil)
 	if done := e.batchDone(r.URL, "b2"); done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_NEGENTROPY {
@@ -101,9 +105,9 @@ func TestDropMidNegentropy(t *testing.T) {
 // declared dead by the keepalive and reported with class timeout.
 func TestStalledConnectionDeclaredDead(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	r.Add(t, notes(testkit.NewKey(), 30, 1, 1000)...)
-	r.Set(testkit.Faults{StallAfterEvents: 5})
+	r.Set(faultrelay.Faults{StallAfterEvents: 5})
 	cfg := baseConfig("a")
 	cfg.PingInterval, cfg.PongTimeout = 100*time.Millisecond, 300*time.Millisecond
 	e.start(cfg, nil)
@@ -119,9 +123,9 @@ func TestStalledConnectionDeclaredDead(t *testing.T) {
 // it), reported with class protocol; the fetcher reconnects.
 func TestOversizedMessage(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	r.Add(t, notes(testkit.NewKey(), 3, 1, 1000)...)
-	r.Set(testkit.Faults{Inject: func(sub string) [][]byte { return [][]byte{testkit.Oversized(sub, 200_000)} }})
+	r.Set(faultrelay.Faults{Inject: func(sub string) [][]byte { return [][]byte{faultrelay.Oversized(sub, 200_000)} }})
 	cfg := baseConfig("a")
 	cfg.MaxMessageBytes = 100_000
 	e.start(cfg, nil)
@@ -131,7 +135,7 @@ func TestOversizedMessage(t *testing.T) {
 	if d.GetFailureClass() != "protocol" {
 		t.Fatalf("disconnect %v", d)
 	}
-	r.Set(testkit.Faults{})
+	r.Set(faultrelay.Faults{})
 	e.reconnect(r.URL, s1)
 }
 
@@ -140,7 +144,7 @@ func TestOversizedMessage(t *testing.T) {
 // signatures go on to the ingester, whose job the signature is.
 func TestMalformedAndBadEvents(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	good := notes(k, 5, 1, 1000)
 	r.Add(t, good...)
@@ -149,13 +153,13 @@ func TestMalformedAndBadEvents(t *testing.T) {
 	badSig := *k.Note("bad sig", testkit.At(1101))
 	badSig.Sig = strings.Repeat("ab", 64)
 	wrongShape, _ := json.Marshal([]any{"EVENT", "x", map[string]any{"id": 5}})
-	r.Set(testkit.Faults{Inject: func(sub string) [][]byte {
+	r.Set(faultrelay.Faults{Inject: func(sub string) [][]byte {
 		return [][]byte{
 			[]byte(`["EVENT", "` + sub + `", {not json`),
 			[]byte(`{"an":"object"}`),
 			wrongShape,
-			testkit.RawEvent(sub, &badID),
-			testkit.RawEvent(sub, &badSig),
+			faultrelay.RawEvent(sub, &badID),
+			faultrelay.RawEvent(sub, &badSig),
 		}
 	}})
 	f := e.start(baseConfig("a"), nil)
@@ -182,8 +186,8 @@ func TestMalformedAndBadEvents(t *testing.T) {
 // the backoff schedule, 5 s then 10 s, with the class in the report.
 func TestFirstConnectFailureRetried(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
-	r.Set(testkit.Faults{RejectConnections: 2})
+	r := faultrelay.Start(t, testrelay.Options{})
+	r.Set(faultrelay.Faults{RejectConnections: 2})
 	f := e.start(baseConfig("a"), nil)
 	e.ensure(r.URL)
 	health := func(n uint32) *graspv1.Health {
@@ -211,9 +215,9 @@ func TestAuth(t *testing.T) {
 	evts := notes(testkit.NewKey(), 10, 1, 1000)
 	t.Run("with key", func(t *testing.T) {
 		e := newEnv(t)
-		r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+		r := faultrelay.Start(t, testrelay.Options{})
 		r.Add(t, evts...)
-		r.Set(testkit.Faults{RequireAuth: true})
+		r.Set(faultrelay.Faults{RequireAuth: true})
 		key := testkit.NewKey()
 		cfg := baseConfig("a")
 		cfg.AuthKey = key.Secret
@@ -230,9 +234,9 @@ func TestAuth(t *testing.T) {
 	})
 	t.Run("without key", func(t *testing.T) {
 		e := newEnv(t)
-		r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+		r := faultrelay.Start(t, testrelay.Options{})
 		r.Add(t, evts...)
-		r.Set(testkit.Faults{RequireAuth: true})
+		r.Set(faultrelay.Faults{RequireAuth: true})
 		e.start(baseConfig("a"), nil)
 		s := e.connectRelay(r.URL)
 		e.addFilters(0, r.URL, s, "b1", kind1, nil)

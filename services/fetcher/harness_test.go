@@ -22,6 +22,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -31,7 +32,7 @@ import (
 type env struct {
 	t     *testing.T
 	ctx   context.Context
-	nats  *testkit.NATS
+	nats  *natstest.NATS
 	bus   *bus.Bus
 	clock *clock.Fake
 
@@ -48,7 +49,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	e := &env{t: t, ctx: ctx, nats: n, clock: clock.NewFake(time.Unix(1_700_000_000, 0)),
 		events: map[string]nats.Header{}, raw: map[string][]byte{}}
 	e.bus = e.connect("test")
@@ -96,7 +97,7 @@ func (e *env) connect(name string) *bus.Bus {
 	return e.connectTo(e.nats.URL, name)
 }
 
-// connectTo connects to NATS at url (e.g. through a testkit.DelayProxy)
+// connectTo connects to NATS at url (e.g. through a delayproxy.Proxy)
 // until the test ends.
 func (e *env) connectTo(url, name string) *bus.Bus {
 	b, err := bus.Connect(e.ctx, url, name, bus.DefaultNames(), bus.Security{})

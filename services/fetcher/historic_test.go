@@ -10,6 +10,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -40,7 +42,7 @@ func (e *env) connectRelay(url string) string {
 // batch reports the negentropy method.
 func TestHistoricNegentropyFetchesOnlyMissing(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	evts := notes(testkit.NewKey(), 300, 3, 1000)
 	r.Add(t, evts...)
 	f := e.start(baseConfig("a"), localStore(t, evts[:200]))
@@ -67,7 +69,7 @@ func TestHistoricNegentropyFetchesOnlyMissing(t *testing.T) {
 // all events still arrive, the batch says why, and the next batch of the
 // session does not try NIP-77 again.
 func TestNegentropyFallback(t *testing.T) {
-	for name, faults := range map[string]testkit.Faults{
+	for name, faults := range map[string]faultrelay.Faults{
 		"NEG-ERR":      {NegOpenAnswer: "NEG-ERR", NegOpenText: "blocked: too many query results"},
 		"NEG-ERROR":    {NegOpenAnswer: "NEG-ERROR", NegOpenText: "invalid limit 0"},
 		"NOTICE":       {NegOpenAnswer: "NOTICE", NegOpenText: "ERROR: bad msg: negentropy disabled"},
@@ -76,7 +78,7 @@ func TestNegentropyFallback(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
-			r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+			r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 			evts := notes(testkit.NewKey(), 40, 1, 1000)
 			r.Add(t, evts...)
 			r.Set(faults)
@@ -109,13 +111,13 @@ func TestNegentropyFallback(t *testing.T) {
 // REQ cannot read the crowded second.
 func TestPaginationTerminatesWithEqualCreatedAt(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	k := testkit.NewKey()
 	same := notes(k, 30, 30, 5000)  // 30 events at one second
 	spread := notes(k, 40, 1, 1000) // 40 events, one per second
 	r.Add(t, same...)
 	r.Add(t, spread...)
-	r.Set(testkit.Faults{PageCap: 7, NegOpenAnswer: "NEG-ERR", NegOpenText: "no"})
+	r.Set(faultrelay.Faults{PageCap: 7, NegOpenAnswer: "NEG-ERR", NegOpenText: "no"})
 	cfg := baseConfig("a")
 	cfg.RelayMinCap = 5
 	e.start(cfg, nil)
@@ -131,7 +133,7 @@ func TestPaginationTerminatesWithEqualCreatedAt(t *testing.T) {
 	}
 
 	// The same relay with NIP-77: every event, the tied ones included.
-	r.Set(testkit.Faults{PageCap: 7})
+	r.Set(faultrelay.Faults{PageCap: 7})
 	e2 := newEnv(t)
 	e2.start(cfg, nil)
 	s2 := e2.connectRelay(r.URL)
@@ -152,7 +154,7 @@ func TestPaginationTerminatesWithEqualCreatedAt(t *testing.T) {
 // then on the session reconciles even an empty local set.
 func TestNegentropyNeedsWeHoldAreNotFetched(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	k := testkit.NewKey()
 	repo := testkit.RepoRef(k.PubKey, "r")
 	var issues []*nostr.Event
@@ -182,7 +184,7 @@ func TestNegentropyNeedsWeHoldAreNotFetched(t *testing.T) {
 // (docs/decisions/0037-initial-sync-req-when-local-set-empty.md).
 func TestEmptyLocalSetReadsWithREQ(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	k := testkit.NewKey()
 	evts := notes(k, 120, 2, 1000)
 	r.Add(t, evts...)

@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/delayproxy"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/loadgen"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // A replica stopping gracefully keeps its shard's lease while the shard's
@@ -130,7 +132,7 @@ func TestRebalanceKeepsOtherLeasesWhileClosing(t *testing.T) {
 // leaseBucket is a lease bucket with the given TTL on a fresh embedded NATS.
 func leaseBucket(t *testing.T, ctx context.Context, ttl time.Duration) jetstream.KeyValue {
 	t.Helper()
-	srv := testkit.StartNATS(t)
+	srv := natstest.Start(t)
 	nc, err := nats.Connect("", nats.InProcessServer(srv.Server))
 	if err != nil {
 		t.Fatal(err)
@@ -151,9 +153,9 @@ func leaseBucket(t *testing.T, ctx context.Context, ttl time.Duration) jetstream
 // embedded NATS, opened twice: directly (the test's view, another
 // replica's) and through a delay proxy (the replica under test, whose
 // network the test slows, stalls or cuts).
-func proxiedLeaseBucket(t *testing.T, ctx context.Context, ttl time.Duration) (direct, proxied jetstream.KeyValue, p *testkit.DelayProxy, nc *nats.Conn) {
+func proxiedLeaseBucket(t *testing.T, ctx context.Context, ttl time.Duration) (direct, proxied jetstream.KeyValue, p *delayproxy.Proxy, nc *nats.Conn) {
 	t.Helper()
-	srv := testkit.StartNATS(t)
+	srv := natstest.Start(t)
 	open := func(url string) (jetstream.KeyValue, *nats.Conn) {
 		nc, err := nats.Connect(url)
 		if err != nil {
@@ -171,7 +173,7 @@ func proxiedLeaseBucket(t *testing.T, ctx context.Context, ttl time.Duration) (d
 		return kv, nc
 	}
 	direct, nc = open(srv.URL)
-	p = testkit.StartDelayProxy(t, strings.TrimPrefix(srv.URL, "nats://"))
+	p = delayproxy.Start(t, strings.TrimPrefix(srv.URL, "nats://"))
 	proxied, _ = open("nats://" + p.Addr)
 	return direct, proxied, p, nc
 }
@@ -272,10 +274,10 @@ func TestShardLeasesSurviveSaturatedProcess(t *testing.T) {
 	runLeases(t, ctx, l)
 	waitUntil(t, ctx, "all shards gained", func() bool { return ev.gained() == shards })
 
-	load := testkit.StartLoad(t, 1, nc, 2)
-	p.SetDelay(testkit.Up, 50*time.Millisecond, 50*time.Millisecond)
-	p.SetDelay(testkit.Down, 50*time.Millisecond, 50*time.Millisecond)
-	stopStalls := p.Stalls(t, testkit.Down, 2*ttl, ttl/3+200*time.Millisecond)
+	load := loadgen.Start(t, 1, nc, 2)
+	p.SetDelay(delayproxy.Up, 50*time.Millisecond, 50*time.Millisecond)
+	p.SetDelay(delayproxy.Down, 50*time.Millisecond, 50*time.Millisecond)
+	stopStalls := p.Stalls(t, delayproxy.Down, 2*ttl, ttl/3+200*time.Millisecond)
 	time.Sleep(3 * ttl)
 	stopStalls()
 	load.Stop()
@@ -317,18 +319,18 @@ func TestShardLeaseRenewalStoredWithoutAnswer(t *testing.T) {
 	r0 := rev()
 	waitUntil(t, ctx, "a renewal", func() bool { return rev() > r0 })
 	time.Sleep(ttl / 8)
-	p.Hold(testkit.Down, true)
+	p.Hold(delayproxy.Down, true)
 	r1 := rev()
 	landed := time.Now().Add(ttl / 2)
 	for rev() == r1 && time.Now().Before(landed) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if rev() == r1 {
-		p.Hold(testkit.Down, false)
+		p.Hold(delayproxy.Down, false)
 		t.Fatal("no renewal reached the server while its answers were held")
 	}
 	time.Sleep(ttl/3 + 200*time.Millisecond) // the renewal has given up on its answer
-	p.Hold(testkit.Down, false)
+	p.Hold(delayproxy.Down, false)
 	r2 := rev()
 	waitUntil(t, ctx, "renewals after the held answer", func() bool { return rev() > r2+1 })
 	if lost := ev.losses(); len(lost) > 0 {
@@ -382,8 +384,8 @@ func TestShardMovesWhenOwnerPartitioned(t *testing.T) {
 		t.Fatal("b took a shard a holds")
 	}
 	cut := time.Now()
-	p.Hold(testkit.Up, true)
-	p.Hold(testkit.Down, true)
+	p.Hold(delayproxy.Up, true)
+	p.Hold(delayproxy.Down, true)
 	waitUntil(t, ctx, "b takes the shard over", func() bool { return evB.gained() == 1 })
 	evB.mu.Lock()
 	gainedB := evB.gains[0]
@@ -396,8 +398,8 @@ func TestShardMovesWhenOwnerPartitioned(t *testing.T) {
 	if len(lostA) != 1 || !lostA[0].at.Before(gainedB) {
 		t.Fatalf("a's losses %v; b gained at %s: a must have stopped first", lostA, gainedB.Sub(cut))
 	}
-	p.Hold(testkit.Up, false)
-	p.Hold(testkit.Down, false)
+	p.Hold(delayproxy.Up, false)
+	p.Hold(delayproxy.Down, false)
 	time.Sleep(2 * ttl)
 	if n := evA.gained(); n != 1 || len(evB.losses()) != 0 {
 		t.Fatalf("after the partition healed: a gained %d times, b lost %v", n, evB.losses())

@@ -8,7 +8,7 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // liveSets opens n live sets of one filter each on the relay (each its own
@@ -25,7 +25,7 @@ func (e *env) liveSets(url, session string, n int) {
 // the Connected report tells the planner the live budget it allows.
 func TestLearnedLimitOutlivesRestart(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxSubscriptions: 3, Style: testkit.StyleStrfry}})
+	r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxSubscriptions: 3, Style: testrelay.StyleStrfry}})
 	cfg := baseConfig("a")
 	a := e.start(cfg, nil)
 	s := e.connectRelay(r.URL)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // Live subscriptions deliver new events; ReplaceLive closes exactly the old
@@ -18,7 +20,7 @@ import (
 // one.
 func TestLiveReplace(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	f := e.start(baseConfig("a"), nil)
 	s := e.connectRelay(r.URL)
 	k := testkit.NewKey()
@@ -41,7 +43,7 @@ func TestLiveReplace(t *testing.T) {
 		return metric(t, f.reg, "grasp_fetcher_live_subscriptions", map[string]string{"relay": r.URL}) == 1
 	})
 	old := k.Note("only the old filter matches")
-	if err := testkit.Publish(e.ctx, r.Relay.URL, old); err != nil {
+	if err := testrelay.Publish(e.ctx, r.Relay.URL, old); err != nil {
 		t.Fatal(err)
 	}
 	// Written to our socket before anything published after it.
@@ -56,7 +58,7 @@ func TestLiveReplace(t *testing.T) {
 // the other named and unnamed sets stay open, and the merged set delivers.
 func TestCloseLiveClosesOnlyNamedSets(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	f := e.start(baseConfig("a"), nil)
 	s := e.connectRelay(r.URL)
 	k := testkit.NewKey()
@@ -92,7 +94,7 @@ func TestCloseLiveClosesOnlyNamedSets(t *testing.T) {
 	e.waitFor("two live subscriptions", subs(2))
 	gone := []*nostr.Event{k.Sign(&nostr.Event{Kind: 7, Content: "closed"}), k.Sign(&nostr.Event{Kind: 6, Content: "closed"})}
 	for _, evt := range gone {
-		if err := testkit.Publish(e.ctx, r.Relay.URL, evt); err != nil {
+		if err := testrelay.Publish(e.ctx, r.Relay.URL, evt); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -110,10 +112,10 @@ func TestCloseLiveClosesOnlyNamedSets(t *testing.T) {
 // reopened after its backoff; the connection is not treated as lost.
 func TestLiveClosedReopened(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	e.start(baseConfig("a"), nil)
 	s := e.connectRelay(r.URL)
-	r.Set(testkit.Faults{RateLimitREQs: 1, RateLimitReason: "error: shutting down subscriptions"})
+	r.Set(faultrelay.Faults{RateLimitREQs: 1, RateLimitReason: "error: shutting down subscriptions"})
 	e.addFilters(0, r.URL, s, "", nil, kind1)
 	sc := e.report(r.URL, func(r *graspv1.FetchReport) bool { return r.GetSubscriptionClosed() != nil }).GetSubscriptionClosed()
 	if !sc.GetLive() || sc.GetRetryAt() != e.clock.Now().Add(5*time.Second).UnixMilli() {
@@ -133,8 +135,8 @@ func TestLiveClosedReopened(t *testing.T) {
 // subscriptions stay open, and the batch completes after the cooldown.
 func TestRateLimitClosed(t *testing.T) {
 	e := newEnv(t)
-	limited := testkit.StartFaultRelay(t, testkit.RelayOptions{})
-	other := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	limited := faultrelay.Start(t, testrelay.Options{})
+	other := faultrelay.Start(t, testrelay.Options{})
 	evts := notes(testkit.NewKey(), 20, 1, 1000)
 	limited.Add(t, evts...)
 	other.Add(t, evts...)
@@ -145,7 +147,7 @@ func TestRateLimitClosed(t *testing.T) {
 	so := e.connectRelay(other.URL)
 	e.addFilters(0, limited.URL, s, "", nil, []nostr.Filter{{Kinds: []int{7}}})
 	e.waitFor("live REQ at the relay", func() bool { return limited.REQs() == 1 })
-	limited.Set(testkit.Faults{RateLimitREQs: 1})
+	limited.Set(faultrelay.Faults{RateLimitREQs: 1})
 	e.addFilters(0, limited.URL, s, "b1", kind1, nil)
 	rl := e.report(limited.URL, func(r *graspv1.FetchReport) bool { return r.GetRateLimited() != nil }).GetRateLimited()
 	if rl.GetUntil() != e.clock.Now().Add(65*time.Second).UnixMilli() {
@@ -174,11 +176,11 @@ func TestRateLimitClosed(t *testing.T) {
 // A rate-limit NOTICE starts a cooldown too, and is reported.
 func TestRateLimitNotice(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	r.Add(t, notes(testkit.NewKey(), 5, 1, 1000)...)
 	e.start(baseConfig("a"), nil)
 	s := e.connectRelay(r.URL)
-	r.Set(testkit.Faults{NoticeOnREQ: "rate-limited: slow down"})
+	r.Set(faultrelay.Faults{NoticeOnREQ: "rate-limited: slow down"})
 	e.addFilters(0, r.URL, s, "", nil, kind1)
 	rl := e.report(r.URL, func(r *graspv1.FetchReport) bool { return r.GetRateLimited() != nil }).GetRateLimited()
 	if rl.GetUntil() != e.clock.Now().Add(65*time.Second).UnixMilli() {
@@ -189,11 +191,11 @@ func TestRateLimitNotice(t *testing.T) {
 // publishUntilSeen publishes fresh events (over websocket, khatru's own path)
 // to the relay behind r until one comes out of the fetcher: a live REQ is
 // registered by the relay some time after we send it.
-func (e *env) publishUntilSeen(r *testkit.FaultRelay, next func(i int) *nostr.Event) *nostr.Event {
+func (e *env) publishUntilSeen(r *faultrelay.Relay, next func(i int) *nostr.Event) *nostr.Event {
 	e.t.Helper()
 	for i := 0; ; i++ {
 		evt := next(i)
-		if err := testkit.Publish(e.ctx, r.Relay.URL, evt); err != nil {
+		if err := testrelay.Publish(e.ctx, r.Relay.URL, evt); err != nil {
 			e.t.Fatal(err)
 		}
 		for range 20 {

@@ -7,7 +7,12 @@ import (
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/delayproxy"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/loadgen"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -21,26 +26,26 @@ import (
 func TestLoadedFetcherKeepsShardsAndRelays(t *testing.T) {
 	e := newEnv(t)
 	const shards, ttl = 4, 6 * time.Second
-	p := testkit.StartDelayProxy(t, strings.TrimPrefix(e.nats.URL, "nats://"))
+	p := delayproxy.Start(t, strings.TrimPrefix(e.nats.URL, "nats://"))
 	cfg := baseConfig("fetcher-a")
 	cfg.Shards, cfg.LeaseTTL = shards, ttl
 	rf := e.startOn(e.connectTo("nats://"+p.Addr, cfg.ID), cfg, func(*fetcher.Fetcher) {})
 	f, reg := rf.Fetcher, rf.reg
 	e.waitFor("fetcher owns every shard", func() bool { return len(f.Shards()) == shards })
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	e.send(shardOf(r.URL, shards), &graspv1.FetchCommand{RelayUrl: r.URL,
 		Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
 	c1 := e.connected(r.URL)
 
-	load := testkit.StartLoad(t, 1, e.bus.Conn, 2)
-	p.SetDelay(testkit.Up, 50*time.Millisecond, 50*time.Millisecond)
-	p.SetDelay(testkit.Down, 50*time.Millisecond, 50*time.Millisecond)
-	stopStalls := p.Stalls(t, testkit.Down, 2*ttl, ttl/3+200*time.Millisecond)
+	load := loadgen.Start(t, 1, e.bus.Conn, 2)
+	p.SetDelay(delayproxy.Up, 50*time.Millisecond, 50*time.Millisecond)
+	p.SetDelay(delayproxy.Down, 50*time.Millisecond, 50*time.Millisecond)
+	stopStalls := p.Stalls(t, delayproxy.Down, 2*ttl, ttl/3+200*time.Millisecond)
 	time.Sleep(3 * ttl)
 	stopStalls()
 	load.Stop()
-	p.SetDelay(testkit.Up, 0, 0)
-	p.SetDelay(testkit.Down, 0, 0)
+	p.SetDelay(delayproxy.Up, 0, 0)
+	p.SetDelay(delayproxy.Down, 0, 0)
 
 	if got := f.Shards(); len(got) != shards {
 		t.Fatalf("after the load the fetcher serves shards %v of %d", got, shards)

@@ -9,6 +9,10 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // A relay without NIP-77 (khatru with it off) is sent one NEG-OPEN in all:
@@ -18,7 +22,7 @@ import (
 // NEG-OPENs to such relays in one sync.
 func TestNoNIP77IsRememberedAcrossSessions(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: false})
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: false})
 	k := testkit.NewKey()
 	evts := notes(k, 40, 1, 1000)
 	r.Add(t, evts...)
@@ -40,10 +44,10 @@ func TestNoNIP77IsRememberedAcrossSessions(t *testing.T) {
 		t.Fatalf("%d NEG-OPENs for four batches started together, want 1", n)
 	}
 	// A new connection: the refusal is remembered.
-	r.Set(testkit.Faults{DropAfterEvents: 1})
+	r.Set(faultrelay.Faults{DropAfterEvents: 1})
 	e.addFilters(0, r.URL, s1, "drop", kind1, nil)
 	e.report(r.URL, disconnected(s1))
-	r.Set(testkit.Faults{})
+	r.Set(faultrelay.Faults{})
 	s2 := e.reconnect(r.URL, s1)
 	e.addFilters(0, r.URL, s2, "again", []nostr.Filter{{Kinds: []int{1}, Authors: []string{k.PubKey}}}, nil)
 	if d := e.batchDone(r.URL, "again"); d.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || d.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ {
@@ -59,21 +63,21 @@ func TestNoNIP77IsRememberedAcrossSessions(t *testing.T) {
 // next session reconciles again.
 func TestNIP77FilterRefusalIsNotRemembered(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	k := testkit.NewKey()
 	evts := notes(k, 40, 1, 1000)
 	r.Add(t, evts...)
-	r.Set(testkit.Faults{NegOpenAnswer: "NEG-ERR", NegOpenText: "blocked: too many query results"})
+	r.Set(faultrelay.Faults{NegOpenAnswer: "NEG-ERR", NegOpenText: "blocked: too many query results"})
 	e.start(baseConfig("a"), localStore(t, evts[:1]))
 	s1 := e.connectRelay(r.URL)
 	e.addFilters(0, r.URL, s1, "b1", kind1, nil)
 	if d := e.batchDone(r.URL, "b1"); d.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ {
 		t.Fatalf("batch %v", d)
 	}
-	r.Set(testkit.Faults{DropAfterEvents: 1})
+	r.Set(faultrelay.Faults{DropAfterEvents: 1})
 	e.addFilters(0, r.URL, s1, "drop", kind1, nil)
 	e.report(r.URL, disconnected(s1))
-	r.Set(testkit.Faults{})
+	r.Set(faultrelay.Faults{})
 	s2 := e.reconnect(r.URL, s1)
 	e.addFilters(0, r.URL, s2, "b2", kind1, nil)
 	if d := e.batchDone(r.URL, "b2"); d.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_NEGENTROPY {

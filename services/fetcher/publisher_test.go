@@ -8,6 +8,10 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestHistoricPagesTravelInBatches: a page's events reach the events stream
@@ -22,7 +26,7 @@ func TestHistoricPagesTravelInBatches(t *testing.T) {
 	}{{"default", 0, 300/64 + 4}, {"one per event", 1, 300}} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
-			r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+			r := faultrelay.Start(t, testrelay.Options{})
 			evts := notes(testkit.NewKey(), 300, 3, 1000)
 			r.Add(t, evts...)
 			cfg := baseConfig("a")
@@ -58,7 +62,7 @@ func TestHistoricPagesTravelInBatches(t *testing.T) {
 // target must not be asked twice (e2e TestBoltOnTargetRefusalsVisible).
 func TestOverlappingFiltersPublishEachEventOnce(t *testing.T) {
 	e := newEnv(t)
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	evts := notes(k, 40, 1, 1000)
 	r.Add(t, evts...)

@@ -10,6 +10,10 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // Done-when of the fetcher issue: a NIP-77 relay holding 10,000 events we
@@ -20,7 +24,7 @@ func TestNegentropyBytesVersusREQ(t *testing.T) {
 		t.Skip("SKIP: 10,000-event comparison is not run with -short")
 	}
 	const n = 10_000
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	// Real ids (negentropy needs real sha256 ids), but one signature copied
 	// to all: signing 10,000 events takes ~20 s under -race on this
 	// machine, and a signature has the same size valid or not, so the

@@ -13,6 +13,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -24,10 +26,10 @@ func TestCopiesAlreadyPublishedAreSkipped(t *testing.T) {
 	e := newEnv(t)
 	k := testkit.NewKey()
 	evts := notes(k, 40, 1, 1000)
-	r1 := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
-	r2 := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
-	r3 := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
-	r4 := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r1 := faultrelay.Start(t, testrelay.Options{Negentropy: true})
+	r2 := faultrelay.Start(t, testrelay.Options{Negentropy: true})
+	r3 := faultrelay.Start(t, testrelay.Options{Negentropy: true})
+	r4 := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	r1.Add(t, evts...)
 	r2.Add(t, evts...)
 	r4.Add(t, evts...)
@@ -37,7 +39,7 @@ func TestCopiesAlreadyPublishedAreSkipped(t *testing.T) {
 	r3.Add(t, append(append([]*nostr.Event{}, evts[:7]...), append([]*nostr.Event{&forged}, evts[8:]...)...)...)
 	rf := e.start(baseConfig("a"), localStore(t, nil))
 
-	read := func(r *testkit.FaultRelay, batch string) {
+	read := func(r *faultrelay.Relay, batch string) {
 		t.Helper()
 		s := e.connectRelay(r.URL)
 		e.addFilters(0, r.URL, s, batch, kind1, nil)
@@ -117,8 +119,8 @@ func TestReconciledIDsJustPublishedAreAskedLast(t *testing.T) {
 	e := newEnv(t)
 	k := testkit.NewKey()
 	evts := notes(k, 40, 1, 1000)
-	r1 := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
-	r2 := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r1 := faultrelay.Start(t, testrelay.Options{Negentropy: true})
+	r2 := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	r1.Add(t, evts...)
 	r2.Add(t, evts...)
 	local := &lagLocalSet{held: localStore(t, evts[:10])}
@@ -155,8 +157,8 @@ func TestReconciledIDsJustPublishedButNotStoredAreFetched(t *testing.T) {
 	e := newEnv(t)
 	k := testkit.NewKey()
 	evts := notes(k, 40, 1, 1000)
-	r1 := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
-	r2 := testkit.StartFaultRelay(t, testkit.RelayOptions{Negentropy: true})
+	r1 := faultrelay.Start(t, testrelay.Options{Negentropy: true})
+	r2 := faultrelay.Start(t, testrelay.Options{Negentropy: true})
 	r1.Add(t, evts...)
 	r2.Add(t, evts...)
 	e.start(baseConfig("a"), localStore(t, evts[:10]))

@@ -11,7 +11,9 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/delayproxy"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -22,12 +24,12 @@ import (
 // logged "report lost" and never retried.)
 func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 	e := newEnv(t)
-	p := testkit.StartDelayProxy(t, strings.TrimPrefix(e.nats.URL, "nats://"))
+	p := delayproxy.Start(t, strings.TrimPrefix(e.nats.URL, "nats://"))
 	cfg := baseConfig("fetcher-a")
 	cfg.Shards, cfg.LeaseTTL = 1, 60*time.Second // the held answers must not cost the lease
 	f := e.startOn(e.connectTo("nats://"+p.Addr, cfg.ID), cfg, func(*fetcher.Fetcher) {})
 	e.waitFor("fetcher owns its shard", func() bool { return len(f.Shards()) == 1 })
-	r := testkit.StartFaultRelay(t, testkit.RelayOptions{})
+	r := faultrelay.Start(t, testrelay.Options{})
 	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL,
 		Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
 	s := e.connected(r.URL).GetSessionId()
@@ -36,12 +38,12 @@ func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 	// for longer than one publish attempt waits: its BatchDone is sent,
 	// stored, and not acknowledged in time.
 	released := make(chan struct{})
-	r.Set(testkit.Faults{Inject: func(string) [][]byte {
-		p.Hold(testkit.Down, true)
+	r.Set(faultrelay.Faults{Inject: func(string) [][]byte {
+		p.Hold(delayproxy.Down, true)
 		go func() {
 			defer close(released)
 			time.Sleep(7 * time.Second)
-			p.Hold(testkit.Down, false)
+			p.Hold(delayproxy.Down, false)
 		}()
 		return nil
 	}})

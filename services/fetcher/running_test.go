@@ -8,11 +8,13 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // stallQueries makes r's queries wait until release is closed (or the
 // query's context ends); entered is closed when the first one arrives.
-func stallQueries(r *testkit.Relay) (entered <-chan struct{}, release func()) {
+func stallQueries(r *testrelay.Relay) (entered <-chan struct{}, release func()) {
 	in, out := make(chan struct{}), make(chan struct{})
 	var inOnce, outOnce sync.Once
 	r.Khatru.QueryEvents = append([]func(context.Context, nostr.Filter) (chan *nostr.Event, error){
@@ -42,7 +44,7 @@ func TestRunningBatchesBoundedAcrossRelays(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
-			slow, fast := testkit.StartRelay(t, testkit.RelayOptions{}), testkit.StartRelay(t, testkit.RelayOptions{})
+			slow, fast := testrelay.Start(t, testrelay.Options{}), testrelay.Start(t, testrelay.Options{})
 			evts := notes(testkit.NewKey(), 20, 1, 1000)
 			fast.Add(t, evts...)
 			entered, release := stallQueries(slow)

@@ -10,6 +10,10 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/fetcher"
 )
 
@@ -40,14 +44,14 @@ func TestReplicaStopsMidHistoricSync(t *testing.T) {
 				return len(sa) > 0 && len(sb) > 0 && len(sa)+len(sb) == shards
 			})
 			// A relay in one of A's shards.
-			var r *testkit.FaultRelay
+			var r *faultrelay.Relay
 			for r == nil || !slices.Contains(a.Shards(), shardOf(r.URL, shards)) {
-				r = testkit.StartFaultRelay(t, testkit.RelayOptions{})
+				r = faultrelay.Start(t, testrelay.Options{})
 			}
 			shard := shardOf(r.URL, shards)
 			evts := notes(testkit.NewKey(), 400, 1, 1000)
 			r.Add(t, evts...)
-			r.Set(testkit.Faults{StallAfterEvents: 50}) // A's batch hangs half-way
+			r.Set(faultrelay.Faults{StallAfterEvents: 50}) // A's batch hangs half-way
 			e.send(shard, &graspv1.FetchCommand{RelayUrl: r.URL,
 				Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
 			c1 := e.connected(r.URL)
@@ -63,7 +67,7 @@ func TestReplicaStopsMidHistoricSync(t *testing.T) {
 			} else {
 				a.stop()
 			}
-			r.Set(testkit.Faults{})
+			r.Set(faultrelay.Faults{})
 			c2 := e.connected(r.URL, c1.GetSessionId())
 			takeover := time.Since(stopped)
 			t.Logf("%s: shard %d taken over, relay reconnected by %s after %s", mode, shard, c2.GetFetcherId(), takeover)
@@ -92,7 +96,7 @@ func TestReplicaStopsMidHistoricSync(t *testing.T) {
 
 // assertNoLongOverlap fails if two connections were open at once for
 // longer than ttl.
-func assertNoLongOverlap(t *testing.T, spans []testkit.ConnSpan, ttl time.Duration) {
+func assertNoLongOverlap(t *testing.T, spans []faultrelay.ConnSpan, ttl time.Duration) {
 	t.Helper()
 	now := time.Now()
 	for i, a := range spans {
@@ -121,7 +125,7 @@ func assertNoLongOverlap(t *testing.T, spans []testkit.ConnSpan, ttl time.Durati
 
 // describeSpans lists connection spans relative to the first one's start,
 // so a failure says which connections overlapped and when.
-func describeSpans(spans []testkit.ConnSpan) string {
+func describeSpans(spans []faultrelay.ConnSpan) string {
 	if len(spans) == 0 {
 		return " none"
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/rejected"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // graspctl explain EVENT_ID says whether the relay holds the event and who
@@ -20,7 +22,7 @@ import (
 func TestExplainEvent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	nc := n.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -34,7 +36,7 @@ func TestExplainEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	target := testkit.StartRelay(t, testkit.RelayOptions{})
+	target := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	ref := testkit.RepoRef(k.PubKey, "r")
 	held, spam, foreign := k.Issue(ref, "held"), k.Issue(ref, "spam"), k.Issue(ref, "not ours")

@@ -22,6 +22,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/graspctl"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
@@ -40,7 +41,7 @@ const refusedURL = "wss://user:secret@relay.example"
 type skeleton struct {
 	app              *graspd.App
 	bus              *bus.Bus
-	remote1, remote2 *testkit.Relay
+	remote1, remote2 *testrelay.Relay
 	owner, contrib   testkit.Key
 	repo             string
 }
@@ -56,8 +57,8 @@ func startSkeleton(t *testing.T) *skeleton {
 	t.Setenv("GRASP_SHARDS", "4")
 	app, _ := graspdtest.Start(t, nil)
 
-	s := &skeleton{app: app, remote1: testkit.StartRelay(t, testkit.RelayOptions{}),
-		remote2: testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true}),
+	s := &skeleton{app: app, remote1: testrelay.Start(t, testrelay.Options{}),
+		remote2: testrelay.Start(t, testrelay.Options{Negentropy: true}),
 		owner:   testkit.NewKey(), contrib: testkit.NewKey()}
 	ann := s.owner.Announcement("skeleton",
 		[]string{testkit.GraspCloneURL(app.PublicURL(), s.owner.PubKey, "skeleton")},
@@ -82,11 +83,11 @@ func startSkeleton(t *testing.T) *skeleton {
 
 	pctx, pcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer pcancel()
-	if err := testkit.Publish(pctx, app.RelayURL(), ann); err != nil {
+	if err := testrelay.Publish(pctx, app.RelayURL(), ann); err != nil {
 		t.Fatalf("publish announcement: %v", err)
 	}
 	// A note about nothing we host: our relay refuses it (GRASP-01).
-	if err := testkit.Publish(pctx, app.RelayURL(), testkit.NewKey().Note("hello")); err == nil {
+	if err := testrelay.Publish(pctx, app.RelayURL(), testkit.NewKey().Note("hello")); err == nil {
 		t.Error("our relay accepted an unrelated note")
 	}
 	waitStored(t, app, 20*time.Second, patch, issue, comment)

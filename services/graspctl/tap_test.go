@@ -15,6 +15,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 	"github.com/grasp-sync/grasp-sync/services/graspctl"
 )
 
@@ -42,7 +43,7 @@ func TestRenderDecodesControlMessages(t *testing.T) {
 func TestTapShowsBatchedEventsOneByOne(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	b, err := bus.Connect(ctx, n.URL, "tap-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)

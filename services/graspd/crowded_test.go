@@ -12,6 +12,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
 )
@@ -28,7 +29,7 @@ func TestCrowdedSecondThroughGraspd(t *testing.T) {
 		t.Run(fmt.Sprintf("nip77=%v", nip77), func(t *testing.T) {
 			t.Setenv("GRASP_PLANNER_FAILURE_RETRY", "1s")
 			t.Setenv("GRASP_PLANNER_QUIET_PERIOD", "500ms")
-			remote := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 100, Negentropy: nip77})
+			remote := testrelay.Start(t, testrelay.Options{MaxLimit: 100, Negentropy: nip77})
 			// With a NATS listener to read the status from.
 			graspdTestEnv(t, "127.0.0.1:0", graspd.AllServices)
 			app, _ := graspdtest.Start(t, nil)
@@ -49,7 +50,7 @@ func TestCrowdedSecondThroughGraspd(t *testing.T) {
 				[]string{app.PublicURL(), remote.URL}, nil)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := testkit.Publish(ctx, app.RelayURL(), ann); err != nil {
+			if err := testrelay.Publish(ctx, app.RelayURL(), ann); err != nil {
 				t.Fatal(err)
 			}
 			if nip77 {
@@ -104,7 +105,7 @@ func waitSnapshot(t *testing.T, b *bus.Bus, wait time.Duration, what string, con
 // repository (it once took the first 50-event page as the whole history).
 func TestRelayCappingBelowMinCapThroughGraspd(t *testing.T) {
 	t.Setenv("GRASP_PLANNER_QUIET_PERIOD", "500ms")
-	remote := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 50})
+	remote := testrelay.Start(t, testrelay.Options{MaxLimit: 50})
 	// With a NATS listener to read the status from.
 	graspdTestEnv(t, "127.0.0.1:0", graspd.AllServices)
 	app, _ := graspdtest.Start(t, nil)
@@ -125,7 +126,7 @@ func TestRelayCappingBelowMinCapThroughGraspd(t *testing.T) {
 		[]string{app.PublicURL(), remote.URL}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := testkit.Publish(ctx, app.RelayURL(), ann); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), ann); err != nil {
 		t.Fatal(err)
 	}
 	waitSnapshot(t, b, 60*time.Second, "the repository confirmed from the remote", func(s *syncstatus.Snapshot) bool {

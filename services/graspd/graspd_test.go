@@ -13,6 +13,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
 )
@@ -54,8 +55,8 @@ func TestWalkingSkeleton(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			services := slices.DeleteFunc(slices.Clone(graspd.AllServices), func(s string) bool { return s == removed })
-			remote1 := testkit.StartRelay(t, testkit.RelayOptions{})
-			remote2 := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+			remote1 := testrelay.Start(t, testrelay.Options{})
+			remote2 := testrelay.Start(t, testrelay.Options{Negentropy: true})
 			app := startGraspd(t, services)
 
 			owner, contributor, stranger := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
@@ -77,11 +78,11 @@ func TestWalkingSkeleton(t *testing.T) {
 			if removed == "relay" {
 				// Nothing serves the relay's port: the publish must fail.
 				pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-				if err := testkit.Publish(pctx, app.RelayURL(), ann); err == nil {
+				if err := testrelay.Publish(pctx, app.RelayURL(), ann); err == nil {
 					t.Fatal("publish succeeded without the relay service")
 				}
 				pcancel()
-			} else if err := testkit.Publish(ctx, app.RelayURL(), ann); err != nil {
+			} else if err := testrelay.Publish(ctx, app.RelayURL(), ann); err != nil {
 				t.Fatalf("publish announcement to our relay: %v", err)
 			}
 

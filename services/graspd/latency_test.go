@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 	"github.com/grasp-sync/grasp-sync/services/graspd/graspdtest"
 )
@@ -34,18 +36,18 @@ func TestAnnouncementToHistoryLatency(t *testing.T) {
 	stages := &firstSeen{}
 	app, _ := graspdtest.Start(t, slog.New(stages))
 
-	warm := testkit.StartRelay(t, testkit.RelayOptions{})
+	warm := testrelay.Start(t, testrelay.Options{})
 	// Warm up: the first repository brings every service up to steady state
 	// (discovery caught up, planner leading, fetcher connected to warm).
 	measure(t, app, stages, warm, "warm-up")
 	measure(t, app, stages, warm, "new repository, connected relay")
-	measure(t, app, stages, testkit.StartRelay(t, testkit.RelayOptions{}), "new repository, new relay")
+	measure(t, app, stages, testrelay.Start(t, testrelay.Options{}), "new repository, new relay")
 }
 
 // measure announces a repository listing us and remote, whose issue only
 // remote holds, and logs how long after the announcement was stored (our
 // relay's OK) the issue was stored.
-func measure(t *testing.T, app *graspd.App, stages *firstSeen, remote *testkit.Relay, what string) {
+func measure(t *testing.T, app *graspd.App, stages *firstSeen, remote *testrelay.Relay, what string) {
 	t.Helper()
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
 	name := fmt.Sprintf("latency-%d", time.Now().UnixNano())
@@ -59,7 +61,7 @@ func measure(t *testing.T, app *graspd.App, stages *firstSeen, remote *testkit.R
 	defer cancel()
 	start := time.Now()
 	stages.reset(start)
-	if err := testkit.Publish(ctx, app.RelayURL(), ann); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), ann); err != nil {
 		t.Fatalf("%s: publish announcement: %v", what, err)
 	}
 	stored := time.Now()

@@ -13,6 +13,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/graspd"
 )
 
@@ -26,7 +28,7 @@ import (
 func TestOnePolicy(t *testing.T) {
 	t.Setenv("GRASP_POLICY_MAX_TAGS", "2500")
 	t.Setenv("GRASP_POLICY_MAX_TAG_VALUE_BYTES", "1000")
-	remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	remote := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	app := startGraspd(t, graspd.AllServices)
 
 	owner, contributor := testkit.NewKey(), testkit.NewKey()
@@ -59,12 +61,12 @@ func TestOnePolicy(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := testkit.Publish(ctx, app.RelayURL(), ann); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), ann); err != nil {
 		t.Fatalf("publish announcement: %v", err)
 	}
 
 	// A client publishes to our relay.
-	c, err := testkit.Dial(ctx, app.RelayURL())
+	c, err := testrelay.Dial(ctx, app.RelayURL())
 	if err != nil {
 		t.Fatal(err)
 	}

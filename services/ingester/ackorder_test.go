@@ -17,6 +17,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // recordingMsg is a delivered message that records when it is acked.
@@ -47,7 +48,7 @@ func (m *recordingMsg) Metadata() (*jetstream.MsgMetadata, error) {
 // park).
 func testIngester(t *testing.T) (*Ingester, *store.Store) {
 	t.Helper()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	b, err := bus.ConnectInProcess(n.Server, t.Name(), bus.DefaultNames())
 	if err != nil {
 		t.Fatal(err)

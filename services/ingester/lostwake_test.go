@@ -17,6 +17,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 	"github.com/grasp-sync/grasp-sync/services/ingester"
 	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
 )
@@ -32,7 +33,7 @@ type lostWake struct {
 func startLostWake(t *testing.T) *lostWake {
 	t.Helper()
 	ctx := context.Background()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	b, err := bus.Connect(ctx, n.URL, "ingester-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)

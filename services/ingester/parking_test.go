@@ -18,6 +18,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 	"github.com/grasp-sync/grasp-sync/services/ingester"
 	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
 )
@@ -48,7 +49,7 @@ func startPipeline(t *testing.T) *pipeline {
 func startPipelineWith(t *testing.T, setup func(*ingester.Ingester) *ingester.Ingester) *pipeline {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	b, err := bus.Connect(ctx, n.URL, "ingester-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 	"github.com/grasp-sync/grasp-sync/services/ingester/target"
 )
 
@@ -15,13 +17,13 @@ import (
 // refresh's start delay.
 func TestBoltOnIngesterRefreshesTheMirror(t *testing.T) {
 	w := startLostWake(t)
-	tr := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	tr := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	w.cfg.Settings = target.Settings{Relay: tr.URL, RefreshInterval: time.Hour}
 	k := testkit.NewKey()
 	issue := k.Issue(testkit.RepoRef(k.PubKey, "repo"), "written on the target")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := testkit.Publish(ctx, tr.URL, issue); err != nil {
+	if err := testrelay.Publish(ctx, tr.URL, issue); err != nil {
 		t.Fatal(err)
 	}
 	w.start(t)

@@ -21,6 +21,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 	"github.com/grasp-sync/grasp-sync/services/ingester"
 )
 
@@ -215,7 +216,7 @@ func buildWorkload(s workloadSpec) *workload {
 // env is embedded NATS, the contract's streams and a real store, shared by
 // the ingester replicas a test starts.
 type env struct {
-	nats  *testkit.NATS
+	nats  *natstest.NATS
 	bus   *bus.Bus // the publisher's (fetcher's) connection
 	store ingester.Store
 	raw   *store.Store
@@ -226,7 +227,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	b, err := bus.Connect(context.Background(), n.URL, "fetcher-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/obs"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 	"github.com/grasp-sync/grasp-sync/services/planner"
 )
 
@@ -333,7 +334,7 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 // connects a named client to it, closed when the test ends.
 func loopNATS(t *testing.T, ctx context.Context, prefix string) (bus.Names, func(name string) *bus.Bus) {
 	t.Helper()
-	srv := testkit.StartNATS(t)
+	srv := natstest.Start(t)
 	names := bus.Names{Prefix: prefix}
 	connect := func(name string) *bus.Bus {
 		b, err := bus.ConnectInProcess(srv.Server, name, names)

@@ -12,12 +12,13 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // TestStoredBroadcast: events other writers store reach live subscribers;
 // events clients store are announced on grasp.stored.<kind>.
 func TestStoredBroadcast(t *testing.T) {
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	ctx := context.Background()
 	b, err := bus.Connect(ctx, n.URL, "relay-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {

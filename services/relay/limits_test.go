@@ -11,6 +11,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // The relay's limits over the websocket: per REQ, per connection, per
@@ -76,7 +78,7 @@ func TestLimits(t *testing.T) {
 	dial(t, s.url)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := testkit.Dial(ctx, s.url)
+	_, err := testrelay.Dial(ctx, s.url)
 	if err == nil || !strings.Contains(err.Error(), "429") {
 		t.Fatalf("fourth connection: %v, want a 429 refusal", err)
 	}

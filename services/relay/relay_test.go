@@ -15,6 +15,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // What the websocket tests (publish_test.go, query_test.go, limits_test.go,
@@ -93,14 +94,14 @@ func startServer(t *testing.T, o serverOpts) *server {
 // client is one websocket connection speaking raw protocol.
 type client struct {
 	t *testing.T
-	c *testkit.Conn
+	c *testrelay.Conn
 }
 
 func dial(t *testing.T, url string) *client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := testkit.Dial(ctx, url)
+	c, err := testrelay.Dial(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}

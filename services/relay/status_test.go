@@ -13,7 +13,7 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 func TestWantsStatusPage(t *testing.T) {
@@ -54,7 +54,7 @@ func fetchPage(t *testing.T, url, accept string) (string, string) {
 // NATS KV, escapes what it shows, and NIP-11 stays JSON.
 func TestStatusPage(t *testing.T) {
 	ctx := context.Background()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	b, err := bus.Connect(ctx, n.URL, "status-test", bus.DefaultNames(), bus.Security{})
 	if err != nil {
 		t.Fatal(err)

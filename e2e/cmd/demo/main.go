@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/e2e"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // demoTB lets the test harnesses (testkit relays, e2e.StartGraspd) run in a
@@ -79,11 +79,11 @@ func main() {
 	ln.Close()
 	publicURL := "ws://" + addr
 
-	relays := make([]*testkit.Relay, 3)
+	relays := make([]*testrelay.Relay, 3)
 	urls := make([]string, 3)
 	for i := range relays {
 		// The third relay speaks REQ only, like many real ones.
-		relays[i] = testkit.StartRelay(tb, testkit.RelayOptions{Negentropy: i < 2, MaxLimit: 500})
+		relays[i] = testrelay.Start(tb, testrelay.Options{Negentropy: i < 2, MaxLimit: 500})
 		urls[i] = relays[i].URL
 	}
 	ds := e2e.GenerateDataset(publicURL, urls, *repos, *perRepo, 2, uint64(time.Now().UnixNano()))
@@ -113,7 +113,7 @@ func main() {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := testkit.Publish(ctx, app.RelayURL(), ds.Announcements...); err != nil {
+	if err := testrelay.Publish(ctx, app.RelayURL(), ds.Announcements...); err != nil {
 		tb.Fatalf("announce: %v", err)
 	}
 	fmt.Printf("announced %d repositories to graspd\n\n", len(ds.Announcements))

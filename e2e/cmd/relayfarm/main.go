@@ -17,7 +17,7 @@
 //
 // The control address serves GET /relays, GET /stats (per-relay counts as
 // JSON) and POST /seed (JSON lines of {"relays":[i,…],"event":{…}}; see
-// testkit.Farm.Handler). On SIGINT or SIGTERM it prints the final stats as
+// testrelay.Farm.Handler). On SIGINT or SIGTERM it prints the final stats as
 // one JSON line and exits.
 package main
 
@@ -33,35 +33,35 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 func main() {
-	var o testkit.FarmOptions
+	var o testrelay.FarmOptions
 	flag.IntVar(&o.Relays, "relays", 100, "how many relays")
 	flag.Float64Var(&o.NegentropyFraction, "nip77", 0.5, "fraction of relays answering NIP-77")
 	flag.Float64Var(&o.IgnoreTagLetterFraction, "ignore-tag-letter", 0, "fraction of relays matching tags by value only (plain khatru)")
-	flag.IntVar(&o.MaxLimit, "max-limit", testkit.DefaultMaxLimit, "cap of every REQ filter's results")
+	flag.IntVar(&o.MaxLimit, "max-limit", testrelay.DefaultMaxLimit, "cap of every REQ filter's results")
 	flag.StringVar(&o.Host, "host", "127.0.0.1", "loopback address the relays listen on")
 	flag.IntVar(&o.Limits.MaxMessageBytes, "max-message", 0, "largest client message in bytes (strfry's default 131072; 0: unlimited)")
 	flag.IntVar(&o.Limits.MaxSubscriptions, "max-subs", 0, "open REQ subscriptions (and, apart, NIP-77 sessions) per connection (strfry: 20, now 200; 0: unlimited)")
 	flag.IntVar(&o.Limits.MaxFilters, "max-filters", 0, "filters per REQ (strfry: 20, now 200; 0: unlimited)")
-	style := flag.String("limit-style", string(testkit.StyleStrfry), "whose answers the limits give: strfry, nostr-rs-relay or closed")
+	style := flag.String("limit-style", string(testrelay.StyleStrfry), "whose answers the limits give: strfry, nostr-rs-relay or closed")
 	flag.Float64Var(&o.AdvertiseFraction, "advertise", 0, "fraction of relays saying their limits in NIP-11")
 	flag.Float64Var(&o.AuthReadsFraction, "auth-reads", 0, "fraction of relays refusing reads without NIP-42 authentication")
 	control := flag.String("control", "127.0.0.1:0", "address of the control endpoint")
 	flag.Parse()
-	o.Limits.Style = testkit.LimitStyle(*style)
+	o.Limits.Style = testrelay.LimitStyle(*style)
 	if err := run(o, *control); err != nil {
 		fmt.Fprintln(os.Stderr, "relayfarm:", err)
 		os.Exit(1)
 	}
 }
 
-func run(o testkit.FarmOptions, control string) error {
+func run(o testrelay.FarmOptions, control string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	f, err := testkit.StartFarm(o)
+	f, err := testrelay.StartFarm(o)
 	if err != nil {
 		return err
 	}

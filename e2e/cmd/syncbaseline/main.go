@@ -1,5 +1,5 @@
 // Command syncbaseline runs `make bench`'s baseline initial sync
-// (testkit.SyncBaseline: one connection per relay, layer 2 then layer 3 by
+// (syncbaseline.Sync: one connection per relay, layer 2 then layer 3 by
 // REQ, every copy's signature checked, saved to a fresh store) in a process
 // of its own, so that the benchmark with the relays in their own process
 // (issue 24 §3; docs/performance.md) reads its CPU from /proc/<pid>/stat
@@ -34,7 +34,7 @@ import (
 	"time"
 
 	"github.com/grasp-sync/grasp-sync/pkg/store"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
 )
 
 func main() {
@@ -60,7 +60,7 @@ func run(planPath, idsPath, dir string, in *bufio.Scanner, out *json.Encoder) er
 	if err != nil {
 		return fmt.Errorf("read the plan: %w", err)
 	}
-	var relays []testkit.BaselineRelay
+	var relays []syncbaseline.Relay
 	if err := json.Unmarshal(b, &relays); err != nil {
 		return fmt.Errorf("parse the plan %s: %w", planPath, err)
 	}
@@ -76,7 +76,7 @@ func run(planPath, idsPath, dir string, in *bufio.Scanner, out *json.Encoder) er
 		return errors.New("stdin closed before the start")
 	}
 	began := time.Now()
-	stats, err := testkit.SyncBaseline(ctx, st, relays)
+	stats, err := syncbaseline.Sync(ctx, st, relays)
 	if err != nil {
 		return err
 	}

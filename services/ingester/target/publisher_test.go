@@ -18,6 +18,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -37,7 +38,7 @@ func newPublisher(t *testing.T, s Settings) (*Publisher, *clock.Fake) {
 	return p, clk
 }
 
-func has(t *testing.T, r *testkit.Relay, id string) bool {
+func has(t *testing.T, r *testrelay.Relay, id string) bool {
 	t.Helper()
 	ok, err := r.Has(context.Background(), id)
 	if err != nil {
@@ -50,7 +51,7 @@ func has(t *testing.T, r *testkit.Relay, id string) bool {
 // refusal carrying the target's reason.
 func TestPublishAnswers(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	r.Khatru.RejectEvent = append(r.Khatru.RejectEvent, func(_ context.Context, e *nostr.Event) (bool, string) {
 		if e.Kind == 1 {
 			return true, "blocked: only NIP-34 events here"
@@ -92,7 +93,7 @@ func TestPublishAnswers(t *testing.T) {
 // pause), a second one doubles the pause, and publishing resumes after it.
 func TestRateLimitedPausesThenResumes(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	var limited atomic.Bool
 	var attempts atomic.Int64
 	r.Khatru.RejectEvent = append(r.Khatru.RejectEvent, func(context.Context, *nostr.Event) (bool, string) {
@@ -145,7 +146,7 @@ func TestRateLimitedPausesThenResumes(t *testing.T) {
 // than maxTokenWait is not waited inline but reported as unavailable.
 func TestPublishRateAndBurst(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	p, clk := newPublisher(t, Settings{Relay: r.URL, PublishRate: 0.1, PublishBurst: 2})
 	k := testkit.NewKey()
 	ref := testkit.RepoRef(k.PubKey, "r")
@@ -171,7 +172,7 @@ func TestPublishRateAndBurst(t *testing.T) {
 // then takes the event; without a key the event is held, not refused.
 func TestAuthRequired(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	r.Khatru.ServiceURL = r.URL
 	r.Khatru.RejectEvent = append(r.Khatru.RejectEvent, func(ctx context.Context, e *nostr.Event) (bool, string) {
 		if khatru.GetAuthed(ctx) == "" {
@@ -200,7 +201,7 @@ func TestAuthRequired(t *testing.T) {
 // next dial.
 func TestTargetGone(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	p, _ := newPublisher(t, Settings{Relay: r.URL})
 	k := testkit.NewKey()
 	if _, err := p.Publish(ctx, k.Issue(testkit.RepoRef(k.PubKey, "r"), "one")); err != nil {
@@ -219,7 +220,7 @@ func TestTargetGone(t *testing.T) {
 // is neither mirrored nor retried.
 func TestStoreMirrorsWhatTheTargetTook(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	r.Khatru.RejectEvent = append(r.Khatru.RejectEvent, func(_ context.Context, e *nostr.Event) (bool, string) {
 		if e.Kind == 1 {
 			return true, "blocked: no notes"
@@ -274,7 +275,7 @@ func TestDependenciesWithinBatch(t *testing.T) {
 // held with it, not sent ahead (where a strict target would refuse it).
 func TestDependentHeldWithItsRoot(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	ref := testkit.RepoRef(k.PubKey, "r")
 	issue := k.Issue(ref, "root")

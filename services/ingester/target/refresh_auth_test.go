@@ -16,6 +16,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // A target that reads only for authenticated clients (NIP-42): the refresh
@@ -23,7 +24,7 @@ import (
 // fails saying so, rather than reporting a target without NIP-77.
 func TestMirrorRefreshAuthenticatesToRead(t *testing.T) {
 	ctx := testCtx(t)
-	g := testkit.StartGraspRelay(t, testkit.GraspOptions{Relay: testkit.RelayOptions{Negentropy: true}, AuthReads: true, NoRateLimit: true})
+	g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{Relay: testrelay.Options{Negentropy: true}, AuthReads: true, NoRateLimit: true})
 	k := testkit.NewKey()
 	issue := k.Issue(testkit.RepoRef(k.PubKey, "r"), "on the target only")
 	g.Add(t, issue)

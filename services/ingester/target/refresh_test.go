@@ -15,6 +15,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 func openMirror(t *testing.T) *store.Store {
@@ -37,7 +38,7 @@ func inMirror(t *testing.T, m *store.Store, id string) bool {
 }
 
 // countEvents counts the EVENT messages the relay receives from now on.
-func countEvents(r *testkit.Relay) *atomic.Int64 {
+func countEvents(r *testrelay.Relay) *atomic.Int64 {
 	var n atomic.Int64
 	r.Khatru.RejectEvent = append(r.Khatru.RejectEvent, func(context.Context, *nostr.Event) (bool, string) {
 		n.Add(1)
@@ -53,7 +54,7 @@ func countEvents(r *testkit.Relay) *atomic.Int64 {
 // not fetch are left alone.
 func TestMirrorRefreshDownloadsWhatOthersWrote(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, MaxLimit: 2})
+	r := testrelay.Start(t, testrelay.Options{Negentropy: true, MaxLimit: 2})
 	mirror := openMirror(t)
 	owner, other := testkit.NewKey(), testkit.NewKey()
 	ref := testkit.RepoRef(owner.PubKey, "r")
@@ -71,7 +72,7 @@ func TestMirrorRefreshDownloadsWhatOthersWrote(t *testing.T) {
 	status := owner.Status(testkit.KindStatusClosed, issue)
 	state := owner.State("r", map[string]string{"refs/heads/main": testkit.FakeCommit()})
 	note := other.Note("not a kind sync fetches")
-	if err := testkit.Publish(ctx, r.URL, comment, status, state, note); err != nil {
+	if err := testrelay.Publish(ctx, r.URL, comment, status, state, note); err != nil {
 		t.Fatal(err)
 	}
 	// Only in the mirror: the target dropped it.
@@ -129,11 +130,11 @@ func TestMirrorRefreshDownloadsWhatOthersWrote(t *testing.T) {
 // nothing.
 func TestMirrorRefreshWithoutNIP77(t *testing.T) {
 	ctx := testCtx(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	mirror := openMirror(t)
 	k := testkit.NewKey()
 	issue := k.Issue(testkit.RepoRef(k.PubKey, "r"), "on the target only")
-	if err := testkit.Publish(ctx, r.URL, issue); err != nil {
+	if err := testrelay.Publish(ctx, r.URL, issue); err != nil {
 		t.Fatal(err)
 	}
 	rf := NewRefresher(Settings{Relay: r.URL, RefreshInterval: time.Hour}, mirror, clock.Real{}, quiet(), nil)
@@ -153,7 +154,7 @@ func TestMirrorRefreshWithoutNIP77(t *testing.T) {
 // injected clock.
 func TestMirrorRefreshRunsOnTheClock(t *testing.T) {
 	ctx, cancel := context.WithCancel(testCtx(t))
-	r := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true})
+	r := testrelay.Start(t, testrelay.Options{Negentropy: true})
 	mirror := openMirror(t)
 	k := testkit.NewKey()
 	ref := testkit.RepoRef(k.PubKey, "r")
@@ -168,7 +169,7 @@ func TestMirrorRefreshRunsOnTheClock(t *testing.T) {
 
 	for n, advance := range []time.Duration{rf.StartDelay, time.Hour} {
 		e := k.Issue(ref, fmt.Sprintf("written on the target before round %d", n))
-		if err := testkit.Publish(ctx, r.URL, e); err != nil {
+		if err := testrelay.Publish(ctx, r.URL, e); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, func() bool { return clk.Waiters() > 0 })

@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // The built graspctl, as a person runs it: connection flags after the
 // command reach NATS, --help prints the command's usage and exits 0, an
 // unknown flag is one line on stderr and exit 2.
 func TestBuiltCommandLine(t *testing.T) {
-	n := testkit.StartNATS(t) // JetStream up, nothing has created the buckets
+	n := natstest.Start(t) // JetStream up, nothing has created the buckets
 	bin := filepath.Join(t.TempDir(), "graspctl")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

@@ -6,12 +6,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // Exit codes and messages tell the operator what to do.
 func TestExitCodes(t *testing.T) {
-	n := testkit.StartNATS(t) // JetStream up, but nothing has created the buckets
+	n := natstest.Start(t) // JetStream up, but nothing has created the buckets
 	for _, tc := range []struct {
 		name string
 		args []string

@@ -13,6 +13,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 	"github.com/grasp-sync/grasp-sync/services/ingester/internal/parking"
 )
 
@@ -86,7 +87,7 @@ type fixture struct {
 	bus   *bus.Bus
 }
 
-func open(t *testing.T, n *testkit.NATS, cfg parking.Config, clk *clock.Fake) fixture {
+func open(t *testing.T, n *natstest.NATS, cfg parking.Config, clk *clock.Fake) fixture {
 	t.Helper()
 	ctx := context.Background()
 	b, err := bus.Connect(ctx, n.URL, t.Name(), bus.Names{Prefix: "t"}, bus.Security{})
@@ -132,7 +133,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 
 func TestParkWakeUnpark(t *testing.T) {
 	ctx := context.Background()
-	f := open(t, testkit.StartNATS(t), parking.Config{}, clock.NewFake(t0))
+	f := open(t, natstest.Start(t), parking.Config{}, clock.NewFake(t0))
 	alice, bob := testkit.NewKey(), testkit.NewKey()
 	repo := testkit.RepoRef(alice.PubKey, "repo")
 	ann := alice.Announcement("repo", []string{"https://x/y.git"}, []string{"wss://x"}, nil)
@@ -207,7 +208,7 @@ func TestParkWakeUnpark(t *testing.T) {
 
 func TestSharedAcrossReplicas(t *testing.T) {
 	ctx := context.Background()
-	n := testkit.StartNATS(t)
+	n := natstest.Start(t)
 	clk := clock.NewFake(t0)
 	a, b := open(t, n, parking.Config{}, clk), open(t, n, parking.Config{}, clk)
 	bob := testkit.NewKey()
@@ -228,7 +229,7 @@ func TestSharedAcrossReplicas(t *testing.T) {
 
 func TestEvictsOldestFirst(t *testing.T) {
 	ctx := context.Background()
-	f := open(t, testkit.StartNATS(t), parking.Config{MaxEvents: 3}, clock.NewFake(t0))
+	f := open(t, natstest.Start(t), parking.Config{MaxEvents: 3}, clock.NewFake(t0))
 	bob := testkit.NewKey()
 	root := bob.Note("root")
 	var parked []*nostr.Event
@@ -277,7 +278,7 @@ func TestExpiresByAge(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	clk := clock.NewFake(t0)
-	f := open(t, testkit.StartNATS(t), parking.Config{MaxAge: time.Hour, SweepInterval: time.Minute}, clk)
+	f := open(t, natstest.Start(t), parking.Config{MaxAge: time.Hour, SweepInterval: time.Minute}, clk)
 	bob := testkit.NewKey()
 	root := bob.Note("root")
 	old := bob.Note("old", testkit.WithTags(nostr.Tag{"e", root.ID}))
@@ -327,7 +328,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // repository coordinate), with 1,000 unrelated events parked.
 func BenchmarkWaiting(b *testing.B) {
 	ctx := context.Background()
-	n := testkit.StartNATS(b)
+	n := natstest.Start(b)
 	bb, err := bus.Connect(ctx, n.URL, "bench", bus.Names{Prefix: "t"}, bus.Security{})
 	if err != nil {
 		b.Fatal(err)
@@ -357,7 +358,7 @@ func BenchmarkWaiting(b *testing.B) {
 // what left the lot, sees what was parked meanwhile, and ends with next 0.
 func TestScanInSlices(t *testing.T) {
 	ctx := context.Background()
-	f := open(t, testkit.StartNATS(t), parking.Config{}, clock.NewFake(t0))
+	f := open(t, natstest.Start(t), parking.Config{}, clock.NewFake(t0))
 	bob := testkit.NewKey()
 	root := bob.Note("root")
 	var evts []*nostr.Event

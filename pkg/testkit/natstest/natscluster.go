@@ -1,4 +1,4 @@
-package testkit
+package natstest
 
 import (
 	"fmt"
@@ -7,13 +7,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
-// NATSCluster is an embedded JetStream cluster of several nodes on
+// Cluster is an embedded JetStream cluster of several nodes on
 // 127.0.0.1, for tests of behaviour only a cluster has: replicated streams,
 // a meta leader answering (or not) API requests, concurrent creates racing
 // through it.
-type NATSCluster struct {
+type Cluster struct {
 	// Servers are the nodes, in start order.
 	Servers []*server.Server
 	// URL lists every node's client URL, comma-separated, as a NATS client
@@ -21,11 +23,11 @@ type NATSCluster struct {
 	URL string
 }
 
-// StartNATSCluster starts an n-node JetStream cluster (file stores in
+// StartCluster starts an n-node JetStream cluster (file stores in
 // t.TempDir()) and waits until it has a meta leader and every node is
 // current, so replicated streams can be created at once. Every node is shut
 // down when the test ends.
-func StartNATSCluster(t testing.TB, n int) *NATSCluster {
+func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	// Route ports must be known before the nodes start, to list them.
 	ports := make([]int, n)
@@ -36,7 +38,7 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 	for _, p := range ports {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", p))
 	}
-	c := &NATSCluster{}
+	c := &Cluster{}
 	var urls []string
 	for i := range n {
 		opts := &server.Options{
@@ -52,7 +54,7 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 		}
 		s, err := server.NewServer(opts)
 		if err != nil {
-			t.Fatalf("testkit: create nats node %d: %v", i, err)
+			t.Fatalf("natstest: create nats node %d: %v", i, err)
 		}
 		go s.Start()
 		t.Cleanup(func() {
@@ -60,7 +62,7 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 			s.WaitForShutdown()
 		})
 		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("testkit: nats node %d not ready for connections after 10s", i)
+			t.Fatalf("natstest: nats node %d not ready for connections after 10s", i)
 		}
 		c.Servers = append(c.Servers, s)
 		urls = append(urls, s.ClientURL())
@@ -69,7 +71,7 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 	deadline := time.Now().Add(30 * time.Second)
 	for !c.ready() {
 		if time.Now().After(deadline) {
-			t.Fatalf("testkit: nats cluster has no meta leader or a node is behind after 30s")
+			t.Fatalf("natstest: nats cluster has no meta leader or a node is behind after 30s")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -78,7 +80,7 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 
 // ready reports whether the cluster has a meta leader and every node is
 // current with it.
-func (c *NATSCluster) ready() bool {
+func (c *Cluster) ready() bool {
 	leader := false
 	for _, s := range c.Servers {
 		if !s.JetStreamIsCurrent() {
@@ -92,9 +94,9 @@ func (c *NATSCluster) ready() bool {
 // freePort returns a TCP port on 127.0.0.1 nobody listens on now.
 func freePort(t testing.TB) int {
 	t.Helper()
-	p, err := FreePort()
+	p, err := testkit.FreePort()
 	if err != nil {
-		t.Fatalf("testkit: %v", err)
+		t.Fatalf("natstest: %v", err)
 	}
 	return p
 }

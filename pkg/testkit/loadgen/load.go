@@ -1,4 +1,4 @@
-package testkit
+package loadgen
 
 import (
 	"context"
@@ -24,10 +24,10 @@ type Load struct {
 	Published atomic.Int64
 }
 
-// StartLoad starts the load: cpuPerCore spinning goroutines per core, and
+// Start starts the load: cpuPerCore spinning goroutines per core, and
 // floodWorkers goroutines publishing 1 KiB messages to a memory stream of
 // their own on nc as fast as the server stores them (0: no flood).
-func StartLoad(t testing.TB, cpuPerCore int, nc *nats.Conn, floodWorkers int) *Load {
+func Start(t testing.TB, cpuPerCore int, nc *nats.Conn, floodWorkers int) *Load {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Load{cancel: cancel}
@@ -54,7 +54,7 @@ func StartLoad(t testing.TB, cpuPerCore int, nc *nats.Conn, floodWorkers int) *L
 		subject := "flood." + strings.ToLower(name)
 		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject},
 			Storage: jetstream.MemoryStorage, MaxBytes: 32 << 20, Discard: jetstream.DiscardOld}); err != nil {
-			t.Fatalf("testkit: flood stream: %v", err)
+			t.Fatalf("loadgen: flood stream: %v", err)
 		}
 		payload := []byte(strings.Repeat("x", 1024))
 		for range floodWorkers {
@@ -79,34 +79,4 @@ func StartLoad(t testing.TB, cpuPerCore int, nc *nats.Conn, floodWorkers int) *L
 func (l *Load) Stop() {
 	l.cancel()
 	l.wg.Wait()
-}
-
-// Stalls holds dir every `every` for `length` (a server or client that
-// stops answering for a moment, as a saturated process does) until the
-// returned stop is called or the test ends.
-func (p *DelayProxy) Stalls(t testing.TB, dir Direction, every, length time.Duration) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(every - length):
-			}
-			p.Hold(dir, true)
-			select {
-			case <-ctx.Done():
-			case <-time.After(length):
-			}
-			p.Hold(dir, false)
-		}
-	}()
-	stop = sync.OnceFunc(func() {
-		cancel()
-		<-done
-	})
-	t.Cleanup(stop)
-	return stop
 }

@@ -1,4 +1,4 @@
-package testkit_test
+package testrelay_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // rawWS is a plain websocket client for the limit tests: they need what
@@ -108,10 +110,10 @@ func padFilter(n int) nostr.Filter {
 // the closed style sends close status 1009.
 func TestLimitsMessageSize(t *testing.T) {
 	const limit = 4096
-	for _, style := range []testkit.LimitStyle{testkit.StyleStrfry, testkit.StyleNostrRsRelay, testkit.StyleClosed} {
+	for _, style := range []testrelay.LimitStyle{testrelay.StyleStrfry, testrelay.StyleNostrRsRelay, testrelay.StyleClosed} {
 		t.Run(string(style), func(t *testing.T) {
 			ctx := timeout(t)
-			r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxMessageBytes: limit, Style: style}})
+			r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxMessageBytes: limit, Style: style}})
 			w := dialRaw(t, ctx, r.URL)
 
 			// Exactly at the limit: served.
@@ -151,10 +153,10 @@ func TestLimitsMessageSize(t *testing.T) {
 			var wantNotices []string
 			wantStatus := websocket.StatusCode(-1) // no close frame
 			switch style {
-			case testkit.StyleNostrRsRelay:
+			case testrelay.StyleNostrRsRelay:
 				wantNotices = []string{fmt.Sprintf("message too large (%d > %d)", limit+1, limit)}
-			case testkit.StyleClosed:
-				wantStatus = testkit.CloseMessageTooBig
+			case testrelay.StyleClosed:
+				wantStatus = testrelay.CloseMessageTooBig
 			}
 			if status != wantStatus || strings.Join(notices, "|") != strings.Join(wantNotices, "|") {
 				t.Errorf("over the limit: close status %d, notices %q (read error %v); want status %d, notices %q", status, notices, err, wantStatus, wantNotices)
@@ -170,10 +172,10 @@ func TestLimitsMessageSize(t *testing.T) {
 // refused in the style's way and never served; a REQ reusing an open id
 // replaces it; a CLOSE frees a slot, and so does a CLOSED the relay sent.
 func TestLimitsSubscriptions(t *testing.T) {
-	for _, style := range []testkit.LimitStyle{testkit.StyleStrfry, testkit.StyleNostrRsRelay, testkit.StyleClosed} {
+	for _, style := range []testrelay.LimitStyle{testrelay.StyleStrfry, testrelay.StyleNostrRsRelay, testrelay.StyleClosed} {
 		t.Run(string(style), func(t *testing.T) {
 			ctx := timeout(t)
-			r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxSubscriptions: 3, Style: style}})
+			r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxSubscriptions: 3, Style: style}})
 			w := dialRaw(t, ctx, r.URL)
 			// khatru serves a connection's messages concurrently: wait for
 			// each answer before the next message, so the order is known.
@@ -186,11 +188,11 @@ func TestLimitsSubscriptions(t *testing.T) {
 			got := w.answers(ctx, "b")
 			var want string
 			switch style {
-			case testkit.StyleStrfry:
+			case testrelay.StyleStrfry:
 				want = `["NOTICE","ERROR: too many concurrent REQs"]`
-			case testkit.StyleNostrRsRelay:
+			case testrelay.StyleNostrRsRelay:
 				want = `["NOTICE","Subscription error: Maximum concurrent subscription count reached"]`
-			case testkit.StyleClosed:
+			case testrelay.StyleClosed:
 				want = `["CLOSED","d","error: too many concurrent REQs"]`
 			}
 			if len(got) != 2 || got[0] != want {
@@ -213,7 +215,7 @@ func TestLimitsSubscriptions(t *testing.T) {
 // ended with CLOSED (here a filter khatru refuses) does not hold a slot.
 func TestLimitsSubscriptionsFreedByClosed(t *testing.T) {
 	ctx := timeout(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxSubscriptions: 1}})
+	r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxSubscriptions: 1}})
 	r.Khatru.RejectFilter = append(r.Khatru.RejectFilter, func(_ context.Context, f nostr.Filter) (bool, string) {
 		return len(f.Kinds) == 1 && f.Kinds[0] == 7, "blocked: no reactions"
 	})
@@ -235,7 +237,7 @@ func TestLimitsSubscriptionsFreedByClosed(t *testing.T) {
 // and no answer, and a NEG-CLOSE frees its slot.
 func TestLimitsNegentropySessions(t *testing.T) {
 	ctx := timeout(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, Limits: testkit.RelayLimits{MaxSubscriptions: 2}})
+	r := testrelay.Start(t, testrelay.Options{Negentropy: true, Limits: testrelay.Limits{MaxSubscriptions: 2}})
 	k := testkit.NewKey()
 	r.Add(t, k.Announcement("repo", nil, nil, nil))
 	w := dialRaw(t, ctx, r.URL)
@@ -268,16 +270,16 @@ func TestLimitsNegentropySessions(t *testing.T) {
 // strfry's reason (or the closed style's) and holds no slot; one at the
 // limit is served.
 func TestLimitsFilters(t *testing.T) {
-	for _, style := range []testkit.LimitStyle{testkit.StyleStrfry, testkit.StyleClosed} {
+	for _, style := range []testrelay.LimitStyle{testrelay.StyleStrfry, testrelay.StyleClosed} {
 		t.Run(string(style), func(t *testing.T) {
 			ctx := timeout(t)
-			r := testkit.StartRelay(t, testkit.RelayOptions{Limits: testkit.RelayLimits{MaxFilters: 2, MaxSubscriptions: 1, Style: style}})
+			r := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxFilters: 2, MaxSubscriptions: 1, Style: style}})
 			w := dialRaw(t, ctx, r.URL)
 			w.send(ctx, "REQ", "three", reqFilter(), reqFilter(), reqFilter())
 			arr := w.until(ctx, "CLOSED", "three")
-			want := testkit.StrfryTooManyFilters
-			if style == testkit.StyleClosed {
-				want = testkit.ClosedTooManyFilters
+			want := testrelay.StrfryTooManyFilters
+			if style == testrelay.StyleClosed {
+				want = testrelay.ClosedTooManyFilters
 			}
 			if arr[2] != want {
 				t.Errorf("CLOSED reason %q; want %q", arr[2], want)
@@ -314,10 +316,10 @@ func nip11(t *testing.T, httpURL string) map[string]any {
 // limitation fields and nothing else there; a silent one has no
 // limitation at all.
 func TestLimitsNIP11(t *testing.T) {
-	lim := testkit.RelayLimits{MaxMessageBytes: 131072, MaxSubscriptions: 20, MaxFilters: 20}
-	silent := testkit.StartRelay(t, testkit.RelayOptions{Limits: lim})
+	lim := testrelay.Limits{MaxMessageBytes: 131072, MaxSubscriptions: 20, MaxFilters: 20}
+	silent := testrelay.Start(t, testrelay.Options{Limits: lim})
 	lim.Advertise = true
-	says := testkit.StartRelay(t, testkit.RelayOptions{Limits: lim, MaxLimit: 500})
+	says := testrelay.Start(t, testrelay.Options{Limits: lim, MaxLimit: 500})
 
 	if doc := nip11(t, silent.HTTPURL); doc["limitation"] != nil || doc["name"] == nil {
 		t.Errorf("silent relay's NIP-11: %v; want a document without limitation", doc)
@@ -337,9 +339,9 @@ func TestLimitsNIP11(t *testing.T) {
 // TestFarmLimits: a farm's limits, NIP-11 halves and auth-on-read relays,
 // and the refusals in its stats.
 func TestFarmLimits(t *testing.T) {
-	f, err := testkit.StartFarm(testkit.FarmOptions{
+	f, err := testrelay.StartFarm(testrelay.FarmOptions{
 		Relays: 4, NegentropyFraction: 0.5, AdvertiseFraction: 0.5, AuthReadsFraction: 0.25,
-		Limits: testkit.RelayLimits{MaxMessageBytes: 2048, MaxSubscriptions: 2, MaxFilters: 2},
+		Limits: testrelay.Limits{MaxMessageBytes: 2048, MaxSubscriptions: 2, MaxFilters: 2},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -361,8 +363,8 @@ func TestFarmLimits(t *testing.T) {
 	// Relay 3 refuses reads until the client authenticates.
 	w := dialRaw(t, ctx, f.Relays[3].URL)
 	w.send(ctx, "REQ", "x", reqFilter())
-	if arr := w.until(ctx, "CLOSED", "x"); arr[2] != testkit.AuthReadsReason {
-		t.Errorf("auth relay closed the REQ with %q; want %q", arr[2], testkit.AuthReadsReason)
+	if arr := w.until(ctx, "CLOSED", "x"); arr[2] != testrelay.AuthReadsReason {
+		t.Errorf("auth relay closed the REQ with %q; want %q", arr[2], testrelay.AuthReadsReason)
 	}
 
 	// Relay 1: one of each refusal.
@@ -374,7 +376,7 @@ func TestFarmLimits(t *testing.T) {
 		w.until(ctx, "EOSE", id)
 	}
 	w.send(ctx, "REQ", "c", reqFilter())
-	w.until(ctx, "NOTICE", testkit.StrfryTooManyREQs)
+	w.until(ctx, "NOTICE", testrelay.StrfryTooManyREQs)
 	w.send(ctx, "REQ", "big", padFilter(3000))
 	if _, err := w.next(ctx); websocket.CloseStatus(err) != -1 || err == nil {
 		t.Errorf("oversized REQ: read error %v; want the connection dropped without a close frame", err)

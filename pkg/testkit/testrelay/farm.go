@@ -1,4 +1,4 @@
-package testkit
+package testrelay
 
 import (
 	"bufio"
@@ -48,7 +48,7 @@ type FarmOptions struct {
 	// Limits are what every relay enforces on each connection, as strfry
 	// or nostr-rs-relay do (issue 30; zero: unlimited). Limits.Advertise
 	// makes every relay say so in NIP-11; AdvertiseFraction only some.
-	Limits RelayLimits
+	Limits Limits
 	// AdvertiseFraction of the relays publish their limits in NIP-11
 	// (0.5: every other one, as the network has strfry relays that say and
 	// relays that do not); the rest are silent.
@@ -75,7 +75,7 @@ type FarmRelay struct {
 	Negentropy, IgnoreTagLetter bool
 	// Limits are what it enforces (Limits.Advertise: said in NIP-11);
 	// AuthReads whether reading needs NIP-42 authentication.
-	Limits    RelayLimits
+	Limits    Limits
 	AuthReads bool
 	// Khatru is the relay; Store its events.
 	Khatru *khatru.Relay
@@ -174,9 +174,9 @@ type RelayStats struct {
 	BytesOut int64 `json:"bytes_out"`
 	// Limits are the relay's limits (zero: none); Advertised whether NIP-11
 	// says them; AuthReads whether reads need NIP-42.
-	Limits     RelayLimits `json:"limits"`
-	Advertised bool        `json:"advertised"`
-	AuthReads  bool        `json:"auth_reads"`
+	Limits     Limits `json:"limits"`
+	Advertised bool   `json:"advertised"`
+	AuthReads  bool   `json:"auth_reads"`
 	// LimitCounts are what the limits refused, and the most subscriptions
 	// one connection held open.
 	LimitCounts
@@ -225,7 +225,7 @@ func StartFarm(o FarmOptions) (*Farm, error) {
 	return f, nil
 }
 
-func startFarmRelay(i int, o FarmOptions, lim RelayLimits, neg, quirk, authReads bool) (*FarmRelay, error) {
+func startFarmRelay(i int, o FarmOptions, lim Limits, neg, quirk, authReads bool) (*FarmRelay, error) {
 	st := &MemStore{IgnoreTagLetter: quirk}
 	if err := st.Init(); err != nil {
 		return nil, err
@@ -249,7 +249,7 @@ func startFarmRelay(i int, o FarmOptions, lim RelayLimits, neg, quirk, authReads
 	}
 	rl.Negentropy = neg
 	rl.Info.Name = fmt.Sprintf("farm relay %d", i)
-	// Broadcast under khatru's lock (pkg/khatrulock), as testkit.Relay does.
+	// Broadcast under khatru's lock (pkg/khatrulock), as Relay does.
 	rl.StoreEvent = append(rl.StoreEvent, khatrulock.SaveThenBroadcast(rl, st.SaveEvent))
 	rl.ReplaceEvent = append(rl.ReplaceEvent, khatrulock.SaveThenBroadcast(rl, st.ReplaceEvent))
 	rl.DeleteEvent = append(rl.DeleteEvent, st.DeleteEvent)

@@ -1,4 +1,4 @@
-package testkit
+package faultrelay
 
 import (
 	"context"
@@ -16,9 +16,11 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip42"
 	"github.com/tidwall/gjson"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
-// Faults is what a FaultRelay does wrong. The zero value forwards
+// Faults is what a Relay does wrong. The zero value forwards
 // everything unchanged. Counters (RateLimitREQs) are consumed as they fire.
 type Faults struct {
 	// DropAfterEvents closes a connection (without a close handshake) once it
@@ -59,21 +61,21 @@ type Faults struct {
 	RequireAuth bool
 }
 
-// ConnSpan is when one client connection to a FaultRelay was open (Closed is
+// ConnSpan is when one client connection to a Relay was open (Closed is
 // zero while it is).
 type ConnSpan struct {
 	Opened, Closed time.Time
 }
 
-// FaultRelay is a real websocket server in front of a Relay that forwards
+// Relay is a real websocket server in front of a testrelay.Relay that forwards
 // every message both ways and injects the faults it is told to, so clients
 // can be tested against the misbehaviour of real relays. Nothing is mocked:
 // the relay behind it is a khatru relay.
-type FaultRelay struct {
+type Relay struct {
 	// URL is the websocket URL clients dial, ws://127.0.0.1:PORT.
 	URL string
 	// Relay is the relay behind the faults.
-	Relay *Relay
+	Relay *testrelay.Relay
 
 	srv       *http.Server
 	outer     net.Listener
@@ -90,23 +92,23 @@ type FaultRelay struct {
 	authed  []string
 }
 
-// StartFaultRelay starts a FaultRelay in front of a new Relay configured by
+// Start starts a Relay in front of a new testrelay.Relay configured by
 // opts. Both stop when the test ends.
-func StartFaultRelay(t testing.TB, opts RelayOptions) *FaultRelay {
+func Start(t testing.TB, opts testrelay.Options) *Relay {
 	t.Helper()
-	up := StartRelay(t, opts)
+	up := testrelay.Start(t, opts)
 	// Clients reach the websocket proxy through a TCP pipe of ours, so a
 	// stall can stop every byte, pongs included, without closing anything.
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("testkit: listen for fault relay: %v", err)
+		t.Fatalf("faultrelay: listen for fault relay: %v", err)
 	}
 	outer, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		_ = inner.Close()
-		t.Fatalf("testkit: listen for fault relay: %v", err)
+		t.Fatalf("faultrelay: listen for fault relay: %v", err)
 	}
-	f := &FaultRelay{Relay: up, URL: "ws://" + outer.Addr().String(), outer: outer, closing: make(chan struct{})}
+	f := &Relay{Relay: up, URL: "ws://" + outer.Addr().String(), outer: outer, closing: make(chan struct{})}
 	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = f.srv.Serve(inner) }()
 	f.wg.Add(1)
@@ -146,7 +148,7 @@ func (p *pipe) copy(dst, src net.Conn) {
 	}
 }
 
-func (f *FaultRelay) acceptPipes(outer net.Listener, innerAddr string) {
+func (f *Relay) acceptPipes(outer net.Listener, innerAddr string) {
 	defer f.wg.Done()
 	for {
 		client, err := outer.Accept()
@@ -169,17 +171,17 @@ func (f *FaultRelay) acceptPipes(outer net.Listener, innerAddr string) {
 
 // Set replaces the faults; connections already open follow them from their
 // next message.
-func (f *FaultRelay) Set(faults Faults) {
+func (f *Relay) Set(faults Faults) {
 	f.mu.Lock()
 	f.faults = faults
 	f.mu.Unlock()
 }
 
 // Add stores events in the relay behind the faults.
-func (f *FaultRelay) Add(t testing.TB, evts ...*nostr.Event) { f.Relay.Add(t, evts...) }
+func (f *Relay) Add(t testing.TB, evts ...*nostr.Event) { f.Relay.Add(t, evts...) }
 
 // Spans returns the connections accepted so far.
-func (f *FaultRelay) Spans() []ConnSpan {
+func (f *Relay) Spans() []ConnSpan {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]ConnSpan, len(f.spans))
@@ -190,7 +192,7 @@ func (f *FaultRelay) Spans() []ConnSpan {
 }
 
 // OpenConnections is how many client connections are open now.
-func (f *FaultRelay) OpenConnections() int {
+func (f *Relay) OpenConnections() int {
 	n := 0
 	for _, s := range f.Spans() {
 		if s.Closed.IsZero() {
@@ -201,28 +203,28 @@ func (f *FaultRelay) OpenConnections() int {
 }
 
 // REQs is how many REQ messages clients sent.
-func (f *FaultRelay) REQs() int {
+func (f *Relay) REQs() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.reqs
 }
 
 // NegOpens is how many NEG-OPEN messages clients sent.
-func (f *FaultRelay) NegOpens() int {
+func (f *Relay) NegOpens() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.negOpen
 }
 
 // Authed lists the pubkeys that authenticated with NIP-42.
-func (f *FaultRelay) Authed() []string {
+func (f *Relay) Authed() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]string(nil), f.authed...)
 }
 
 // Close stops the server and every connection (stalled ones included).
-func (f *FaultRelay) Close() {
+func (f *Relay) Close() {
 	f.closeOnce.Do(func() {
 		close(f.closing)
 		_ = f.outer.Close()
@@ -237,7 +239,7 @@ func (f *FaultRelay) Close() {
 	})
 }
 
-func (f *FaultRelay) current() Faults {
+func (f *Relay) current() Faults {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.faults
@@ -245,7 +247,7 @@ func (f *FaultRelay) current() Faults {
 
 // faultConn is one proxied client connection.
 type faultConn struct {
-	f        *FaultRelay
+	f        *Relay
 	client   *websocket.Conn
 	upstream *websocket.Conn
 	ctx      context.Context
@@ -262,7 +264,7 @@ type faultConn struct {
 	writeMu   sync.Mutex
 }
 
-func (f *FaultRelay) serve(w http.ResponseWriter, r *http.Request) {
+func (f *Relay) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	reject := f.faults.RejectConnections > 0
 	if reject {

@@ -1,4 +1,4 @@
-package testkit
+package syncbaseline
 
 import (
 	"context"
@@ -17,26 +17,19 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
 
-// The baseline of `make bench` (docs/performance.md, "Initial sync"): the
-// simplest initial sync one process can do, which the pipeline's events/s
-// and CPU per event are measured against. It runs inside the benchmark's
-// process (e2e TestBenchEndToEnd) and as a process of its own
-// (e2e/cmd/syncbaseline, for the run with the relays in their own process,
-// issue 24 §3), so both run exactly this code.
-
-// BaselineRelay is one remote relay the baseline reads and the
+// Relay is one remote relay the baseline reads and the
 // repositories (30617 addresses) that list it.
-type BaselineRelay struct {
+type Relay struct {
 	URL   string   `json:"url"`
 	Repos []string `json:"repos"`
 }
 
-// BaselinePageSize is the limit of every REQ the baseline sends (the
+// PageSize is the limit of every REQ the baseline sends (the
 // strfry-like cap of the benchmark's relays).
-const BaselinePageSize = 500
+const PageSize = 500
 
-// BaselineStats counts what one baseline sync did.
-type BaselineStats struct {
+// Stats counts what one baseline sync did.
+type Stats struct {
 	// Received counts events the relays sent (every copy, from every
 	// relay, duplicates included); Verified those whose signature was
 	// checked (all received: the baseline checks every copy); Stored
@@ -44,13 +37,13 @@ type BaselineStats struct {
 	Received, Verified, Stored int64
 }
 
-// SyncBaseline syncs the relays' NIP-34 history into st: per relay, one
+// Sync syncs the relays' NIP-34 history into st: per relay, one
 // connection, the layer-2 filters of the repositories listing it and their
 // states (30618), then the layer-3 filters of the roots (issues, patches,
 // pull requests) found there, each read completely with until-pagination
 // (pkg/history); every event's signature is checked and it is saved. No policy, no NATS, no persistence of
 // progress, no NIP-77. The relays are read concurrently.
-func SyncBaseline(ctx context.Context, st *store.Store, relays []BaselineRelay) (BaselineStats, error) {
+func Sync(ctx context.Context, st *store.Store, relays []Relay) (Stats, error) {
 	var received, verified, stored atomic.Int64
 	g, ctx := errgroup.WithContext(ctx)
 	for _, rel := range relays {
@@ -93,13 +86,13 @@ func SyncBaseline(ctx context.Context, st *store.Store, relays []BaselineRelay) 
 				}
 			}
 			for _, f := range filters.Items(rel.Repos, identifiers, nil) {
-				f.Limit = BaselinePageSize
+				f.Limit = PageSize
 				if _, err := history.Read(ctx, c, f, 100, 100000, save); err != nil {
 					return fmt.Errorf("baseline: layer 2 on %s: %w", rel.URL, err)
 				}
 			}
 			for _, f := range filters.Layer3(slices.Compact(slices.Sorted(slices.Values(roots)))) {
-				f.Limit = BaselinePageSize
+				f.Limit = PageSize
 				if _, err := history.Read(ctx, c, f, 100, 100000, save); err != nil {
 					return fmt.Errorf("baseline: layer 3 on %s: %w", rel.URL, err)
 				}
@@ -108,5 +101,5 @@ func SyncBaseline(ctx context.Context, st *store.Store, relays []BaselineRelay) 
 		})
 	}
 	err := g.Wait()
-	return BaselineStats{Received: received.Load(), Verified: verified.Load(), Stored: stored.Load()}, err
+	return Stats{Received: received.Load(), Verified: verified.Load(), Stored: stored.Load()}, err
 }

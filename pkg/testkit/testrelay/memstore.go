@@ -1,4 +1,4 @@
-package testkit
+package testrelay
 
 import (
 	"cmp"
@@ -12,7 +12,7 @@ import (
 
 // MemStore is an in-memory eventstore.Store indexed by id, author and tag
 // value, for relay farms that run hundreds of relays in one process: a
-// badger store per relay (what StartRelay uses) costs a directory, caches
+// badger store per relay (what testrelay.Start uses) costs a directory, caches
 // and goroutines each, which at farm scale took more of the box than the
 // system under test. Queries answer newest first (created_at descending,
 // then id), like khatru's stores. Limit is applied as given: a relay's REQ

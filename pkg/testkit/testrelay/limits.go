@@ -1,4 +1,4 @@
-package testkit
+package testrelay
 
 import (
 	"bytes"
@@ -84,10 +84,10 @@ const (
 // oversized message (RFC 6455 §7.4.1).
 const CloseMessageTooBig = 1009
 
-// RelayLimits are the limits a test relay enforces on each client
+// Limits are the limits a test relay enforces on each client
 // connection, as public relays do. The zero value is unlimited: nothing is
 // refused and NIP-11 says nothing.
-type RelayLimits struct {
+type Limits struct {
 	// MaxMessageBytes is the largest client message accepted, in payload
 	// bytes (strfry's maxWebsocketPayloadSize and nostr-rs-relay's
 	// max_ws_message_bytes, both 131,072 by default). 0: unlimited.
@@ -113,11 +113,11 @@ type RelayLimits struct {
 
 // active reports whether any limit is set (Advertise alone changes only
 // NIP-11).
-func (l RelayLimits) active() bool {
+func (l Limits) active() bool {
 	return l.MaxMessageBytes > 0 || l.MaxSubscriptions > 0 || l.MaxFilters > 0
 }
 
-func (l RelayLimits) style() LimitStyle {
+func (l Limits) style() LimitStyle {
 	if l.Style == "" {
 		return StyleStrfry
 	}
@@ -125,7 +125,7 @@ func (l RelayLimits) style() LimitStyle {
 }
 
 // Validate reports an unknown Style or a negative limit.
-func (l RelayLimits) Validate() error {
+func (l Limits) Validate() error {
 	switch l.style() {
 	case StyleStrfry, StyleNostrRsRelay, StyleClosed:
 	default:
@@ -162,7 +162,7 @@ type LimitCounts struct {
 
 // limiter is one relay's limits, counters and connections.
 type limiter struct {
-	lim        RelayLimits
+	lim        Limits
 	negentropy bool // NEG-OPENs count only where NIP-77 is served
 
 	tooBig, reqsRefused, negsRefused, filtersRefused, authRefused atomic.Int64
@@ -548,7 +548,7 @@ func storeMax(v *atomic.Int64, n int64) {
 // limitsNIP11 serves NIP-11 for rl with the limits in "limitation" when
 // they are advertised (strfry's three fields, nothing else), and passes
 // every other request to rl.
-func limitsNIP11(rl *khatru.Relay, lim RelayLimits, maxLimit int) http.Handler {
+func limitsNIP11(rl *khatru.Relay, lim Limits, maxLimit int) http.Handler {
 	if !lim.Advertise {
 		return rl
 	}

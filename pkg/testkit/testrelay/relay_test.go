@@ -1,4 +1,4 @@
-package testkit_test
+package testrelay_test
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip77/negentropy/storage/vector"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 func timeout(t *testing.T) context.Context {
@@ -40,7 +42,7 @@ func TestRelayPublishAndQuery(t *testing.T) {
 		t.Run(fmt.Sprintf("negentropy=%v", neg), func(t *testing.T) {
 			t.Parallel()
 			ctx := timeout(t)
-			r := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: neg})
+			r := testrelay.Start(t, testrelay.Options{Negentropy: neg})
 			if !strings.HasPrefix(r.URL, "ws://127.0.0.1:") || !strings.HasPrefix(r.HTTPURL, "http://127.0.0.1:") {
 				t.Fatalf("urls %q %q", r.URL, r.HTTPURL)
 			}
@@ -49,12 +51,12 @@ func TestRelayPublishAndQuery(t *testing.T) {
 			}
 
 			owner, other := testkit.NewKey(), testkit.NewKey()
-			set := fixtureSet(owner, other)
-			if err := testkit.Publish(ctx, r.URL, set...); err != nil {
+			set := testkit.EveryFixture(owner, other)
+			if err := testrelay.Publish(ctx, r.URL, set...); err != nil {
 				t.Fatalf("publish: %v", err)
 			}
 
-			got, err := testkit.QueryAll(ctx, r.URL, nostr.Filter{Authors: []string{owner.PubKey, other.PubKey}})
+			got, err := testrelay.QueryAll(ctx, r.URL, nostr.Filter{Authors: []string{owner.PubKey, other.PubKey}})
 			if err != nil {
 				t.Fatalf("query: %v", err)
 			}
@@ -78,7 +80,7 @@ func TestRelayPublishAndQuery(t *testing.T) {
 
 			// the #a filter is how sync code finds a repository's events
 			ref := testkit.RepoRef(owner.PubKey, "repo")
-			tagged, err := testkit.QueryAll(ctx, r.URL, nostr.Filter{Tags: nostr.TagMap{"a": {ref}}})
+			tagged, err := testrelay.QueryAll(ctx, r.URL, nostr.Filter{Tags: nostr.TagMap{"a": {ref}}})
 			if err != nil {
 				t.Fatalf("query #a: %v", err)
 			}
@@ -113,13 +115,13 @@ func supportsNIP(t *testing.T, httpURL string, nip int) bool {
 
 func TestRelayMaxLimit(t *testing.T) {
 	ctx := timeout(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 3})
+	r := testrelay.Start(t, testrelay.Options{MaxLimit: 3})
 	k := testkit.NewKey()
 	for i := range 10 {
 		r.Add(t, k.Note(fmt.Sprint("note ", i)))
 	}
 	for _, limit := range []int{0, 2, 100} {
-		got, err := testkit.QueryAll(ctx, r.URL, nostr.Filter{Kinds: []int{1}, Limit: limit})
+		got, err := testrelay.QueryAll(ctx, r.URL, nostr.Filter{Kinds: []int{1}, Limit: limit})
 		if err != nil {
 			t.Fatalf("query: %v", err)
 		}
@@ -134,21 +136,21 @@ func TestRelayMaxLimit(t *testing.T) {
 }
 
 func TestRelayDefaultMaxLimit(t *testing.T) {
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	base := nostr.Now() - 10_000
-	evts := make([]*nostr.Event, 0, testkit.DefaultMaxLimit+10)
-	for i := range testkit.DefaultMaxLimit + 10 {
+	evts := make([]*nostr.Event, 0, testrelay.DefaultMaxLimit+10)
+	for i := range testrelay.DefaultMaxLimit + 10 {
 		evts = append(evts, k.Note("n", testkit.At(base+nostr.Timestamp(i))))
 	}
 	r.Add(t, evts...)
 	ctx := timeout(t) // after the signing and storing, which -race on a busy box makes slow
-	got, err := testkit.QueryAll(ctx, r.URL, nostr.Filter{Kinds: []int{1}})
+	got, err := testrelay.QueryAll(ctx, r.URL, nostr.Filter{Kinds: []int{1}})
 	if err != nil {
 		t.Fatalf("query: %v", err)
 	}
-	if len(got) != testkit.DefaultMaxLimit {
-		t.Fatalf("got %d events, want %d", len(got), testkit.DefaultMaxLimit)
+	if len(got) != testrelay.DefaultMaxLimit {
+		t.Fatalf("got %d events, want %d", len(got), testrelay.DefaultMaxLimit)
 	}
 }
 
@@ -158,7 +160,7 @@ func negentropyIDs(ctx context.Context, url string, f nostr.Filter) (map[string]
 	vec := vector.New()
 	vec.Seal()
 	neg := negentropy.New(vec, 60_000)
-	c, err := testkit.Dial(ctx, url)
+	c, err := testrelay.Dial(ctx, url)
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +214,7 @@ func TestRelayNegentropy(t *testing.T) {
 		notes[i] = k.Note(fmt.Sprint("note ", i))
 	}
 
-	on := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: true, MaxLimit: 3})
+	on := testrelay.Start(t, testrelay.Options{Negentropy: true, MaxLimit: 3})
 	on.Add(t, notes...)
 	got, err := negentropyIDs(ctx, on.URL, nostr.Filter{Kinds: []int{1}})
 	if err != nil {
@@ -222,7 +224,7 @@ func TestRelayNegentropy(t *testing.T) {
 		t.Fatalf("negentropy found %d ids, want %d", len(got), len(notes))
 	}
 
-	off := testkit.StartRelay(t, testkit.RelayOptions{})
+	off := testrelay.Start(t, testrelay.Options{})
 	off.Add(t, notes...)
 	if _, err := negentropyIDs(ctx, off.URL, nostr.Filter{Kinds: []int{1}}); err == nil || !strings.Contains(err.Error(), "notice") {
 		t.Fatalf("negentropy against a relay without NIP-77: err = %v, want a notice", err)
@@ -231,10 +233,10 @@ func TestRelayNegentropy(t *testing.T) {
 
 func TestRelayAddReplacesAndBroadcasts(t *testing.T) {
 	ctx := timeout(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 
-	c, err := testkit.Dial(ctx, r.URL)
+	c, err := testrelay.Dial(ctx, r.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +264,7 @@ func TestRelayAddReplacesAndBroadcasts(t *testing.T) {
 		t.Fatalf("broadcast %s, want the newer state %s", raw, newer.ID)
 	}
 
-	got, err := testkit.QueryAll(ctx, r.URL, nostr.Filter{Kinds: []int{30618}})
+	got, err := testrelay.QueryAll(ctx, r.URL, nostr.Filter{Kinds: []int{30618}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,10 +275,10 @@ func TestRelayAddReplacesAndBroadcasts(t *testing.T) {
 
 func TestPublishRejectsInvalid(t *testing.T) {
 	ctx := timeout(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	evt := testkit.NewKey().Note("original")
 	evt.Content = "tampered"
-	err := testkit.Publish(ctx, r.URL, evt)
+	err := testrelay.Publish(ctx, r.URL, evt)
 	if err == nil || !strings.Contains(err.Error(), "invalid") {
 		t.Fatalf("publish tampered event: err = %v, want invalid", err)
 	}
@@ -284,11 +286,11 @@ func TestPublishRejectsInvalid(t *testing.T) {
 
 func TestRelayClose(t *testing.T) {
 	ctx := timeout(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	r.Add(t, k.Note("a"))
 
-	c, err := testkit.Dial(ctx, r.URL)
+	c, err := testrelay.Dial(ctx, r.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +300,7 @@ func TestRelayClose(t *testing.T) {
 	if _, raw, err := c.Read(ctx); err == nil {
 		t.Fatalf("open websocket survived Close, read %s", raw)
 	}
-	if err := testkit.Publish(ctx, r.URL, k.Note("b")); err == nil {
+	if err := testrelay.Publish(ctx, r.URL, k.Note("b")); err == nil {
 		t.Fatal("publish to a closed relay succeeded")
 	}
 	if _, err := r.Has(ctx, "00"); err == nil {
@@ -308,11 +310,11 @@ func TestRelayClose(t *testing.T) {
 
 func TestPublishDeletionOfAddressable(t *testing.T) {
 	ctx := timeout(t)
-	r := testkit.StartRelay(t, testkit.RelayOptions{})
+	r := testrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
 	ann := k.Announcement("r", nil, nil, nil)
 	state := k.State("r", map[string]string{"refs/heads/main": testkit.FakeCommit()})
-	if err := testkit.Publish(ctx, r.URL, ann, state, k.Deletion([]*nostr.Event{ann})); err != nil {
+	if err := testrelay.Publish(ctx, r.URL, ann, state, k.Deletion([]*nostr.Event{ann})); err != nil {
 		t.Fatal(err)
 	}
 	for evt, want := range map[*nostr.Event]bool{ann: false, state: true} {

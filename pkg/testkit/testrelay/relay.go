@@ -1,4 +1,4 @@
-package testkit
+package testrelay
 
 import (
 	"context"
@@ -21,18 +21,18 @@ import (
 )
 
 // DefaultMaxLimit is the per-filter result cap a test relay applies when
-// RelayOptions.MaxLimit is 0. It matches strfry's maxFilterLimit (500), the
+// Options.MaxLimit is 0. It matches strfry's maxFilterLimit (500), the
 // most common cap our fetcher meets in the wild.
 const DefaultMaxLimit = 500
 
 // storeMaxLimit is the badger store's own query cap. It is set deliberately:
 // badger allocates O(MaxLimit) per query, and a filter without a limit gets
 // MaxLimit/4 (see docs: dependencies.md). The relay-level cap
-// (RelayOptions.MaxLimit) is what tests tune; this only has to be larger.
+// (Options.MaxLimit) is what tests tune; this only has to be larger.
 const storeMaxLimit = 100_000
 
-// RelayOptions configures a test relay started by StartRelay.
-type RelayOptions struct {
+// Options configures a test relay started by Start.
+type Options struct {
 	// Negentropy enables NIP-77 (NEG-OPEN/NEG-MSG) on the khatru relay, so
 	// tests can cover both reconciling and REQ-only remotes.
 	Negentropy bool
@@ -44,7 +44,7 @@ type RelayOptions struct {
 	// Limits are what the relay enforces on each connection, as strfry or
 	// nostr-rs-relay do (zero: unlimited, and NIP-11 says nothing); see
 	// Relay.LimitCounts for what they refused.
-	Limits RelayLimits
+	Limits Limits
 }
 
 // Relay is a real khatru relay (the "remote relay" of tests) listening on a
@@ -72,18 +72,18 @@ type Relay struct {
 	closeOnce sync.Once
 }
 
-// StartRelay starts a relay as configured by opts. It is stopped, and its
+// Start starts a relay as configured by opts. It is stopped, and its
 // store closed, when the test ends.
-func StartRelay(t testing.TB, opts RelayOptions) *Relay {
+func Start(t testing.TB, opts Options) *Relay {
 	t.Helper()
 	return startRelay(t, opts, nil)
 }
 
-// startRelay is StartRelay with a hook: configure (if not nil) runs once the
+// startRelay is Start with a hook: configure (if not nil) runs once the
 // relay's URLs are known and before it serves its first connection, so
 // variants (StartGraspRelay) can add khatru hooks without racing with
 // requests.
-func startRelay(t testing.TB, opts RelayOptions, configure func(*Relay)) *Relay {
+func startRelay(t testing.TB, opts Options, configure func(*Relay)) *Relay {
 	t.Helper()
 	maxLimit := opts.MaxLimit
 	if maxLimit <= 0 {
@@ -103,12 +103,12 @@ func startRelay(t testing.TB, opts RelayOptions, configure func(*Relay)) *Relay 
 		},
 	}
 	if err := db.Init(); err != nil {
-		t.Fatalf("testkit: init badger store: %v", err)
+		t.Fatalf("testrelay: init badger store: %v", err)
 	}
 
 	if err := opts.Limits.Validate(); err != nil {
 		db.Close()
-		t.Fatalf("testkit: %v", err)
+		t.Fatalf("testrelay: %v", err)
 	}
 	r := &Relay{Khatru: khatru.NewRelay(), Store: db}
 	rl := r.Khatru
@@ -149,7 +149,7 @@ func startRelay(t testing.TB, opts RelayOptions, configure func(*Relay)) *Relay 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		db.Close()
-		t.Fatalf("testkit: listen for relay: %v", err)
+		t.Fatalf("testrelay: listen for relay: %v", err)
 	}
 	if r.lim != nil {
 		ln = limitListener{Listener: ln, l: r.lim}
@@ -214,7 +214,7 @@ func (r *Relay) Add(t testing.TB, evts ...*nostr.Event) {
 	for _, evt := range evts {
 		// The store hook broadcasts (under khatru's lock) as it saves.
 		if _, err := r.Khatru.AddEvent(ctx, evt); err != nil {
-			t.Fatalf("testkit: add event %s (kind %d) to relay %s: %v", evt.ID, evt.Kind, r.URL, err)
+			t.Fatalf("testrelay: add event %s (kind %d) to relay %s: %v", evt.ID, evt.Kind, r.URL, err)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package testkit_test
+package testrelay_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestGraspRelayPolicy drives the stand-in's GRASP policy over a websocket:
@@ -20,7 +21,7 @@ import (
 func TestGraspRelayPolicy(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t)
-	g := testkit.StartGraspRelay(t, testkit.GraspOptions{NoRateLimit: true})
+	g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{NoRateLimit: true})
 	c := dial(t, g.URL)
 
 	owner, maint, stranger := testkit.NewKey(), testkit.NewKey(), testkit.NewKey()
@@ -66,10 +67,10 @@ func TestGraspRelayPolicy(t *testing.T) {
 	}
 
 	st := g.Stats()
-	want := testkit.GraspStats{Accepted: 7, Duplicates: 1, Refused: map[string]int{
-		testkit.GraspRefusedNotListed:     3,
-		testkit.GraspRefusedNotMaintainer: 1,
-		testkit.GraspRefusedNoReference:   4,
+	want := testrelay.GraspStats{Accepted: 7, Duplicates: 1, Refused: map[string]int{
+		testrelay.GraspRefusedNotListed:     3,
+		testrelay.GraspRefusedNotMaintainer: 1,
+		testrelay.GraspRefusedNoReference:   4,
 	}}
 	if fmt.Sprint(st) != fmt.Sprint(want) {
 		t.Errorf("stats %+v, want %+v", st, want)
@@ -92,7 +93,7 @@ func TestGraspRelayPolicy(t *testing.T) {
 func TestGraspRelayPublicURL(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t)
-	g := testkit.StartGraspRelay(t, testkit.GraspOptions{NoRateLimit: true, PublicURL: "wss://git.example.com"})
+	g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{NoRateLimit: true, PublicURL: "wss://git.example.com"})
 	c := dial(t, g.URL)
 	k := testkit.NewKey()
 	for _, tc := range []struct {
@@ -115,9 +116,9 @@ func TestGraspRelayPublicURL(t *testing.T) {
 }
 
 // dial connects to url for the rest of the test.
-func dial(t *testing.T, url string) *testkit.Conn {
+func dial(t *testing.T, url string) *testrelay.Conn {
 	t.Helper()
-	c, err := testkit.Dial(timeout(t), url)
+	c, err := testrelay.Dial(timeout(t), url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func dial(t *testing.T, url string) *testkit.Conn {
 }
 
 // repoSet returns an announcement of a repository on g and n issues for it.
-func repoSet(g *testkit.GraspRelay, k testkit.Key, n int) (*nostr.Event, []*nostr.Event) {
+func repoSet(g *testrelay.GraspRelay, k testkit.Key, n int) (*nostr.Event, []*nostr.Event) {
 	d := "repo-" + testkit.FakeCommit()[:8]
 	ann := k.Announcement(d, nil, []string{g.URL}, nil)
 	var issues []*nostr.Event
@@ -137,7 +138,7 @@ func repoSet(g *testkit.GraspRelay, k testkit.Key, n int) (*nostr.Event, []*nost
 }
 
 // sendAll sends evts on c and returns the OK answers' reasons, "" for OK true.
-func sendAll(t *testing.T, c *testkit.Conn, evts []*nostr.Event) []string {
+func sendAll(t *testing.T, c *testrelay.Conn, evts []*nostr.Event) []string {
 	t.Helper()
 	ctx := timeout(t)
 	out := make([]string, len(evts))
@@ -163,7 +164,7 @@ func TestGraspRelayRateLimit(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t)
 	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
-	g := testkit.StartGraspRelay(t, testkit.GraspOptions{Clock: clk})
+	g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{Clock: clk})
 	c := dial(t, g.URL)
 
 	k := testkit.NewKey()
@@ -176,16 +177,16 @@ func TestGraspRelayRateLimit(t *testing.T) {
 			t.Errorf("event %d of the burst refused: %q", i, r)
 		}
 	}
-	if got[15] != testkit.RateLimitedReason {
-		t.Errorf("16th event: %q, want %q", got[15], testkit.RateLimitedReason)
+	if got[15] != testrelay.RateLimitedReason {
+		t.Errorf("16th event: %q, want %q", got[15], testrelay.RateLimitedReason)
 	}
-	if msg, _ := g.Refusal(evts[15].ID); msg != testkit.RateLimitedReason {
+	if msg, _ := g.Refusal(evts[15].ID); msg != testrelay.RateLimitedReason {
 		t.Errorf("Refusal of the 16th event: %q", msg)
 	}
 
 	// a second connection from the same address shares the budget
 	c2 := dial(t, g.URL)
-	if got := sendAll(t, c2, evts[15:16]); got[0] != testkit.RateLimitedReason {
+	if got := sendAll(t, c2, evts[15:16]); got[0] != testrelay.RateLimitedReason {
 		t.Errorf("second connection, same address: %q, want rate-limited", got[0])
 	}
 
@@ -200,14 +201,14 @@ func TestGraspRelayRateLimit(t *testing.T) {
 	}
 
 	// just short of a period: nothing back
-	clk.Advance(testkit.DefaultGraspRefillEvery - time.Second)
-	if got := sendAll(t, c, evts[16:17]); got[0] != testkit.RateLimitedReason {
+	clk.Advance(testrelay.DefaultGraspRefillEvery - time.Second)
+	if got := sendAll(t, c, evts[16:17]); got[0] != testrelay.RateLimitedReason {
 		t.Errorf("before the refill: %q, want rate-limited", got[0])
 	}
 	// one period later: three more, and a duplicate costs like any event
 	clk.Advance(time.Second)
 	got = sendAll(t, c, []*nostr.Event{evts[16], evts[0], evts[17], evts[18]})
-	if want := []string{"", "", "", testkit.RateLimitedReason}; fmt.Sprint(got) != fmt.Sprint(want) {
+	if want := []string{"", "", "", testrelay.RateLimitedReason}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("after one refill: %q, want %q", got, want)
 	}
 
@@ -223,17 +224,17 @@ func TestGraspRelayRateLimitOptions(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
-		opts     testkit.GraspOptions
+		opts     testrelay.GraspOptions
 		accepted int // of 12 events sent at once
 	}{
-		{"burst 5", testkit.GraspOptions{Burst: 5}, 5},
-		{"default", testkit.GraspOptions{}, 12},
-		{"no limit", testkit.GraspOptions{NoRateLimit: true, Burst: 1}, 12},
+		{"burst 5", testrelay.GraspOptions{Burst: 5}, 5},
+		{"default", testrelay.GraspOptions{}, 12},
+		{"no limit", testrelay.GraspOptions{NoRateLimit: true, Burst: 1}, 12},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.opts.Clock = clock.NewFake(time.Unix(1_800_000_000, 0))
-			g := testkit.StartGraspRelay(t, tc.opts)
+			g := testrelay.StartGraspRelay(t, tc.opts)
 			c := dial(t, g.URL)
 			ann, issues := repoSet(g, testkit.NewKey(), 11)
 			sendAll(t, c, append([]*nostr.Event{ann}, issues...))
@@ -251,7 +252,7 @@ func TestGraspRelayAuth(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t)
 	sidecar, someone := testkit.NewKey(), testkit.NewKey()
-	g := testkit.StartGraspRelay(t, testkit.GraspOptions{
+	g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{
 		RequireAuth:    true,
 		Burst:          2,
 		TrustedPubKeys: []string{sidecar.PubKey},
@@ -269,7 +270,7 @@ func TestGraspRelayAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := sendAll(t, c, evts[:3])
-	if want := []string{"", "", testkit.RateLimitedReason}; fmt.Sprint(got) != fmt.Sprint(want) {
+	if want := []string{"", "", testrelay.RateLimitedReason}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("untrusted pubkey: %q, want %q", got, want)
 	}
 
@@ -283,7 +284,7 @@ func TestGraspRelayAuth(t *testing.T) {
 		}
 	}
 	st := g.Stats()
-	if st.Accepted != len(evts) || st.RateLimited != 1 || st.Refused[testkit.GraspRefusedAuth] != 1 {
+	if st.Accepted != len(evts) || st.RateLimited != 1 || st.Refused[testrelay.GraspRefusedAuth] != 1 {
 		t.Errorf("stats %+v", st)
 	}
 }
@@ -293,7 +294,7 @@ func TestGraspRelayAuth(t *testing.T) {
 func TestGraspRelayTrustedAddr(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t)
-	g := testkit.StartGraspRelay(t, testkit.GraspOptions{Burst: 1, TrustedAddrs: []string{"203.0.113.9"}})
+	g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{Burst: 1, TrustedAddrs: []string{"203.0.113.9"}})
 	ann, issues := repoSet(g, testkit.NewKey(), 3)
 	trusted, err := g.DialAs(ctx, "203.0.113.9")
 	if err != nil {
@@ -316,11 +317,11 @@ func TestGraspRelayAuthReads(t *testing.T) {
 	t.Parallel()
 	ctx := timeout(t)
 	k := testkit.NewKey()
-	g := testkit.StartGraspRelay(t, testkit.GraspOptions{AuthReads: true, Relay: testkit.RelayOptions{Negentropy: true}})
+	g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{AuthReads: true, Relay: testrelay.Options{Negentropy: true}})
 	ann, _ := repoSet(g, k, 0)
 	g.Add(t, ann)
 
-	if _, err := testkit.QueryAll(ctx, g.URL, nostr.Filter{Kinds: []int{testkit.KindAnnouncement}}); err == nil || !strings.Contains(err.Error(), "auth-required:") {
+	if _, err := testrelay.QueryAll(ctx, g.URL, nostr.Filter{Kinds: []int{testkit.KindAnnouncement}}); err == nil || !strings.Contains(err.Error(), "auth-required:") {
 		t.Errorf("unauthenticated REQ: %v, want CLOSED auth-required", err)
 	}
 	c := dial(t, g.URL)
@@ -350,11 +351,11 @@ func TestGraspRelayAuthReads(t *testing.T) {
 	}
 }
 
-// TestGraspRelayNegentropy: NIP-77 is on or off as RelayOptions says.
+// TestGraspRelayNegentropy: NIP-77 is on or off as Options says.
 func TestGraspRelayNegentropy(t *testing.T) {
 	t.Parallel()
 	for _, neg := range []bool{false, true} {
-		g := testkit.StartGraspRelay(t, testkit.GraspOptions{Relay: testkit.RelayOptions{Negentropy: neg}})
+		g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{Relay: testrelay.Options{Negentropy: neg}})
 		if got := supportsNIP(t, g.HTTPURL, 77); got != neg {
 			t.Errorf("negentropy %v: NIP-11 lists 77 = %v", neg, got)
 		}
@@ -366,7 +367,7 @@ func TestGraspRelayNegentropy(t *testing.T) {
 func TestGraspRelayRejectEventHook(t *testing.T) {
 	t.Parallel()
 	var failed atomic.Bool
-	g := testkit.StartGraspRelay(t, testkit.GraspOptions{NoRateLimit: true,
+	g := testrelay.StartGraspRelay(t, testrelay.GraspOptions{NoRateLimit: true,
 		RejectEvent: []func(context.Context, *nostr.Event) (bool, string){
 			func(context.Context, *nostr.Event) (bool, string) {
 				if failed.CompareAndSwap(false, true) {
@@ -381,7 +382,7 @@ func TestGraspRelayRejectEventHook(t *testing.T) {
 	if got[0] != "error: store unavailable, try again" || got[1] != "" || got[2] != "" || !strings.HasPrefix(got[3], "blocked:") {
 		t.Errorf("answers %q", got)
 	}
-	if st := g.Stats(); st.Accepted != 2 || st.Refused[testkit.GraspRefusedOther] != 1 || st.Refused[testkit.GraspRefusedNoReference] != 1 {
+	if st := g.Stats(); st.Accepted != 2 || st.Refused[testrelay.GraspRefusedOther] != 1 || st.Refused[testrelay.GraspRefusedNoReference] != 1 {
 		t.Errorf("stats %+v", st)
 	}
 }

@@ -1,4 +1,4 @@
-package testkit
+package testrelay
 
 import (
 	"context"
@@ -49,7 +49,7 @@ const (
 type GraspOptions struct {
 	// Relay is the underlying relay's configuration (NIP-77 on or off,
 	// per-filter result cap).
-	Relay RelayOptions
+	Relay Options
 	// PublicURL is the address announcements must list in their relays tag
 	// to be accepted (empty means the relay's own URL). Setting it emulates
 	// a relay that clients reach under another name (GRASP_PUBLIC_URL

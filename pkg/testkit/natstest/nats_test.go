@@ -1,4 +1,4 @@
-package testkit_test
+package natstest_test
 
 import (
 	"context"
@@ -7,11 +7,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
-func TestStartNATSJetStream(t *testing.T) {
-	n := testkit.StartNATS(t)
+func TestStartJetStream(t *testing.T) {
+	n := natstest.Start(t)
 	if !n.Server.JetStreamEnabled() {
 		t.Fatal("JetStream not enabled")
 	}

@@ -1,4 +1,4 @@
-package testkit_test
+package syncbaseline_test
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/syncbaseline"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
 
 // TestSyncBaselineStoresEveryLayer: the benchmark's baseline brings a
@@ -29,15 +31,15 @@ func TestSyncBaselineStoresEveryLayer(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var relays []testkit.BaselineRelay
+	var relays []syncbaseline.Relay
 	for range 2 {
-		r := testkit.StartRelay(t, testkit.RelayOptions{MaxLimit: 500})
+		r := testrelay.Start(t, testrelay.Options{MaxLimit: 500})
 		for _, e := range append([]*nostr.Event{other}, want...) {
 			if err := r.Store.SaveEvent(ctx, e); err != nil {
 				t.Fatal(err)
 			}
 		}
-		relays = append(relays, testkit.BaselineRelay{URL: r.URL, Repos: []string{repo}})
+		relays = append(relays, syncbaseline.Relay{URL: r.URL, Repos: []string{repo}})
 	}
 	st, err := store.Open(filepath.Join(t.TempDir(), "events"))
 	if err != nil {
@@ -45,7 +47,7 @@ func TestSyncBaselineStoresEveryLayer(t *testing.T) {
 	}
 	defer st.Close()
 
-	stats, err := testkit.SyncBaseline(ctx, st, relays)
+	stats, err := syncbaseline.Sync(ctx, st, relays)
 	if err != nil {
 		t.Fatal(err)
 	}

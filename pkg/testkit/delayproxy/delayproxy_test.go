@@ -1,4 +1,4 @@
-package testkit
+package delayproxy
 
 import (
 	"io"
@@ -27,7 +27,7 @@ func TestDelayProxy(t *testing.T) {
 			}()
 		}
 	}()
-	p := StartDelayProxy(t, ln.Addr().String())
+	p := Start(t, ln.Addr().String())
 	c, err := net.Dial("tcp", p.Addr)
 	if err != nil {
 		t.Fatal(err)

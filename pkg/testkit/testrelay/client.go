@@ -1,4 +1,4 @@
-package testkit
+package testrelay
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip42"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
 // Publish sends events to the relay at url over one real websocket
@@ -56,7 +58,7 @@ func (c *Conn) readOK(ctx context.Context, id string) (ok bool, reason string, e
 // Auth authenticates the connection (NIP-42) as key: it answers the last
 // challenge the relay sent, reading until one arrives if none has, and
 // fails unless the relay accepts the answer.
-func (c *Conn) Auth(ctx context.Context, key Key) error {
+func (c *Conn) Auth(ctx context.Context, key testkit.Key) error {
 	for c.challenge == "" {
 		if _, _, err := c.Read(ctx); err != nil {
 			return fmt.Errorf("waiting for AUTH challenge: %w", err)

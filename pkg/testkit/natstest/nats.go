@@ -1,4 +1,4 @@
-package testkit
+package natstest
 
 import (
 	"testing"
@@ -19,11 +19,11 @@ type NATS struct {
 	URL string
 }
 
-// StartNATS starts an embedded JetStream server on 127.0.0.1 with a random
+// Start starts an embedded JetStream server on 127.0.0.1 with a random
 // port and a file store in t.TempDir(), without logging or signal handlers,
 // and waits until it accepts connections. The server is shut down (and
 // waited for) when the test ends.
-func StartNATS(t testing.TB) *NATS {
+func Start(t testing.TB) *NATS {
 	t.Helper()
 	opts := &server.Options{
 		Host:      "127.0.0.1",
@@ -35,7 +35,7 @@ func StartNATS(t testing.TB) *NATS {
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {
-		t.Fatalf("testkit: create nats server: %v", err)
+		t.Fatalf("natstest: create nats server: %v", err)
 	}
 	go s.Start()
 	t.Cleanup(func() {
@@ -43,7 +43,7 @@ func StartNATS(t testing.TB) *NATS {
 		s.WaitForShutdown()
 	})
 	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatalf("testkit: nats server not ready for connections after 10s")
+		t.Fatalf("natstest: nats server not ready for connections after 10s")
 	}
 	return &NATS{Server: s, URL: s.ClientURL()}
 }
@@ -54,7 +54,7 @@ func (n *NATS) Connect(t testing.TB) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(n.URL, nats.Name(t.Name()))
 	if err != nil {
-		t.Fatalf("testkit: connect to nats at %s: %v", n.URL, err)
+		t.Fatalf("natstest: connect to nats at %s: %v", n.URL, err)
 	}
 	t.Cleanup(nc.Close)
 	return nc

@@ -1,6 +1,7 @@
-package testkit
+package delayproxy
 
 import (
+	"context"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -8,7 +9,7 @@ import (
 	"time"
 )
 
-// Direction is one way through a DelayProxy.
+// Direction is one way through a Proxy.
 type Direction int
 
 const (
@@ -18,7 +19,7 @@ const (
 	Down
 )
 
-// DelayProxy is a TCP proxy between clients and one server that delivers
+// Proxy is a TCP proxy between clients and one server that delivers
 // bytes late: each chunk read is written on after the delay of its direction
 // at the time it was read (plus up to the jitter), in order, and not at all
 // while its direction is held. It stands for a loaded or partitioned network
@@ -26,7 +27,7 @@ const (
 // its answer late, or not arrive until the hold ends — what a NATS client
 // sees when its server or the machine is saturated. The connections stay
 // open while held, as they would across a short partition.
-type DelayProxy struct {
+type Proxy struct {
 	// Addr is the proxy's host:port on 127.0.0.1.
 	Addr string
 
@@ -43,15 +44,15 @@ type DelayProxy struct {
 	wg      sync.WaitGroup
 }
 
-// StartDelayProxy listens on a free loopback port and forwards every
+// Start listens on a free loopback port and forwards every
 // connection to target (host:port) until the test ends.
-func StartDelayProxy(t testing.TB, target string) *DelayProxy {
+func Start(t testing.TB, target string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("testkit: delay proxy listen: %v", err)
+		t.Fatalf("delayproxy: delay proxy listen: %v", err)
 	}
-	p := &DelayProxy{Addr: ln.Addr().String(), ln: ln, target: target,
+	p := &Proxy{Addr: ln.Addr().String(), ln: ln, target: target,
 		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
@@ -61,7 +62,7 @@ func StartDelayProxy(t testing.TB, target string) *DelayProxy {
 
 // SetDelay sets the delay of one direction: chunks read from now on are
 // written on base plus up to jitter later (never before an earlier chunk).
-func (p *DelayProxy) SetDelay(dir Direction, base, jitter time.Duration) {
+func (p *Proxy) SetDelay(dir Direction, base, jitter time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.delay[dir], p.jitter[dir] = base, jitter
@@ -70,7 +71,7 @@ func (p *DelayProxy) SetDelay(dir Direction, base, jitter time.Duration) {
 
 // Hold stops (true) or resumes (false) delivery in one direction; bytes
 // held are delivered, in order, when it resumes.
-func (p *DelayProxy) Hold(dir Direction, hold bool) {
+func (p *Proxy) Hold(dir Direction, hold bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.held[dir] = hold
@@ -78,7 +79,7 @@ func (p *DelayProxy) Hold(dir Direction, hold bool) {
 }
 
 // Close stops the proxy and closes every connection through it.
-func (p *DelayProxy) Close() {
+func (p *Proxy) Close() {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -94,12 +95,12 @@ func (p *DelayProxy) Close() {
 	p.wg.Wait()
 }
 
-func (p *DelayProxy) notifyLocked() {
+func (p *Proxy) notifyLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
-func (p *DelayProxy) accept() {
+func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
 		client, err := p.ln.Accept()
@@ -137,7 +138,7 @@ type chunk struct {
 	due  time.Time
 }
 
-func (p *DelayProxy) read(dir Direction, src, dst net.Conn, out chan<- chunk) {
+func (p *Proxy) read(dir Direction, src, dst net.Conn, out chan<- chunk) {
 	defer p.wg.Done()
 	defer close(out)
 	for {
@@ -158,7 +159,7 @@ func (p *DelayProxy) read(dir Direction, src, dst net.Conn, out chan<- chunk) {
 	}
 }
 
-func (p *DelayProxy) write(dir Direction, src, dst net.Conn, in <-chan chunk) {
+func (p *Proxy) write(dir Direction, src, dst net.Conn, in <-chan chunk) {
 	defer p.wg.Done()
 	defer func() {
 		_ = src.Close()
@@ -191,4 +192,34 @@ func (p *DelayProxy) write(dir Direction, src, dst net.Conn, in <-chan chunk) {
 			return
 		}
 	}
+}
+
+// Stalls holds dir every `every` for `length` (a server or client that
+// stops answering for a moment, as a saturated process does) until the
+// returned stop is called or the test ends.
+func (p *Proxy) Stalls(t testing.TB, dir Direction, every, length time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(every - length):
+			}
+			p.Hold(dir, true)
+			select {
+			case <-ctx.Done():
+			case <-time.After(length):
+			}
+			p.Hold(dir, false)
+		}
+	}()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		<-done
+	})
+	t.Cleanup(stop)
+	return stop
 }

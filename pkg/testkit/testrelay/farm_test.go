@@ -1,4 +1,4 @@
-package testkit
+package testrelay
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
 
 // frame builds one websocket frame (client frames masked).
@@ -88,13 +90,13 @@ func TestFrameSnifferLabels(t *testing.T) {
 // indexes, ids, and the tag-letter quirk.
 func TestMemStoreQueries(t *testing.T) {
 	ctx := context.Background()
-	k := NewKey()
-	repo := RepoRef(k.PubKey, "r")
+	k := testkit.NewKey()
+	repo := testkit.RepoRef(k.PubKey, "r")
 	var issues []*nostr.Event
 	for i := range 10 {
-		issues = append(issues, k.Issue(repo, "i", At(nostr.Timestamp(1000+i))))
+		issues = append(issues, k.Issue(repo, "i", testkit.At(nostr.Timestamp(1000+i))))
 	}
-	cmt := k.Comment(issues[0], issues[0], "c", At(2000))
+	cmt := k.Comment(issues[0], issues[0], "c", testkit.At(2000))
 	for _, quirk := range []bool{false, true} {
 		st := &MemStore{IgnoreTagLetter: quirk}
 		for _, e := range append(slices.Clone(issues), cmt) {
@@ -110,7 +112,7 @@ func TestMemStoreQueries(t *testing.T) {
 		if got, want := q(nostr.Filter{Tags: nostr.TagMap{"a": {repo}}, Limit: 3}), eventIDs(issues[9], issues[8], issues[7]); !slices.Equal(got, want) {
 			t.Errorf("quirk %v: #a limit 3 = %v, want %v", quirk, got, want)
 		}
-		if got, want := q(nostr.Filter{Kinds: []int{KindIssue}, Since: &since, Until: &until}), eventIDs(issues[6], issues[5], issues[4], issues[3]); !slices.Equal(got, want) {
+		if got, want := q(nostr.Filter{Kinds: []int{testkit.KindIssue}, Since: &since, Until: &until}), eventIDs(issues[6], issues[5], issues[4], issues[3]); !slices.Equal(got, want) {
 			t.Errorf("quirk %v: since/until = %v, want %v", quirk, got, want)
 		}
 		if got := q(nostr.Filter{Authors: []string{k.PubKey}}); len(got) != 11 || got[0] != cmt.ID {
@@ -151,10 +153,10 @@ func TestFarmCountsAndCaps(t *testing.T) {
 	defer f.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k := NewKey()
-	repo := RepoRef(k.PubKey, "r")
+	k := testkit.NewKey()
+	repo := testkit.RepoRef(k.PubKey, "r")
 	for i := range 600 {
-		if err := f.Add(ctx, k.Issue(repo, "i", At(nostr.Timestamp(1000+i))), []int{0, 1}); err != nil {
+		if err := f.Add(ctx, k.Issue(repo, "i", testkit.At(nostr.Timestamp(1000+i))), []int{0, 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -210,39 +212,5 @@ func TestFarmCountsAndCaps(t *testing.T) {
 	}
 	if r0.BytesOut < 500*200 || r0.BytesIn == 0 {
 		t.Errorf("relay 0 bytes in %d out %d: out should hold 500 events", r0.BytesIn, r0.BytesOut)
-	}
-}
-
-// TestWorldDeterministic: the same spec signs the same ids; every event
-// is on 2–3 of its repository's 5 relays; counts follow the spec.
-func TestWorldDeterministic(t *testing.T) {
-	spec := WorldSpec{Repos: 20, Relays: 12, RootsPerRepo: 4, CommentsPerRoot: 1, Seed: 7}
-	a, b := GenerateWorld(spec), GenerateWorld(spec)
-	if len(a.Events) != 20*(spec.EventsPerRepo()-1) {
-		t.Fatalf("%d events, want %d", len(a.Events), 20*(spec.EventsPerRepo()-1))
-	}
-	ids := map[string]bool{}
-	for i, e := range a.Events {
-		if e.Event.ID != b.Events[i].Event.ID || !slices.Equal(e.Relays, b.Events[i].Relays) {
-			t.Fatalf("event %d differs between two generations", i)
-		}
-		if ok, err := e.Event.CheckSignature(); !ok || err != nil {
-			t.Fatalf("event %d: bad signature (%v)", i, err)
-		}
-		ids[e.Event.ID] = true
-		if n := len(e.Relays); n < 2 || n > 3 {
-			t.Errorf("event %d on %d relays", i, n)
-		}
-	}
-	if len(ids) != len(a.Events) {
-		t.Errorf("%d distinct ids for %d events", len(ids), len(a.Events))
-	}
-	urls := make([]string, spec.Relays)
-	for i := range urls {
-		urls[i] = "ws://127.0.0.1:" + string(rune('a'+i))
-	}
-	anns := a.Announcements("ws://127.0.0.1:1", urls)
-	if len(anns) != 20 || len(anns[3].Tags.Find("relays")) != 1+1+5 {
-		t.Errorf("announcement relays tag %v", anns[3].Tags.Find("relays"))
 	}
 }
