@@ -66,7 +66,7 @@ func TestHistoryWithAndWithoutNegentropy(t *testing.T) {
 			name = "NIP-77"
 		}
 		t.Run(name, func(t *testing.T) {
-			remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: neg, MaxLimit: 100}) // = GRASP_FETCHER_RELAY_MIN_CAP: smaller caps end the read early (documented)
+			remote := testkit.StartRelay(t, testkit.RelayOptions{Negentropy: neg, MaxLimit: 100}) // = the fetcher's RelayMinCap
 			app := start(t, nil)
 			owner, contributor := testkit.NewKey(), testkit.NewKey()
 			repo := testkit.RepoRef(owner.PubKey, "history")

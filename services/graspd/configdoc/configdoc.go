@@ -135,6 +135,20 @@ var Retired = []RetiredVar{
 	{"GRASP_PARKING_MAX_WAKE_KEYS", "fixed at 16: the references one parked event waits on."},
 	{"GRASP_PARKING_MAX_SIGNALS", "fixed at 32: the references of a stored event looked up to wake parked events."},
 	{"GRASP_PARKING_SWEEP_INTERVAL", "fixed at 1 min: how often expired parked events are removed."},
+	{"GRASP_FETCHER_PAGE_SIZE", "fixed at 500: the limit of each historic REQ page (strfry's maxFilterLimit; lower for a relay whose limits are lower)."},
+	{"GRASP_FETCHER_RELAY_MIN_CAP", "fixed at 100: the smallest per-REQ cap assumed of relays when looking for crowded seconds; it never ends a read."},
+	{"GRASP_FETCHER_MAX_PAGES", "fixed at 10,000: the pages of one historic filter, a backstop against a relay that pages forever."},
+	{"GRASP_FETCHER_IDS_PER_REQ", "fixed at 100: the ids of one REQ after NIP-77 (~7 KB)."},
+	{"GRASP_FETCHER_NEGENTROPY_FRAME_SIZE", "fixed at 60,000 bytes: the largest NIP-77 frame sent, like strfry's sync client (smaller when a relay's message budget needs it)."},
+	{"GRASP_FETCHER_NEGENTROPY_TIMEOUT", "fixed at 30 s: the wait for each NIP-77 answer, after which the part is read with REQs."},
+	{"GRASP_FETCHER_PAGE_TIMEOUT", "fixed at 2 min: the wait for each historic REQ's EOSE, after which the batch fails and is retried."},
+	{"GRASP_FETCHER_PING_INTERVAL", "fixed at 30 s: the keepalive ping to each relay."},
+	{"GRASP_FETCHER_PONG_TIMEOUT", "fixed at 20 s: a relay that does not answer a ping within it is declared dead."},
+	{"GRASP_FETCHER_LIVE_FILTERS_PER_REQ", "fixed at 20: the filters of one live REQ (strfry's default)."},
+	{"GRASP_FETCHER_MAX_PENDING_BATCHES", "fixed at 256: the historic batches that may wait per relay; more are failed and retried."},
+	{"GRASP_FETCHER_PUBLISH_WINDOW", "fixed at 256: the event publishes awaiting acknowledgement per batch or live subscription."},
+	{"GRASP_FETCHER_PUBLISH_BATCH", "fixed at 64: the events one events-stream message carries at most (docs/decisions/0053-events-travel-in-batches.md)."},
+	{"GRASP_FETCHER_RECENT_IDS", "fixed at 16,384 (~3.3 MiB): the acknowledged publishes the fetcher remembers to skip other relays' copies (docs/decisions/0043-fetcher-copies-already-published.md)."},
 }
 
 func writeTable(b *bytes.Buffer, vars []Var) {
