@@ -149,6 +149,13 @@ var Retired = []RetiredVar{
 	{"GRASP_FETCHER_PUBLISH_WINDOW", "fixed at 256: the event publishes awaiting acknowledgement per batch or live subscription."},
 	{"GRASP_FETCHER_PUBLISH_BATCH", "fixed at 64: the events one events-stream message carries at most (docs/decisions/0053-events-travel-in-batches.md)."},
 	{"GRASP_FETCHER_RECENT_IDS", "fixed at 16,384 (~3.3 MiB): the acknowledged publishes the fetcher remembers to skip other relays' copies (docs/decisions/0043-fetcher-copies-already-published.md)."},
+	{"GRASP_PLANNER_CONSUMER", "the constant `planner` (the durable consumer of the planner's reports; an internal name)."},
+	{"GRASP_PLANNER_LEASE_KEY", "the constant `planner` (the planner's key in the lease bucket; an internal name, like discovery's)."},
+	{"GRASP_PLANNER_RECOMPUTE_MAX_DELAY", "fixed at 1 s: the longest updates that never pause wait for a recompute (docs/decisions/0004-planner-recompute-debounce.md)."},
+	{"GRASP_PLANNER_CONSOLIDATE_PER_TICK", "fixed at 2: the deferred consolidations built in one round."},
+	{"GRASP_PLANNER_CONSOLIDATE_EVERY", "fixed at 10 ms: the pause between two rounds of deferred consolidations."},
+	{"GRASP_PLANNER_MAX_BATCH_ITEMS", "fixed at 1,000: the items (repositories + roots) of one batch."},
+	{"GRASP_PLANNER_MAX_FILTERS_PER_COMMAND", "fixed at 50: the live filters of one command (~330 KB, under NATS's 1 MiB payload; docs/decisions/0016-planner-interned-ids-filter-budget.md)."},
 }
 
 func writeTable(b *bytes.Buffer, vars []Var) {
