@@ -156,6 +156,10 @@ var Retired = []RetiredVar{
 	{"GRASP_PLANNER_CONSOLIDATE_EVERY", "fixed at 10 ms: the pause between two rounds of deferred consolidations."},
 	{"GRASP_PLANNER_MAX_BATCH_ITEMS", "fixed at 1,000: the items (repositories + roots) of one batch."},
 	{"GRASP_PLANNER_MAX_FILTERS_PER_COMMAND", "fixed at 50: the live filters of one command (~330 KB, under NATS's 1 MiB payload; docs/decisions/0016-planner-interned-ids-filter-budget.md)."},
+	{"GRASP_RELAY_MAX_FILTERS", "fixed at 20: the filters of one REQ a client sends (strfry's long-standing default)."},
+	{"GRASP_RELAY_MAX_SUBSCRIPTIONS", "fixed at 200: the open subscriptions of one client connection (current strfry's default)."},
+	{"GRASP_RELAY_MAX_LIMIT", "fixed at 500: the stored events one REQ filter returns; clients page further with until (strfry's maxFilterLimit)."},
+	{"GRASP_RELAY_WRITE_TIMEOUT", "fixed at 10 s: a client that does not read for that long is disconnected (docs/decisions/0003-khatru-listener-race.md)."},
 }
 
 func writeTable(b *bytes.Buffer, vars []Var) {
