@@ -160,6 +160,11 @@ var Retired = []RetiredVar{
 	{"GRASP_RELAY_MAX_SUBSCRIPTIONS", "fixed at 200: the open subscriptions of one client connection (current strfry's default)."},
 	{"GRASP_RELAY_MAX_LIMIT", "fixed at 500: the stored events one REQ filter returns; clients page further with until (strfry's maxFilterLimit)."},
 	{"GRASP_RELAY_WRITE_TIMEOUT", "fixed at 10 s: a client that does not read for that long is disconnected (docs/decisions/0003-khatru-listener-race.md)."},
+	{"GRASP_DISCOVERY_PAGE_SIZE", "fixed at 500: the limit of each page of the own relay's history (its MaxLimit)."},
+	{"GRASP_DISCOVERY_MAX_PAGES", "fixed at 100,000: the pages of one history read, a backstop."},
+	{"GRASP_DISCOVERY_RELAY_MIN_CAP", "fixed at 100: the smallest per-REQ cap assumed of the own relay when looking for crowded seconds (docs/decisions/0021-history-crowded-second.md)."},
+	{"GRASP_DISCOVERY_RECONNECT_BUFFER", "fixed at 15 min: how far before a lost live stream the catch-up after a reconnect starts."},
+	{"GRASP_DISCOVERY_BATCH_QUIET", "fixed at 150 ms: how long index changes must have been quiet before they are written (docs/decisions/0005-discovery-batch-quiet-period.md)."},
 }
 
 func writeTable(b *bytes.Buffer, vars []Var) {
