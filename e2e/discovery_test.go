@@ -68,7 +68,7 @@ func TestHistoryWithAndWithoutNegentropy(t *testing.T) {
 			name = "NIP-77"
 		}
 		t.Run(name, func(t *testing.T) {
-			remote := testrelay.Start(t, testrelay.Options{Negentropy: neg, MaxLimit: 100}) // = GRASP_FETCHER_RELAY_MIN_CAP: smaller caps end the read early (documented)
+			remote := testrelay.Start(t, testrelay.Options{Negentropy: neg, MaxLimit: 100}) // = the fetcher's RelayMinCap
 			app := start(t, nil)
 			owner, contributor := testkit.NewKey(), testkit.NewKey()
 			repo := testkit.RepoRef(owner.PubKey, "history")

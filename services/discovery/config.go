@@ -8,7 +8,12 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
 
-// Config is discovery's configuration (GRASP_* variables).
+// Config is discovery's configuration (GRASP_* variables). Fields tagged
+// ignored:"true" are not read from the environment: their default tag is
+// the value (withDefaults fills it), and tests set them in code. They
+// describe how discovery reads its own relay, which the deployment
+// fixes; they were variables once (docs/configuration.md, "No longer
+// read").
 type Config struct {
 	// RelayURL is the own relay discovery subscribes to.
 	RelayURL string `envconfig:"DISCOVERY_RELAY_URL"`
@@ -18,24 +23,28 @@ type Config struct {
 	// they are written: a single announcement reaches the planner after
 	// this, not after the whole window (docs/decisions/0005-discovery-batch-quiet-period.md). A quiet period
 	// longer than the window acts as the window.
-	BatchQuiet time.Duration `envconfig:"DISCOVERY_BATCH_QUIET" default:"150ms"`
+	BatchQuiet time.Duration `ignored:"true" default:"150ms"`
 	// BatchWindow is the longest a change waits to be written: it starts at
 	// the first change after a flush and does not reset, so a stream of
 	// changes that never pauses is still one index update per window.
 	BatchWindow time.Duration `envconfig:"DISCOVERY_BATCH_WINDOW" default:"5s"`
-	// PageSize is the limit of each history page.
-	PageSize int `envconfig:"DISCOVERY_PAGE_SIZE" default:"500"`
-	// MaxPages bounds one history read.
-	MaxPages int `envconfig:"DISCOVERY_MAX_PAGES" default:"100000"`
+	// PageSize is the limit of each history page: the own relay's
+	// MaxLimit (500).
+	PageSize int `ignored:"true" default:"500"`
+	// MaxPages bounds one history read: 100,000 pages of 500, a backstop
+	// no real history meets.
+	MaxPages int `ignored:"true" default:"100000"`
 	// RelayMinCap is the smallest per-REQ result cap assumed of the own
 	// relay: a page of at least min(this, PageSize) events that all share
 	// one created_at may hide more of that second, which is then read on
-	// its own (NIP-77, or REQs split by kind). Must not exceed
-	// GRASP_RELAY_MAX_LIMIT.
-	RelayMinCap int `envconfig:"DISCOVERY_RELAY_MIN_CAP" default:"100"`
+	// its own (NIP-77, or REQs split by kind;
+	// docs/decisions/0021-history-crowded-second.md). It must not exceed
+	// the own relay's MaxLimit (500, relay.Config).
+	RelayMinCap int `ignored:"true" default:"100"`
 	// ReconnectBuffer is subtracted from the moment the live stream was lost
-	// to get the since of the catch-up after a reconnect.
-	ReconnectBuffer time.Duration `envconfig:"DISCOVERY_RECONNECT_BUFFER" default:"15m" zero:"off"`
+	// to get the since of the catch-up after a reconnect: 15 min, the
+	// planner's propagation buffer (GRASP_PLANNER_SINCE_BUFFER) too.
+	ReconnectBuffer time.Duration `ignored:"true" default:"15m"`
 	// BackoffBase and BackoffMax bound the reconnect backoff (doubling from
 	// base up to max; reset once a connection is live).
 	BackoffBase time.Duration `envconfig:"DISCOVERY_BACKOFF_BASE" default:"1s"`
@@ -74,20 +83,12 @@ func (c *Config) Validate() error {
 	switch {
 	case c.BatchWindow <= 0:
 		return config.Invalid("DISCOVERY_BATCH_WINDOW", c.BatchWindow, "must be positive")
-	case c.BatchQuiet <= 0:
-		return config.Invalid("DISCOVERY_BATCH_QUIET", c.BatchQuiet, "must be positive")
-	case c.PageSize <= 0:
-		return config.Invalid("DISCOVERY_PAGE_SIZE", c.PageSize, "must be positive")
-	case c.RelayMinCap < 0:
-		return config.Invalid("DISCOVERY_RELAY_MIN_CAP", c.RelayMinCap, "must not be negative")
 	case c.BackoffBase <= 0:
 		return config.Invalid("DISCOVERY_BACKOFF_BASE", c.BackoffBase, "must be positive")
 	case c.BackoffMax < c.BackoffBase:
 		return config.Invalid("DISCOVERY_BACKOFF_MAX", c.BackoffMax, "must not be below GRASP_DISCOVERY_BACKOFF_BASE")
 	case c.ArchiveMaxRepos < 0:
 		return config.Invalid("ARCHIVE_MAX_REPOS", c.ArchiveMaxRepos, "must not be negative")
-	case c.ReconnectBuffer < 0:
-		return config.Invalid("DISCOVERY_RECONNECT_BUFFER", c.ReconnectBuffer, "must not be negative")
 	}
 	for i, raw := range c.BootstrapRelays {
 		u, err := relayurl.Normalize(raw)

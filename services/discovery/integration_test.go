@@ -22,6 +22,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
@@ -75,9 +76,6 @@ func (e *env) start(t *testing.T, cfg Config, clk clock.Clock) *instance {
 	}
 	if cfg.BackoffBase == 0 {
 		cfg.BackoffBase, cfg.BackoffMax = 100*time.Millisecond, 500*time.Millisecond
-	}
-	if cfg.ReconnectBuffer == 0 {
-		cfg.ReconnectBuffer = 15 * time.Minute
 	}
 	pol := &policy.Policy{ServiceURL: service}
 	reg := prometheus.NewRegistry()
@@ -512,9 +510,6 @@ func TestConfigValidate(t *testing.T) {
 	}
 	for name, mutate := range map[string]func(*Config){
 		"zero window":        func(c *Config) { c.BatchWindow = 0 },
-		"zero quiet":         func(c *Config) { c.BatchQuiet = 0 },
-		"zero page":          func(c *Config) { c.PageSize = 0 },
-		"negative min cap":   func(c *Config) { c.RelayMinCap = -1 },
 		"backoff max < base": func(c *Config) { c.BackoffMax = time.Millisecond },
 		"bad bootstrap":      func(c *Config) { c.BootstrapRelays = []string{"http://x.example"} },
 	} {
@@ -531,6 +526,22 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := (&Config{}).Validate(); err == nil {
 		t.Error("empty config accepted")
+	}
+}
+
+// TestFixedSettingsNotRead: how discovery reads its own relay is fixed,
+// so the former variables do nothing, and a Config from the environment
+// gets the fixed values, the reconnect buffer included.
+func TestFixedSettingsNotRead(t *testing.T) {
+	t.Setenv("GRASP_DISCOVERY_PAGE_SIZE", "0")
+	t.Setenv("GRASP_DISCOVERY_RECONNECT_BUFFER", "-1s")
+	var c Config
+	if err := config.Load(&c); err != nil {
+		t.Fatal(err)
+	}
+	c = c.withDefaults()
+	if c.PageSize != 500 || c.RelayMinCap != 100 || c.ReconnectBuffer != 15*time.Minute || c.BatchQuiet != 150*time.Millisecond {
+		t.Fatalf("config %+v", c)
 	}
 }
 

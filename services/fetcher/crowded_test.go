@@ -116,7 +116,7 @@ func TestCrowdedSecondSplitByRepository(t *testing.T) {
 	t.Logf("1,000 same-second events in %d REQs", done.GetPages())
 }
 
-// A relay capping REQs at 50, below GRASP_FETCHER_RELAY_MIN_CAP (100),
+// A relay capping REQs at 50, below the fetcher's RelayMinCap (100),
 // holds 230 issues of one repository over distinct seconds: every 50-event
 // page could be the relay's cap, so the read goes on until a page shorter
 // than one the relay has returned, and all 230 arrive before the batch is

@@ -31,7 +31,12 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
 
-// Config is the fetcher's configuration (GRASP_* variables).
+// Config is the fetcher's configuration (GRASP_* variables). Fields
+// tagged ignored:"true" are not read from the environment: their default
+// tag is the value (New fills it), and tests set them in code. They are
+// the protocol's shape and the fetcher's internal bounds, which no
+// operator has a reason to change; they were variables once
+// (docs/configuration.md, "No longer read").
 type Config struct {
 	// ID names this replica in reports, leases and logs.
 	ID string `envconfig:"FETCHER_ID"`
@@ -42,34 +47,53 @@ type Config struct {
 	OwnedShards []int `envconfig:"FETCHER_SHARDS"`
 	// LeaseTTL is how long a dead replica's shards stay orphaned.
 	LeaseTTL time.Duration `envconfig:"FETCHER_LEASE_TTL" default:"15s"`
-	// PageSize is the limit of each historic REQ page.
-	PageSize int `envconfig:"FETCHER_PAGE_SIZE" default:"500"`
+	// PageSize is the limit of each historic REQ page: strfry's
+	// maxFilterLimit (500), the most the common relay serves; a relay
+	// whose known limits are lower gets pages of its max_limit
+	// (docs/sync.md, "What relays allow").
+	PageSize int `ignored:"true" default:"500"`
 	// RelayMinCap is the smallest per-REQ result cap assumed of relays when
 	// looking for crowded seconds: a page of at least this many events
 	// (or PageSize, if smaller) all in one second makes that second read on
 	// its own. It no longer ends a read: a short page does only when the
 	// relay has returned a longer one on the connection, otherwise one more
-	// page is asked, so relays capping below it are read completely.
-	RelayMinCap int `envconfig:"FETCHER_RELAY_MIN_CAP" default:"100"`
-	// MaxPages bounds one historic filter's pagination.
-	MaxPages int `envconfig:"FETCHER_MAX_PAGES" default:"10000"`
-	// IDsPerREQ is the chunk size of the id fetches after NIP-77.
-	IDsPerREQ int `envconfig:"FETCHER_IDS_PER_REQ" default:"100"`
+	// page is asked, so relays capping below it are read completely
+	// (docs/decisions/0015-fetcher-short-page-min-cap.md,
+	// docs/decisions/0021-history-crowded-second.md).
+	RelayMinCap int `ignored:"true" default:"100"`
+	// MaxPages bounds one historic filter's pagination: 10,000 pages of
+	// 500 are five million events, a backstop against a relay that pages
+	// forever, not a limit any real read meets.
+	MaxPages int `ignored:"true" default:"10000"`
+	// IDsPerREQ is the chunk size of the id fetches after NIP-77: a REQ
+	// of 100 ids is ~7 KB, within every relay's message budget.
+	IDsPerREQ int `ignored:"true" default:"100"`
 	// DisableNegentropy turns NIP-77 off: historic sync uses REQ+EOSE only.
 	DisableNegentropy bool `envconfig:"FETCHER_DISABLE_NEGENTROPY"`
-	// NegentropyFrameSize is the largest NIP-77 message we send.
-	NegentropyFrameSize int `envconfig:"FETCHER_NEGENTROPY_FRAME_SIZE" default:"60000"`
-	// NegentropyTimeout bounds the wait for each NIP-77 answer.
-	NegentropyTimeout time.Duration `envconfig:"FETCHER_NEGENTROPY_TIMEOUT" default:"30s"`
-	// PageTimeout bounds the wait for each historic REQ's EOSE.
-	PageTimeout time.Duration `envconfig:"FETCHER_PAGE_TIMEOUT" default:"2m"`
-	// ConnectTimeout bounds one connection attempt.
+	// NegentropyFrameSize is the largest NIP-77 frame we send, like
+	// strfry's own sync client (negsync.DefaultFrameSize); smaller when
+	// the relay's message budget needs it (relayWorker.frameSize).
+	NegentropyFrameSize int `ignored:"true" default:"60000"`
+	// NegentropyTimeout bounds the wait for each NIP-77 answer; a relay
+	// that does not answer in time is read with REQs instead (docs/sync.md).
+	NegentropyTimeout time.Duration `ignored:"true" default:"30s"`
+	// PageTimeout bounds the wait for each historic REQ's EOSE; a page
+	// that takes longer fails its batch, which the planner retries.
+	PageTimeout time.Duration `ignored:"true" default:"2m"`
+	// ConnectTimeout bounds one connection attempt (DNS, TCP, TLS and the
+	// websocket upgrade). It stays a variable: it depends on the operator's
+	// own network path, and outbound connections through Tor or a slow
+	// proxy can need more.
 	ConnectTimeout time.Duration `envconfig:"FETCHER_CONNECT_TIMEOUT" default:"10s"`
 	// PingInterval and PongTimeout are the keepalive: a relay that does
-	// not answer a ping within PongTimeout is declared dead.
-	PingInterval time.Duration `envconfig:"FETCHER_PING_INTERVAL" default:"30s"`
-	PongTimeout  time.Duration `envconfig:"FETCHER_PONG_TIMEOUT" default:"20s"`
-	// MaxMessageBytes bounds one message from a relay.
+	// not answer a ping within PongTimeout is declared dead. Both are far
+	// beyond any network's round trip.
+	PingInterval time.Duration `ignored:"true" default:"30s"`
+	PongTimeout  time.Duration `ignored:"true" default:"20s"`
+	// MaxMessageBytes bounds one message from a relay. It stays a
+	// variable: an operator who raises GRASP_POLICY_MAX_EVENT_BYTES (and
+	// GRASP_RELAY_MAX_MESSAGE_BYTES) past 4 MiB raises it too, or events
+	// that large could not arrive from other relays.
 	MaxMessageBytes int64 `envconfig:"FETCHER_MAX_MESSAGE_BYTES" default:"4194304"`
 	// BackoffBase and BackoffMax shape reconnect backoff: base × 2^(n−1),
 	// capped (then one attempt per BackoffMax).
@@ -83,12 +107,14 @@ type Config struct {
 	// repeats double it up to RateLimitMaxCooldown.
 	RateLimitCooldown    time.Duration `envconfig:"FETCHER_RATE_LIMIT_COOLDOWN" default:"65s"`
 	RateLimitMaxCooldown time.Duration `envconfig:"FETCHER_RATE_LIMIT_MAX_COOLDOWN" default:"1h"`
-	// LiveFiltersPerREQ bounds the filters of one live REQ.
-	LiveFiltersPerREQ int `envconfig:"FETCHER_LIVE_FILTERS_PER_REQ" default:"20"`
+	// LiveFiltersPerREQ bounds the filters of one live REQ: strfry's
+	// default maxFilters per REQ is 20 (docs/decisions/0057-relay-limits-kept-by-the-fetcher.md).
+	LiveFiltersPerREQ int `ignored:"true" default:"20"`
 	// MaxConcurrentBatches is how many historic batches run at once per
-	// relay; MaxPendingBatches how many may wait (more are failed).
+	// relay; MaxPendingBatches how many may wait (more are failed, and
+	// the planner retries them).
 	MaxConcurrentBatches int `envconfig:"FETCHER_MAX_CONCURRENT_BATCHES" default:"2"`
-	MaxPendingBatches    int `envconfig:"FETCHER_MAX_PENDING_BATCHES" default:"256"`
+	MaxPendingBatches    int `ignored:"true" default:"256"`
 	// MaxRunningBatches is how many historic batches run at once in this
 	// replica, all relays together; the others wait their turn. Without it
 	// a start or a daily resync over hundreds of relays runs a thousand
@@ -96,20 +122,22 @@ type Config struct {
 	// too busy to renew its own leases (docs/decisions/0049-fetcher-running-batches-bound.md).
 	MaxRunningBatches int `envconfig:"FETCHER_MAX_RUNNING_BATCHES" default:"32"`
 	// PublishWindow is how many event publishes may await acknowledgement
-	// per batch or live subscription.
-	PublishWindow int `envconfig:"FETCHER_PUBLISH_WINDOW" default:"256"`
+	// per batch or live subscription; with MaxRunningBatches it bounds
+	// the publishes in flight (docs/decisions/0049-fetcher-running-batches-bound.md).
+	PublishWindow int `ignored:"true" default:"256"`
 	// PublishBatch is how many events one events-stream message carries at
 	// most: the events of a page (or of a burst on a live subscription)
 	// travel together, up to this many and bus.EventBatchMaxBytes, so the
 	// stream and the ingesters handle one message, delivery and ack per
-	// batch instead of per event (docs/decisions/0053-events-travel-in-batches.md). 1 publishes one message per event, as before.
-	PublishBatch int `envconfig:"FETCHER_PUBLISH_BATCH" default:"64"`
+	// batch instead of per event (docs/decisions/0053-events-travel-in-batches.md). 1 publishes one message per event, as before
+	// (tests set it in code).
+	PublishBatch int `ignored:"true" default:"64"`
 	// RecentIDs is how many acknowledged event publishes (30 s at most) the
 	// fetcher remembers, to skip other relays' copies of the same event and
 	// to ask last for ids a reconciliation names that another relay's copy
-	// is bringing; about 200 bytes each (3.3 MiB at the default). 0 remembers
-	// none.
-	RecentIDs int `envconfig:"FETCHER_RECENT_IDS" default:"16384"`
+	// is bringing; about 200 bytes each (3.3 MiB)
+	// (docs/decisions/0043-fetcher-copies-already-published.md).
+	RecentIDs int `ignored:"true" default:"16384"`
 	// AuthKey is the service's nostr secret key (hex or nsec) used to
 	// answer NIP-42 AUTH challenges; empty: challenges are not answered.
 	AuthKey string `envconfig:"FETCHER_AUTH_KEY"`
@@ -132,9 +160,6 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxRunningBatches < 0 {
 		return config.Invalid("FETCHER_MAX_RUNNING_BATCHES", c.MaxRunningBatches, "must be at least 1 (0 takes the default)")
-	}
-	if c.NegentropyFrameSize != 0 && c.NegentropyFrameSize < 4096 {
-		return config.Invalid("FETCHER_NEGENTROPY_FRAME_SIZE", c.NegentropyFrameSize, "must be at least 4096")
 	}
 	if c.AuthKey != "" {
 		if _, err := config.SecretKey(c.AuthKey); err != nil {

@@ -100,7 +100,7 @@ func waitSnapshot(t *testing.T, b *bus.Bus, wait time.Duration, what string, con
 }
 
 // A remote relay without NIP-77 capping REQs at 50, below
-// GRASP_FETCHER_RELAY_MIN_CAP (100), holds 230 issues of one repository
+// the fetcher's RelayMinCap (100), holds 230 issues of one repository
 // over distinct seconds: graspd stores all 230 before confirming the
 // repository (it once took the first 50-event page as the whole history).
 func TestRelayCappingBelowMinCapThroughGraspd(t *testing.T) {

@@ -28,7 +28,7 @@ import (
 // and a store write.
 var benchSpec = workloadSpec{repos: 40, issuesPerRepo: 40, commentsPerIssue: 11}
 
-// fetcherPublishBatch is the fetcher's default GRASP_FETCHER_PUBLISH_BATCH:
+// fetcherPublishBatch is the fetcher's PublishBatch (fetcher.Config):
 // how many events one events-stream message carries at most in a
 // deployment (the fetcher is another module; keep the two equal).
 const fetcherPublishBatch = 64
@@ -193,7 +193,7 @@ func BenchmarkIngest(b *testing.B) {
 		backend = e.raw.Backend()
 		e.inProcess = true // graspd's embedded deployment
 		// As the fetcher publishes them on its defaults (a page's events
-		// in one message, FETCHER_PUBLISH_BATCH): the format the ingester
+		// in one message, its PublishBatch): the format the ingester
 		// reads in a deployment (docs/decisions/0053-events-travel-in-batches.md). BenchmarkIngestMessages compares it with one event per
 		// message.
 		e.publishBatched(b, w.deliveries, fetcherPublishBatch)

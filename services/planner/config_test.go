@@ -15,12 +15,15 @@ func TestConfigFromEnvironment(t *testing.T) {
 	t.Setenv("GRASP_PLANNER_MAX_LIVE_FILTERS", "40")
 	t.Setenv("GRASP_PLANNER_QUICK_RECONNECT", "10m")
 	t.Setenv("GRASP_BOOTSTRAP_RELAYS", "wss://a.example,wss://b.example")
+	// Fixed rules are not read: a former variable does nothing.
+	t.Setenv("GRASP_PLANNER_CONSOLIDATE_PER_TICK", "0")
+	t.Setenv("GRASP_PLANNER_LEASE_KEY", "other")
 	var c Config
 	if err := config.Load(&c); err != nil {
 		t.Fatal(err)
 	}
 	if c.MaxLiveFilters != 40 || c.QuickReconnect != 10*time.Minute || c.ResyncMin != 23*time.Hour ||
-		c.MaxFiltersPerCommand != 50 || len(c.BootstrapRelays) != 2 || c.ID == "" {
+		c.MaxFiltersPerCommand != 50 || c.ConsolidatePerTick != 2 || c.LeaseKey != "" || len(c.BootstrapRelays) != 2 || c.ID == "" {
 		t.Fatalf("config %+v", c)
 	}
 	t.Setenv("GRASP_PLANNER_RESYNC_MAX", "1h")

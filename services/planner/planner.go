@@ -25,7 +25,12 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
 )
 
-// Config is the planner's configuration (GRASP_* variables).
+// Config is the planner's configuration (GRASP_* variables). Fields
+// tagged ignored:"true" are not read from the environment: their default
+// tag is the value (New fills it; Validate for the fixed Rules), and tests
+// set them in code. They are internal names and pacing no operator has a
+// reason to change; they were variables once (docs/configuration.md, "No
+// longer read").
 type Config struct {
 	// ID names this planner instance in the leadership lease.
 	ID string `envconfig:"PLANNER_ID"`
@@ -40,14 +45,16 @@ type Config struct {
 	// discovery is. A value below RecomputeDelay acts as RecomputeDelay.
 	// The default is four quiet periods, so a discovery batch written within
 	// a second is still one recompute (see docs/decisions/0004-planner-recompute-debounce.md).
-	RecomputeMaxDelay time.Duration `envconfig:"PLANNER_RECOMPUTE_MAX_DELAY" default:"1s"`
+	RecomputeMaxDelay time.Duration `ignored:"true" default:"1s"`
 	// BootstrapRelays are kept connected whether or not a repository lists
 	// them (union with the list discovery publishes in the index bucket).
 	BootstrapRelays []string `envconfig:"BOOTSTRAP_RELAYS"`
-	// Consumer is the durable name of the planner's report consumer.
-	Consumer string `envconfig:"PLANNER_CONSUMER" default:"planner"`
-	// LeaseKey is the leadership role name in the lease bucket.
-	LeaseKey string `envconfig:"PLANNER_LEASE_KEY" default:"planner"`
+	// Consumer is the durable name of the planner's report consumer: an
+	// internal name every planner instance shares.
+	Consumer string `ignored:"true" default:"planner"`
+	// LeaseKey is the leadership role name in the lease bucket: an
+	// internal name, like discovery's (discovery.LeaseKey).
+	LeaseKey string `ignored:"true" default:"planner"`
 	// Rules are the lifecycle constants.
 	Rules
 	// Archive is the archive settings (GRASP_ARCHIVE_*, GRASP-05), the
@@ -56,11 +63,15 @@ type Config struct {
 	policy.Archive
 }
 
-// Validate fills defaults and checks values.
+// Validate fills defaults and checks values. It runs on a Config read
+// from the environment (config.Load), whose fixed rules it sets: the
+// environment leaves them zero, and a zero ConsolidatePerTick would mean
+// "consolidate at once".
 func (c *Config) Validate() error {
 	if c.ID == "" {
 		c.ID = config.InstanceID()
 	}
+	c.Rules = c.Rules.withFixed()
 	if c.Shards < 1 {
 		return fmt.Errorf("GRASP_SHARDS=%d: must be at least 1", c.Shards)
 	}
@@ -93,7 +104,7 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 	config.FillDefaults(&cfg)
 	cfg.Rules, cfg.RecomputeDelay = rules, delay
 	if cfg.ID == "" {
-		_ = cfg.Validate()
+		cfg.ID = config.InstanceID()
 	}
 	return &Planner{cfg: cfg, bus: b, clock: clk, log: log.With("service", "planner", "planner", cfg.ID), metrics: NewMetrics(reg)}
 }

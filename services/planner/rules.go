@@ -6,7 +6,10 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/config"
 )
 
-// Rules are the lifecycle constants (docs/sync.md, "Relay lifecycle"), all configurable.
+// Rules are the lifecycle constants (docs/sync.md, "Relay lifecycle"). Those
+// tagged ignored:"true" are fixed: not read from the environment, their
+// default tag is the value (DefaultRules, withFixed), and tests set them in
+// code (a zero ConsolidatePerTick there means "at once").
 type Rules struct {
 	// QuickReconnect is the longest disconnection after which confirmed
 	// state is kept (quick reconnect); longer ones start fresh.
@@ -30,19 +33,21 @@ type Rules struct {
 	// consolidation (a ReplaceLive with the whole minimal set, ~1 MB at
 	// design scale) is queued instead of being built inside the discovery
 	// batch's recompute, and Tick builds at most ConsolidatePerTick of them
-	// every ConsolidateEvery. 0 consolidates at once, inside the recompute.
-	ConsolidatePerTick int `envconfig:"PLANNER_CONSOLIDATE_PER_TICK" default:"2"`
+	// every ConsolidateEvery. 0 consolidates at once, inside the recompute
+	// (tests and benchmarks; docs/decisions/0034-planner-closing-live-sets-by-name.md).
+	ConsolidatePerTick int `ignored:"true" default:"2"`
 	// ConsolidateEvery is the pause between two rounds of deferred
 	// consolidations, so reports and recomputes run in between.
-	ConsolidateEvery time.Duration `envconfig:"PLANNER_CONSOLIDATE_EVERY" default:"10ms"`
+	ConsolidateEvery time.Duration `ignored:"true" default:"10ms"`
 	// MaxBatchItems bounds one batch (repositories + roots), so a failure
 	// or disconnect loses little progress.
-	MaxBatchItems int `envconfig:"PLANNER_MAX_BATCH_ITEMS" default:"1000"`
+	MaxBatchItems int `ignored:"true" default:"1000"`
 	// MaxFiltersPerCommand bounds the live filters of one command (one REQ
 	// at the fetcher): 50 filters of 100 ids are ~330 KB, under NATS's 1 MiB
 	// payload and khatru's 512 KB message limit. A larger consolidated set
-	// is sent as ReplaceLive plus live-only AddFilters.
-	MaxFiltersPerCommand int `envconfig:"PLANNER_MAX_FILTERS_PER_COMMAND" default:"50"`
+	// is sent as ReplaceLive plus live-only AddFilters
+	// (docs/decisions/0016-planner-interned-ids-filter-budget.md).
+	MaxFiltersPerCommand int `ignored:"true" default:"50"`
 	// FailureRetry is how long a relay waits after a failed batch before
 	// its items are tried again. Each further failure before the relay is
 	// fully synced doubles the wait, up to FailureRetryMax: a batch that
@@ -64,6 +69,15 @@ type Rules struct {
 func DefaultRules() Rules {
 	var r Rules
 	config.FillDefaults(&r)
+	return r
+}
+
+// withFixed returns r with the fixed rules (ignored:"true") at their
+// values: what the environment cannot set.
+func (r Rules) withFixed() Rules {
+	d := DefaultRules()
+	r.ConsolidatePerTick, r.ConsolidateEvery = d.ConsolidatePerTick, d.ConsolidateEvery
+	r.MaxBatchItems, r.MaxFiltersPerCommand = d.MaxBatchItems, d.MaxFiltersPerCommand
 	return r
 }
 

@@ -24,3 +24,18 @@ func TestPolicyLimitsFromEnvironment(t *testing.T) {
 		t.Fatalf("NIP-11 limitation %+v", lim)
 	}
 }
+
+// TestFixedLimitsNotRead: the REQ limits and the write timeout are fixed,
+// so their former variables do nothing.
+func TestFixedLimitsNotRead(t *testing.T) {
+	t.Setenv("GRASP_RELAY_MAX_LIMIT", "10")
+	t.Setenv("GRASP_RELAY_MAX_SUBSCRIPTIONS", "1")
+	var cfg Config
+	if err := config.Load(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	r := New(cfg, nil, nil, discard())
+	if lim := r.Info().Limitation; lim.MaxLimit != 500 || lim.MaxSubscriptions != 200 {
+		t.Fatalf("NIP-11 limitation %+v", lim)
+	}
+}

@@ -42,7 +42,11 @@ import (
 
 // Config is the relay's configuration (GRASP_* variables). Zero numeric
 // fields take the defaults below (New applies them), so a Config built in
-// code needs only Addr and PublicURL.
+// code needs only Addr and PublicURL. Fields tagged ignored:"true" are not
+// read from the environment: their default tag is the value, and tests set
+// them in code. They are the shape of a REQ and the guard against a client
+// that stops reading, the same for every deployment; they were variables
+// once (docs/configuration.md, "No longer read").
 type Config struct {
 	// Addr is where the relay listens (HTTP and websocket).
 	Addr string `envconfig:"RELAY_ADDR" default:"127.0.0.1:7777" zero:"off"`
@@ -70,13 +74,20 @@ type Config struct {
 	policy.Archive
 	// ArchiveReadOnly refuses client events about an archived repository (its announcement, states, and events naming it or replying to its events): they reach an archive only through sync from the relays its announcement lists. false lets clients write to archived repositories too.
 	ArchiveReadOnly bool `envconfig:"ARCHIVE_READ_ONLY" default:"true" zero:"off"`
-	// MaxFilters bounds the filters of one REQ.
-	MaxFilters int `envconfig:"RELAY_MAX_FILTERS" default:"20"`
-	// MaxSubscriptions bounds the open subscriptions of one connection.
-	MaxSubscriptions int `envconfig:"RELAY_MAX_SUBSCRIPTIONS" default:"200"`
+	// MaxFilters bounds the filters of one REQ: 20, as strfry's
+	// long-standing maxReqFilterSize (docs/sync.md, "What relays allow"),
+	// so clients written for common relays fit.
+	MaxFilters int `ignored:"true" default:"20"`
+	// MaxSubscriptions bounds the open subscriptions of one connection:
+	// 200, as current strfry releases. Per-address connection and rate
+	// limits, which stay settings, are what bound a client's load.
+	MaxSubscriptions int `ignored:"true" default:"200"`
 	// MaxLimit caps the stored events one REQ filter returns (newest
 	// first; clients page further with until). Negentropy is not capped.
-	MaxLimit int `envconfig:"RELAY_MAX_LIMIT" default:"500"`
+	// 500, strfry's maxFilterLimit and the fetcher's page; discovery's
+	// RelayMinCap (100) assumes the own relay returns at least that many
+	// (docs/decisions/0021-history-crowded-second.md).
+	MaxLimit int `ignored:"true" default:"500"`
 	// EventRate and EventBurst bound the EVENTs per second per client
 	// address.
 	EventRate  float64 `envconfig:"RELAY_EVENT_RATE" default:"20"`
@@ -89,8 +100,8 @@ type Config struct {
 	// WriteTimeout bounds one write to a client. A client that does not
 	// read for that long is disconnected: otherwise its full socket would
 	// stall every broadcast, which holds khatru's lock over all
-	// subscriptions while it writes.
-	WriteTimeout time.Duration `envconfig:"RELAY_WRITE_TIMEOUT" default:"10s"`
+	// subscriptions while it writes (docs/decisions/0003-khatru-listener-race.md).
+	WriteTimeout time.Duration `ignored:"true" default:"10s"`
 	// TrustedAddresses (IPs and CIDR networks, comma-separated) are exempt
 	// from rate and connection limits when they connect directly: our own
 	// services, the operator. A forwarded connection (X-Forwarded-For,

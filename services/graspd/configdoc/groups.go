@@ -85,7 +85,7 @@ var EnvGroups = []EnvGroup{
 }
 
 // TuningIntro heads the variables graspd reads that no group lists.
-const TuningIntro = "graspd reads these too, but they are not in the packaged env file: each default was chosen by a measurement or by the code's own limits (the decision records in docs/decisions/ say which), and some exist only so tests can run faster. Change one only with a measurement of your own. Several will become constants."
+const TuningIntro = "graspd reads these too, but they are not in the packaged env file: each default was chosen by a measurement or by the code's own limits (the decision records in docs/decisions/ say which), and some exist only so tests can run faster. Change one only with a measurement of your own. Internal names and bounds no operator has a reason to change are constants, not variables (\"No longer read\", at the end)."
 
 // groupVars sorts graspd's variables into EnvGroups and the rest (tuning),
 // and checks the groups: every name one of graspd's, none twice, each with
