@@ -27,7 +27,7 @@ const EventBatchMaxBytes = 128 << 10
 // its relay (of a batch, its first and oldest event), in Unix milliseconds.
 // With the stream's own timestamp it splits an event's journey into the
 // fetcher's part and the stream's, for the ingester's stage histogram
-// (docs/metrics.md, "Where events wait"). Clocks of different hosts make it
+// (docs/metrics.md, "Where events wait"; decision 0059). Clocks of different hosts make it
 // approximate there; nothing depends on it but the metric.
 const HeaderReadAt = "Grasp-Read-At"
 
