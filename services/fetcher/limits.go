@@ -83,13 +83,19 @@ func (r *relayLimits) learn(kind relaylimits.Refusal, text string, open, filters
 		learned.MaxMessageBytes = min(before.MaxMessageBytes, n)
 	}
 	learned = learned.Min(toLimits(r.rec.GetLearned()))
+	// A subscription refusal while the count was only assumed ends the
+	// probe past it (liveProbeMax): the count in force becomes a learned
+	// one even where it equals the default.
+	probed := kind == relaylimits.TooManySubscriptions && r.rec.GetLearned().GetMaxSubscriptions() == 0 &&
+		r.rec.GetAdvertised().GetMaxSubscriptions() == 0
 	if r.rec.LimitRefusals == nil {
 		r.rec.LimitRefusals = map[string]uint64{}
 	}
 	r.rec.LimitRefusals[kind.String()]++
 	eff = relaylimits.Effective(toLimits(r.rec.GetAdvertised()), learned)
-	if eff != before {
-		// Keep only what lowers the advertised budget: the rest is noise.
+	if eff != before || probed {
+		// Keep only what lowers the advertised budget (or ends a probe):
+		// the rest is noise.
 		r.rec.Learned = fromLimits(learned)
 		changed = true
 	}
@@ -110,6 +116,14 @@ func (r *relayLimits) advertise(l relaylimits.Limits, err error, now time.Time) 
 	}
 	r.rec.UpdatedAt = now.UnixMilli()
 	return relaylimits.Effective(toLimits(r.rec.GetAdvertised()), toLimits(r.rec.GetLearned()))
+}
+
+// subscriptionsAssumed says whether the subscription count in force is
+// only the default: the relay neither advertised one nor refused one.
+func (r *relayLimits) subscriptionsAssumed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rec.GetAdvertised().GetMaxSubscriptions() == 0 && r.rec.GetLearned().GetMaxSubscriptions() == 0
 }
 
 // nip11Due says whether the NIP-11 document should be read now.
@@ -244,8 +258,24 @@ func (w *relayWorker) liveFilterBudget(l relaylimits.Limits) uint32 {
 
 // applyLimits makes the session's connection keep to the budget in force.
 func (w *relayWorker) applyLimits(s *session, l relaylimits.Limits) {
-	s.conn.SetLimits(l.MaxMessageBytes, l.MaxSubscriptions, w.liveReserve(l.MaxSubscriptions))
+	subs := l.MaxSubscriptions
+	if w.lims.subscriptionsAssumed() {
+		subs = max(subs, int(s.liveProbe.Load()))
+	}
+	s.conn.SetLimits(l.MaxMessageBytes, subs, w.liveReserve(l.MaxSubscriptions))
 }
+
+// liveProbeMax bounds how many subscriptions a session opens on a relay
+// whose count is only assumed (Defaults: 20) when its live set needs more:
+// 200, what current strfry releases allow and advertise. A relay that did
+// not say its limit may have none (khatru has none); a refusal costs a
+// NOTICE or a CLOSED, never the connection, and teaches the real count
+// (relayLimits.learn), after which the live set is fitted to it. Without
+// the probe, a live set larger than the assumed count left some REQs
+// waiting for a slot for the whole session, and what they would have
+// brought live waited for the daily resync (docs/sync.md, "What relays
+// allow").
+const liveProbeMax = 200
 
 // onLimit is the connection's OnLimit hook: a refusal of a budget lowers
 // it for the relay, for good. It runs on the connection's read goroutine.
@@ -309,8 +339,26 @@ func (w *relayWorker) fitLive() {
 		return
 	}
 	lim := w.lims.effective()
-	share := max(lim.MaxSubscriptions-w.liveReserve(lim.MaxSubscriptions), 1)
-	if len(w.live) <= share || s.replaceAskedAt == lim.MaxSubscriptions {
+	reserve := w.liveReserve(lim.MaxSubscriptions)
+	share := max(lim.MaxSubscriptions-reserve, 1)
+	if len(w.live) <= share {
+		return
+	}
+	if w.lims.subscriptionsAssumed() {
+		// The relay never said its limit: open the live set past the
+		// assumed count, up to liveProbeMax, and learn from a refusal.
+		probe := min(len(w.live)+reserve, liveProbeMax)
+		if int32(probe) > s.liveProbe.Load() {
+			s.liveProbe.Store(int32(probe))
+			w.log.Info("live set larger than the assumed subscription budget; opening it past it (the relay did not say its limit)",
+				"session", s.id, "live_reqs", len(w.live), "subscriptions", probe)
+			w.applyLimits(s, lim)
+		}
+		if share = probe - reserve; len(w.live) <= share {
+			return
+		}
+	}
+	if s.replaceAskedAt == lim.MaxSubscriptions {
 		return
 	}
 	s.replaceAskedAt = lim.MaxSubscriptions

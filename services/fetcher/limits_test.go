@@ -2,6 +2,7 @@ package fetcher_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 
@@ -58,5 +59,34 @@ func TestLearnedLimitOutlivesRestart(t *testing.T) {
 	}
 	if got := r.LimitCounts().REQsRefused; got != refused {
 		t.Fatalf("the restarted fetcher was refused %d more REQs", got-refused)
+	}
+}
+
+// A relay that does not say its subscription limit may have none: a live
+// set needing more REQs than the assumed 20 leaves for it is opened past
+// them (up to 200), not left waiting for the session (which missed what
+// the waiting REQs would have brought until the daily resync). A silent
+// relay that does limit refuses the ones over its limit once; its count is
+// learned, even where it equals the default, and the probe ends there.
+func TestLiveSetPastAnAssumedSubscriptionBudget(t *testing.T) {
+	e := newEnv(t)
+	unlimited := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxSubscriptions: 1000}})
+	limited := testrelay.Start(t, testrelay.Options{Limits: testrelay.Limits{MaxSubscriptions: 20, Style: testrelay.StyleStrfry}})
+	e.start(baseConfig("a"), nil)
+	for _, r := range []*testrelay.Relay{unlimited, limited} {
+		s := e.connectRelay(r.URL)
+		e.liveSets(r.URL, s, 25)
+	}
+	e.waitFor("25 live REQs open on the relay without a limit", func() bool { return unlimited.LimitCounts().MaxOpenSubs >= 25 })
+	if c := unlimited.LimitCounts(); c.REQsRefused != 0 {
+		t.Fatalf("the relay without a limit counted %d refusals", c.REQsRefused)
+	}
+	e.waitFor("the limited relay's count learned", func() bool {
+		return e.relayLimits(limited.URL).GetLearned().GetMaxSubscriptions() == 20
+	})
+	refused := limited.LimitCounts().REQsRefused
+	time.Sleep(time.Second) // a probe that did not end would keep being refused
+	if c := limited.LimitCounts(); c.MaxOpenSubs > 20 || c.REQsRefused != refused {
+		t.Fatalf("the limited relay saw %d open and %d refusals after the count was learned (%d before)", c.MaxOpenSubs, c.REQsRefused, refused)
 	}
 }

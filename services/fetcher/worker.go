@@ -93,6 +93,11 @@ type session struct {
 	// last asked to replace the live set because it did not fit (fitLive):
 	// once per budget, so a set that cannot fit is not replaced in a loop.
 	replaceAskedAt int
+	// liveProbe is how many subscriptions the session lets itself open on a
+	// relay whose count is only assumed, when its live set needs more
+	// (fitLive, liveProbeMax); 0 until then. Read by applyLimits from
+	// other goroutines.
+	liveProbe atomic.Int32
 
 	// looseTags is set once the relay answered a REQ with events that do
 	// not match it (khatru v0.19.1 on badger ignores the tag letter): an
