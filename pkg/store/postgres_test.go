@@ -194,23 +194,9 @@ func TestPostgresConcurrentOpen(t *testing.T) {
 // again changes nothing; kinds-only queries (one ordered scan per kind,
 // merged) keep their answers, newest first, ties by id.
 func TestPostgresKindIndexUpgrade(t *testing.T) {
-	url, schema := pgSchema(t)
-	db, err := sql.Open("postgres", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	table := pq.QuoteIdentifier(schema) + ".grasp_event"
-	for _, q := range []string{
-		`CREATE SCHEMA ` + pq.QuoteIdentifier(schema),
-		`CREATE TABLE ` + table + ` (id text PRIMARY KEY, pubkey text NOT NULL, created_at bigint NOT NULL,
-			kind integer NOT NULL, rkey text UNIQUE, tagvalues text[] NOT NULL, raw text NOT NULL)`,
-		`CREATE INDEX grasp_event_kind ON ` + table + ` (kind, created_at DESC)`,
-	} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	url, schema, db, _ := pgOldTable(t, func(table string) string {
+		return `CREATE INDEX grasp_event_kind ON ` + table + ` (kind, created_at DESC)`
+	})
 	indexes := func() []string {
 		rows, err := db.Query(`SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE 'grasp_event_kind%' ORDER BY 1`, schema)
 		if err != nil {
@@ -294,23 +280,9 @@ func newestByID(evts []*nostr.Event) []*nostr.Event {
 // table; the local-set statement (Items of 100 #e values) then reads the
 // GIN index, not the whole table.
 func TestPostgresTagIndexUpkeep(t *testing.T) {
-	url, schema := pgSchema(t)
-	db, err := sql.Open("postgres", url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	table := pq.QuoteIdentifier(schema) + ".grasp_event"
-	for _, q := range []string{
-		`CREATE SCHEMA ` + pq.QuoteIdentifier(schema),
-		`CREATE TABLE ` + table + ` (id text PRIMARY KEY, pubkey text NOT NULL, created_at bigint NOT NULL,
-			kind integer NOT NULL, rkey text UNIQUE, tagvalues text[] NOT NULL, raw text NOT NULL)`,
-		`CREATE INDEX grasp_event_tags ON ` + table + ` USING gin (tagvalues)`,
-	} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	url, schema, db, table := pgOldTable(t, func(table string) string {
+		return `CREATE INDEX grasp_event_tags ON ` + table + ` USING gin (tagvalues)`
+	})
 	fastupdate := func() string {
 		var opts []string
 		if err := db.QueryRow(`SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`,
@@ -380,4 +352,29 @@ func TestPostgresTagIndexUpkeep(t *testing.T) {
 		}
 		s.Close()
 	}
+}
+
+// pgOldTable creates, in a schema of its own, the events table as an older
+// graspd left it, with the one index index returns (given the table's
+// qualified name), for tests of what the next open changes.
+func pgOldTable(t *testing.T, index func(table string) string) (url, schema string, db *sql.DB, table string) {
+	t.Helper()
+	url, schema = pgSchema(t)
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	table = pq.QuoteIdentifier(schema) + ".grasp_event"
+	for _, q := range []string{
+		`CREATE SCHEMA ` + pq.QuoteIdentifier(schema),
+		`CREATE TABLE ` + table + ` (id text PRIMARY KEY, pubkey text NOT NULL, created_at bigint NOT NULL,
+			kind integer NOT NULL, rkey text UNIQUE, tagvalues text[] NOT NULL, raw text NOT NULL)`,
+		index(table),
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return url, schema, db, table
 }

@@ -538,14 +538,8 @@ func documentedMetrics(t *testing.T) map[string]bool {
 // /metrics page.
 func stageCounts(t *testing.T, url string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
 	counts := map[string]float64{}
-	for _, l := range strings.Split(string(body), "\n") {
+	for _, l := range metricsLines(t, url) {
 		rest, ok := strings.CutPrefix(l, `grasp_ingester_stage_seconds_count{stage="`)
 		if !ok {
 			continue
@@ -563,8 +557,8 @@ func stageCounts(t *testing.T, url string) map[string]float64 {
 	return counts
 }
 
-// scrape returns the metric family names of a /metrics page.
-func scrape(t *testing.T, url string) map[string]bool {
+// metricsLines returns the lines of a /metrics page.
+func metricsLines(t *testing.T, url string) []string {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -572,8 +566,14 @@ func scrape(t *testing.T, url string) map[string]bool {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	return strings.Split(string(body), "\n")
+}
+
+// scrape returns the metric family names of a /metrics page.
+func scrape(t *testing.T, url string) map[string]bool {
+	t.Helper()
 	set := map[string]bool{}
-	for _, l := range strings.Split(string(body), "\n") {
+	for _, l := range metricsLines(t, url) {
 		if strings.HasPrefix(l, "# TYPE ") {
 			set[strings.Fields(l)[2]] = true
 		}
