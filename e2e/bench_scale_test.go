@@ -169,8 +169,8 @@ type scaleResult struct {
 	LogTop      map[string]int `json:"log_top"`
 	// ShardLosses counts log lines (any level) of a fetcher giving up a
 	// shard or a leader its lease; Disconnects the fetcher's lost sessions.
-	ShardLosses int    `json:"shard_losses"`
-	Disconnects int    `json:"disconnects"`
+	ShardLosses int `json:"shard_losses"`
+	Disconnects int `json:"disconnects"`
 	// Stages is where events waited during the sync: the ingesters'
 	// grasp_ingester_stage_seconds, summed over the processes.
 	Stages []stageLatency `json:"stages,omitempty"`

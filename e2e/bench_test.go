@@ -526,12 +526,11 @@ func renderBench(r benchResult) string {
 	fmt.Fprintf(&b, "| NIP-77 | REQ+EOSE | ratio | target |\n| --- | --- | --- | --- |\n| %.0f KB (%s) | %.0f KB (%s) | %.1f%% | ≤ 5%% — %s |\n\n",
 		r.resyncNeg/1024, r.resyncNegWall.Round(100*time.Millisecond), r.resyncREQ/1024, r.resyncREQWall.Round(100*time.Millisecond), 100*ratio, verdict(ratio <= 0.05))
 	if !r.quirk {
-		fmt.Fprintf(&b, "Quirk note: against plain khatru v0.19.1 + eventstore badger relays (no `StrictTags`; run of 2026-11-30 "+
-			"at the same scale) the NIP-77 resync received 82.6 MB and fetched 100,200 events again, i.e. no saving: those "+
-			"relays answer the `#A`/`#q` (and `#E`/`#q`) negentropy sessions with the `a`-tagged (`e`-tagged) events, which "+
-			"our local set for that filter rightly lacks. The pipeline's initial sync ran at 735 events/s there. That run "+
-			"predates the fetcher's defence, which now drops needed ids the local set already holds before fetching them "+
-			"(services/fetcher/batch.go, dropHeld); re-run with GRASP_BENCH_KHATRU_QUIRK=1 to measure it.\n\n")
+		fmt.Fprintf(&b, "Quirk note: plain khatru v0.19.1 + eventstore badger relays (no `StrictTags`) answer the "+
+			"`#A`/`#q` (and `#E`/`#q`) negentropy sessions with the `a`-tagged (`e`-tagged) events, which our local set "+
+			"for that filter rightly lacks; the fetcher drops needed ids the local set already holds before fetching them "+
+			"(services/fetcher/batch.go, dropHeld). The sync against such relays is measured with "+
+			"GRASP_BENCH_KHATRU_QUIRK=1 (make bench's plain khatru rows).\n\n")
 	}
 	fmt.Fprintf(&b, "Even against tag-correct relays, REQ+EOSE moves each comment twice per relay: layer 3 asks `#e`, `#E` and "+
 		"`#q` in separate filters and a NIP-22 comment carries both `e` and `E`: the REQ resync above received %d events for "+
