@@ -218,7 +218,7 @@ func TestParseArchiveWhitelist(t *testing.T) {
 		{"npub/identifier", " " + npub + "/tool ", "", [][2]string{{bob.pk, "tool"}}, nil, [][2]string{{bob.pk, "lib"}}, 1},
 		{"identifier", "tool", "", nil, [][2]string{{bob.pk, "tool"}, {strings.Repeat("0", 64), "tool"}}, [][2]string{{bob.pk, "lib"}}, 0},
 		{"mixed", npub + "/tool,lib", "", [][2]string{{bob.pk, "tool"}}, [][2]string{{bob.pk, "lib"}}, [][2]string{{bob.pk, "x"}}, 1},
-		{"bad npub checksum", npub[:len(npub)-1] + "q", "not a valid npub", nil, nil, nil, 0},
+		{"bad npub checksum", badChecksum(npub), "not a valid npub", nil, nil, nil, 0},
 		{"npub with bad identifier", npub + "/..", "not a valid repository identifier", nil, nil, nil, 0},
 		{"nsec is no npub", "npub1xyz", "not a valid npub", nil, nil, nil, 0},
 		{"bad identifier", "..", "neither", nil, nil, nil, 0},
@@ -287,4 +287,15 @@ func TestArchiveWhitelistFromEnvironment(t *testing.T) {
 		!strings.Contains(err.Error(), "not a valid npub") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("err = %v, want one line naming GRASP_ARCHIVE_WHITELIST and the bad npub", err)
 	}
+}
+
+// badChecksum changes the last character of a bech32 string to another
+// one, which breaks its checksum (a fixed replacement is no change when the
+// key's npub happens to end with it: one key in 32).
+func badChecksum(s string) string {
+	last := "q"
+	if strings.HasSuffix(s, last) {
+		last = "p"
+	}
+	return s[:len(s)-1] + last
 }
