@@ -306,6 +306,9 @@ func TestBatchWindow(t *testing.T) {
 	}
 	fake.Advance(time.Millisecond)
 	eventually(t, 10*time.Second, "lone announcement written after the quiet period", func() bool { return len(entries(t, e.kv)) == 1 })
+	// The batch is counted once its write returns, a moment after the
+	// entries are visible.
+	eventually(t, 10*time.Second, "batch 1 counted", func() bool { return batches()-before >= 1 })
 	if got := batches() - before; got != 1 {
 		t.Fatalf("%v batches, want 1", got)
 	}
@@ -322,6 +325,9 @@ func TestBatchWindow(t *testing.T) {
 	}
 	fake.Advance(quiet / 2)
 	eventually(t, 10*time.Second, "one batch with the burst", func() bool { return len(entries(t, e.kv)) == 3 })
+	// The batch is counted once its write returns, a moment after the
+	// entries are visible.
+	eventually(t, 10*time.Second, "batch 2 counted", func() bool { return batches()-before >= 2 })
 	if got := batches() - before; got != 2 {
 		t.Fatalf("%v batches, want 2", got)
 	}
@@ -340,6 +346,9 @@ func TestBatchWindow(t *testing.T) {
 	}
 	fake.Advance(window - elapsed)
 	eventually(t, 10*time.Second, "stream written at the window", func() bool { return len(entries(t, e.kv)) == int(n) })
+	// The batch is counted once its write returns, a moment after the
+	// entries are visible.
+	eventually(t, 10*time.Second, "batch 3 counted", func() bool { return batches()-before >= 3 })
 	if got := batches() - before; got != 3 {
 		t.Fatalf("%v batches, want 3", got)
 	}
