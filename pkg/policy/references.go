@@ -53,10 +53,30 @@ func anchors(kind int) bool {
 
 // anyCoordinateStored reports whether a stored event has one of coords. All
 // coordinates are looked up in one query over their kinds, authors and
-// identifiers, then matched exactly.
+// identifiers (coordinateFilters), then matched exactly.
 func (p *Policy) anyCoordinateStored(ctx context.Context, coords []nip34.Coordinate) (bool, error) {
+	for _, f := range coordinateFilters(coords) {
+		found, err := p.query(ctx, f)
+		if err != nil {
+			return false, err
+		}
+		for _, e := range found {
+			for _, c := range coords {
+				if c.Matches(e) {
+					return true, nil
+				}
+			}
+		}
+	}
+	return false, nil
+}
+
+// coordinateFilters are the queries anyCoordinateStored makes for coords:
+// one over their kinds, authors and non-empty identifiers, and one without
+// identifiers when one of them is empty.
+func coordinateFilters(coords []nip34.Coordinate) []nostr.Filter {
 	if len(coords) == 0 {
-		return false, nil
+		return nil
 	}
 	var kinds []int
 	var pubkeys, ds []string
@@ -90,20 +110,7 @@ func (p *Policy) anyCoordinateStored(ctx context.Context, coords []nip34.Coordin
 		// filter and match locally.
 		filters = append(filters, nostr.Filter{Kinds: kinds, Authors: pubkeys, Limit: maxAnnouncements})
 	}
-	for _, f := range filters {
-		found, err := p.query(ctx, f)
-		if err != nil {
-			return false, err
-		}
-		for _, e := range found {
-			for _, c := range coords {
-				if c.Matches(e) {
-					return true, nil
-				}
-			}
-		}
-	}
-	return false, nil
+	return filters
 }
 
 // anyIDStored reports whether one of ids is a stored event that anchors,
@@ -144,17 +151,8 @@ func (p *Policy) anyIDStored(ctx context.Context, ids []string) (bool, error) {
 // or, for a replaceable or addressable event, its coordinate (a, A, q): the
 // forward reference that accepts an event after something replying to it.
 func (p *Policy) referencedByStored(ctx context.Context, evt *nostr.Event) (bool, error) {
-	tags := []nostr.TagMap{
-		{"e": {evt.ID}},
-		{"E": {evt.ID}},
-		{"q": {evt.ID}},
-	}
-	if c, ok := nip34.CoordinateOf(evt); ok {
-		tags[2]["q"] = append(tags[2]["q"], c.String())
-		tags = append(tags, nostr.TagMap{"a": {c.String()}}, nostr.TagMap{"A": {c.String()}})
-	}
-	for _, tm := range tags {
-		found, err := p.query(ctx, nostr.Filter{Tags: tm, Limit: maxForwardScan})
+	for _, f := range forwardFilters(evt) {
+		found, err := p.query(ctx, f)
 		if err != nil {
 			return false, err
 		}
@@ -165,6 +163,52 @@ func (p *Policy) referencedByStored(ctx context.Context, evt *nostr.Event) (bool
 		}
 	}
 	return false, nil
+}
+
+// forwardFilters are the queries referencedByStored makes for evt, one tag
+// name each, in the order it makes them.
+func forwardFilters(evt *nostr.Event) []nostr.Filter {
+	tags := []nostr.TagMap{
+		{"e": {evt.ID}},
+		{"E": {evt.ID}},
+		{"q": {evt.ID}},
+	}
+	if c, ok := nip34.CoordinateOf(evt); ok {
+		tags[2]["q"] = append(tags[2]["q"], c.String())
+		tags = append(tags, nostr.TagMap{"a": {c.String()}}, nostr.TagMap{"A": {c.String()}})
+	}
+	filters := make([]nostr.Filter, len(tags))
+	for n, tm := range tags {
+		filters[n] = nostr.Filter{Tags: tm, Limit: maxForwardScan}
+	}
+	return filters
+}
+
+// ReferenceLookups returns what rule 5 (docs/policy.md) reads from the
+// store to decide evt, for a caller that answers those reads for many
+// events at once before deciding them one by one (the ingester reads them
+// for a whole batch: docs/decisions/0060-decide-reads-per-batch.md). In the
+// order rule 5 reads them: coords, the queries for the coordinates evt
+// references; ids, the events it references, whose kinds it asks for
+// (KindLookup, or Query by IDs); forward, the queries for stored events
+// referencing evt, read only when the others find nothing. ok is false when
+// evt's kind has a rule of its own, so rule 5 never reads anything for it.
+// Answering these ahead changes no decision: the policy still asks the
+// store (or the caller's cache) for each.
+func (p *Policy) ReferenceLookups(evt *nostr.Event) (coords []nostr.Filter, ids []string, forward []nostr.Filter, ok bool) {
+	if evt == nil {
+		return nil, nil, nil, false
+	}
+	switch evt.Kind {
+	case nip34.KindRepoAnnouncement, nip34.KindRepoState, nip34.KindDeletion, nip34.KindUserGraspList:
+		return nil, nil, nil, false
+	case nip34.KindRelayList:
+		if p.Archive.NamesAuthor(evt.PubKey) {
+			return nil, nil, nil, false
+		}
+	}
+	ids, cs := references(evt)
+	return coordinateFilters(cs), ids, forwardFilters(evt), true
 }
 
 // references collects the ids (e, E, q) and coordinates (a, A, q) evt names,

@@ -74,8 +74,10 @@ func (b *batch) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, erro
 
 // StoredKinds implements policy.KindLookup, for rule 5's lookup of the
 // events an event references: the ids this replica stored a moment ago
-// are answered from its memory of them (refCache), the others by the store
-// (through Query, so its deferral and batch cache apply).
+// are answered from its memory of them (refCache), those the batch has
+// read already (prefetchReferences, or an earlier event's lookup) from its
+// cache, the others by the store, and remembered for the batch, found or
+// not (rememberIDs).
 func (b *batch) StoredKinds(ctx context.Context, ids []string) ([]int, error) {
 	kinds := make([]int, len(ids))
 	var miss []string
@@ -85,20 +87,27 @@ func (b *batch) StoredKinds(ctx context.Context, ids []string) ([]int, error) {
 			// As Query: the decision waits for the event's write.
 			return nil, errDeferred
 		}
-		k, ok := b.i.refs.kind(id, now)
-		if !ok {
-			k = -1
-			miss = append(miss, id)
+		if k, ok := b.i.refs.kind(id, now); ok {
+			kinds[n] = k
+			continue
 		}
-		kinds[n] = k
+		kinds[n] = -1
+		if l, ok := b.cache[filterKey(idFilter(id))]; ok {
+			if len(l.evts) > 0 {
+				kinds[n] = l.evts[0].Kind
+			}
+			continue
+		}
+		miss = append(miss, id)
 	}
 	if len(miss) == 0 {
 		return kinds, nil
 	}
-	found, err := b.Query(ctx, nostr.Filter{IDs: miss, Limit: len(miss)})
+	found, err := b.i.store.Query(ctx, nostr.Filter{IDs: miss, Limit: len(miss)})
 	if err != nil {
 		return nil, err
 	}
+	b.rememberIDs(miss, found)
 	for _, e := range found {
 		for n, id := range ids {
 			if id == e.ID {
@@ -109,10 +118,34 @@ func (b *batch) StoredKinds(ctx context.Context, ids []string) ([]int, error) {
 	return kinds, nil
 }
 
-// prefetch answers the two lookups the policy makes for every event (is
-// its id stored, is it deleted by its author) for the whole batch with one
-// query each (none for ids the verify stage just found unstored), into the
-// cache. The filters are built as the policy builds
+// idFilter is the policy's lookup of one id (rule 0's duplicate check):
+// the batch caches what it knows of an id under that filter, which both
+// Query and StoredKinds read.
+func idFilter(id string) nostr.Filter { return nostr.Filter{IDs: []string{id}, Limit: 1} }
+
+// rememberIDs caches, for each of ids, the event found for it or that none
+// is stored: a complete read of ids (found is what the store returned for
+// them all, unlimited by anything but their number).
+func (b *batch) rememberIDs(ids []string, found []*nostr.Event) {
+	byID := make(map[string]*nostr.Event, len(found))
+	for _, e := range found {
+		byID[e.ID] = e
+	}
+	for _, id := range ids {
+		var r []*nostr.Event
+		if e := byID[id]; e != nil {
+			r = []*nostr.Event{e}
+		}
+		f := idFilter(id)
+		b.cache[filterKey(f)] = lookup{f, r}
+	}
+}
+
+// prefetch answers the lookups the policy makes for every event (is its id
+// stored, is it deleted by its author) for the whole batch with one query
+// each (none for ids the verify stage just found unstored), into the
+// cache, and then rule 5's reads of the events' references
+// (prefetchReferences). The filters are built as the policy builds
 // them; should they differ, the cache simply misses. A failed or truncated
 // read leaves the cache empty: the policy then asks for itself.
 func (b *batch) prefetch(ctx context.Context, items []*item) {
@@ -137,18 +170,15 @@ func (b *batch) prefetch(ctx context.Context, items []*item) {
 			return
 		}
 	}
-	byID := make(map[string]*nostr.Event, len(found))
-	for _, e := range found {
-		byID[e.ID] = e
-	}
-	for _, e := range evts {
-		var r []*nostr.Event
-		if s := byID[e.ID]; s != nil {
-			r = []*nostr.Event{s}
-		}
-		f := nostr.Filter{IDs: []string{e.ID}, Limit: 1}
-		b.cache[filterKey(f)] = lookup{f, r}
-	}
+	// The ids the verify stage found unstored are not stored either.
+	b.rememberIDs(ids, found)
+	b.prefetchDeletions(ctx, evts, ids)
+	b.prefetchReferences(ctx, evts)
+}
+
+// prefetchDeletions answers rule 0's "deleted by its author" lookup of
+// each of evts (whose ids are ids).
+func (b *batch) prefetchDeletions(ctx context.Context, evts []*nostr.Event, ids []string) {
 	dels, ok := b.deletions(ctx, ids)
 	if !ok {
 		return

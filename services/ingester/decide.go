@@ -93,8 +93,9 @@ func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
 		i.deletions.RLock()
 		defer i.deletions.RUnlock()
 	}
-	// Sized for the two lookups per event the prefetch caches.
-	b := &batch{i: i, pending: newPendingSet(), deferred: newPendingSet(), cache: make(map[string]lookup, 2*len(items))}
+	// Sized for the lookups per event the prefetch caches (its id, its
+	// deletion, a reference).
+	b := &batch{i: i, pending: newPendingSet(), deferred: newPendingSet(), cache: make(map[string]lookup, 3*len(items))}
 	b.prefetch(ctx, items)
 	pol := *i.policy
 	pol.Store = b

@@ -13,10 +13,11 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
 
-// TestTwoReplicasOnPostgres: two replicas, each with its own connection
-// pool to one PostgreSQL store (as two processes would have), share the
-// stream; every event is stored exactly once.
-func TestTwoReplicasOnPostgres(t *testing.T) {
+// postgresStores returns a function opening connection pools to one
+// PostgreSQL store in a schema of its own (dropped at the end), or skips the
+// test when GRASP_TEST_POSTGRES_URL is not set.
+func postgresStores(t testing.TB) func() *store.Store {
+	t.Helper()
 	url := os.Getenv("GRASP_TEST_POSTGRES_URL")
 	if url == "" {
 		t.Skip("SKIP: GRASP_TEST_POSTGRES_URL is not set (CI sets it to postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
@@ -35,7 +36,7 @@ func TestTwoReplicasOnPostgres(t *testing.T) {
 			t.Errorf("drop schema %s: %v", schema, err)
 		}
 	})
-	open := func() *store.Store {
+	return func() *store.Store {
 		st, err := store.Open(url, store.WithPostgresSchema(schema))
 		if err != nil {
 			t.Fatal(err)
@@ -43,6 +44,24 @@ func TestTwoReplicasOnPostgres(t *testing.T) {
 		t.Cleanup(st.Close)
 		return st
 	}
+}
+
+// newPostgresEnv is newEnv with the store on PostgreSQL (the test's view
+// and the ingesters' default one pool), or skips as postgresStores.
+func newPostgresEnv(t testing.TB) *env {
+	t.Helper()
+	open := postgresStores(t)
+	e := newEnv(t)
+	st := open()
+	e.store, e.raw = st, st
+	return e
+}
+
+// TestTwoReplicasOnPostgres: two replicas, each with its own connection
+// pool to one PostgreSQL store (as two processes would have), share the
+// stream; every event is stored exactly once.
+func TestTwoReplicasOnPostgres(t *testing.T) {
+	open := postgresStores(t)
 	w := workloadFor(t, specSmall)
 	e := newEnv(t)
 	e.raw = open() // the test's own view of the shared store
