@@ -3,6 +3,7 @@ package policy_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -201,5 +202,49 @@ func TestKindLookupDecidesAsQuery(t *testing.T) {
 	kl.err = boom
 	if d := byKinds.Evaluate(context.Background(), reply(issue.ID)); d.Reason != policy.ReasonStoreError || !errors.Is(d.Err, boom) {
 		t.Fatalf("a failing StoredKinds: got %+v, want a store error", d)
+	}
+}
+
+// TestReferenceLookupsAreRule5Reads: ReferenceLookups returns exactly the
+// reads rule 5 makes (for a caller answering them ahead, the ingester's
+// batch prefetch), in its order, for an event every read of which comes
+// back empty; and nothing for a kind with a rule of its own.
+func TestReferenceLookupsAreRule5Reads(t *testing.T) {
+	e := newEnv(t)
+	alice, bob := newUser(t), newUser(t)
+	for _, evt := range []*nostr.Event{
+		bob.ev(t, 1111, time.Second, "reply", nostr.Tag{"a", alice.coord("nowhere")}, nostr.Tag{"e", fakeID(1)}, nostr.Tag{"q", fakeID(2)}),
+		bob.ev(t, 30023, time.Second, "article", nostr.Tag{"d", "x"}, nostr.Tag{"e", fakeID(3)}),
+		bob.ev(t, 1, time.Second, "note"),
+	} {
+		rec := &recordingLookup{inner: badgerLookup{e.db}}
+		p := &policy.Policy{ServiceURL: service, Store: rec, Now: func() time.Time { return t0 }}
+		if d := p.Evaluate(context.Background(), evt); d.Reason != policy.ReasonNoReference {
+			t.Fatalf("kind %d: %s, want no-reference", evt.Kind, d.Reason)
+		}
+		coords, ids, forward, ok := p.ReferenceLookups(evt)
+		if !ok {
+			t.Fatalf("kind %d: not decided by rule 5", evt.Kind)
+		}
+		want := append([]nostr.Filter{}, coords...)
+		if len(ids) > 0 {
+			want = append(want, nostr.Filter{IDs: ids, Limit: len(ids)})
+		}
+		want = append(want, forward...)
+		// Rule 0 reads first: the id, and the deletions by id (and by
+		// coordinate and the versions, for a keyed event).
+		got := rec.filters[len(rec.filters)-len(want):]
+		if a, b := fmt.Sprint(got), fmt.Sprint(want); a != b {
+			t.Errorf("kind %d: rule 5 read\n%s\nReferenceLookups returned\n%s", evt.Kind, a, b)
+		}
+		if n := len(forward); n != 3 && !(evt.Kind == 30023 && n == 5) {
+			t.Errorf("kind %d: %d forward reads", evt.Kind, n)
+		}
+	}
+	p := &policy.Policy{ServiceURL: service, Store: badgerLookup{e.db}}
+	for _, kind := range []int{30617, 30618, 5, 10317} {
+		if _, _, _, ok := p.ReferenceLookups(alice.ev(t, kind, 0, "", nostr.Tag{"d", "repo"})); ok {
+			t.Errorf("kind %d: ReferenceLookups says rule 5 decides it", kind)
+		}
 	}
 }
