@@ -6,14 +6,15 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 )
 
-// How a subscription with a Handler is served (docs/architecture.md,
-// "Goroutines"): the read goroutine queues each of its messages on the
-// subscription's bounded queue, and one delivery goroutine per connection,
-// started when a queue gets its first message and gone once every queue is
-// empty, calls the handlers, one message of each waiting subscription in
-// turn. A connection at rest therefore holds no goroutine for its
-// subscriptions, however many are open: a goroutine per live subscription
-// was most of what graspd held at rest (issue 32).
+// How a subscription with a Handler is served
+// (docs/measurements/2026-12-05-issue32-goroutines-at-rest.md): the read
+// goroutine queues each of its messages on the subscription's bounded
+// queue, and one delivery goroutine per connection, started when a queue
+// gets its first message and gone once every queue is empty, calls the
+// handlers, one message of each waiting subscription in turn. A connection
+// at rest therefore holds no goroutine for its subscriptions, however many
+// are open: a goroutine per live subscription was most of what graspd held
+// at rest (issue 32).
 
 // Handler receives the messages of one subscription, in the relay's order,
 // on the connection's delivery goroutine. A handler may block (publishing

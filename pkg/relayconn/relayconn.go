@@ -138,6 +138,12 @@ type Conn struct {
 	dmu      sync.Mutex
 	ready    []*Subscription
 	draining bool
+	// pinger runs keepalive every PingInterval (a timer, not a goroutine
+	// waiting on a ticker: issue 32); pmu guards it and pingStopped, set
+	// by Close so no ping starts once Close waits for the loops.
+	pmu         sync.Mutex
+	pinger      *time.Timer
+	pingStopped bool
 }
 
 // Dial connects to url (ws:// or wss://).
@@ -178,8 +184,9 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	c.loops.Add(1)
 	go c.readLoop()
 	if opts.PingInterval > 0 {
-		c.loops.Add(1)
-		go c.keepalive()
+		c.pmu.Lock()
+		c.pinger = time.AfterFunc(opts.PingInterval, c.keepalive)
+		c.pmu.Unlock()
 	}
 	return c, nil
 }
@@ -200,6 +207,12 @@ var ErrClosed = errors.New("connection closed")
 // connection's goroutines.
 // Call it from the caller's goroutine, never from OnNotice or OnMessage.
 func (c *Conn) Close() error {
+	c.pmu.Lock()
+	c.pingStopped = true
+	if c.pinger != nil {
+		c.pinger.Stop()
+	}
+	c.pmu.Unlock()
 	var err error
 	if c.ctx.Err() != nil {
 		// Already ended (lost, dead): no close handshake to wait for.
@@ -301,21 +314,19 @@ func (c *Conn) WriteRaw(ctx context.Context, data []byte) error {
 }
 
 // keepalive pings the relay and declares the connection dead when a pong
-// does not come back in time. While the read loop is blocked on a slow
-// consumer, pongs cannot be read, so no verdict is given then.
+// does not come back in time, then sets the timer for the next ping. While
+// the read loop is blocked on a slow consumer, pongs cannot be read, so no
+// verdict is given then. It runs on the timer's goroutine, counted in loops.
 func (c *Conn) keepalive() {
+	c.pmu.Lock()
+	if c.pingStopped || c.ctx.Err() != nil {
+		c.pmu.Unlock()
+		return
+	}
+	c.loops.Add(1)
+	c.pmu.Unlock()
 	defer c.loops.Done()
-	t := time.NewTicker(c.opts.PingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if c.delivering.Load() {
-			continue
-		}
+	if !c.delivering.Load() {
 		pctx, cancel := context.WithTimeout(c.ctx, c.opts.PongTimeout)
 		err := c.ws.Ping(pctx)
 		cancel()
@@ -325,6 +336,11 @@ func (c *Conn) keepalive() {
 			return
 		}
 	}
+	c.pmu.Lock()
+	if !c.pingStopped && c.ctx.Err() == nil {
+		c.pinger.Reset(c.opts.PingInterval)
+	}
+	c.pmu.Unlock()
 }
 
 func (c *Conn) readLoop() {
