@@ -993,6 +993,13 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		pct := 100 * r.IdleCPU / r.IdleSecs
 		row("idle CPU", fmt.Sprintf("%.1f%% of a core over %.0fs", pct, r.IdleSecs), "≤ 2 %", pct <= 2)
 		row("idle RSS", fmt.Sprintf("%d MB", r.IdleRSS>>20), "≤ 200 MB", r.IdleRSS <= 200<<20)
+		if r.Goroutines > 0 && r.Relays > 0 {
+			// The process's go_goroutines at the end of the idle window, over
+			// the world's relays (issue 32): a goroutine per live
+			// subscription would make it grow with the live set.
+			per := r.Goroutines / float64(r.Relays)
+			row("goroutines at rest per relay", fmt.Sprintf("%.1f (%.0f for %d relays, %.0f live subscriptions)", per, r.Goroutines, r.Relays, r.LiveSubs), "≤ 8", per <= 8)
+		}
 	}
 	row("connections opened", fmt.Sprintf("%d for %d relays (at most %d to one)", r.Sync.WSOpened, r.Relays, r.Sync.MaxWSOpenedPerRelay), "one per relay", r.Sync.WSOpened == int64(r.Relays) && r.Sync.MaxWSOpenedPerRelay == 1)
 	row("shard or lease losses (log)", fmt.Sprintf("%d (and %d lost relay sessions)", r.ShardLosses, r.Disconnects), "0", r.ShardLosses == 0)

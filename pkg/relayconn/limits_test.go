@@ -43,7 +43,7 @@ func TestSubscriptionRefusal(t *testing.T) {
 			// No budget known: the third is sent and refused.
 			var subs []*relayconn.Subscription
 			for i := range 3 {
-				s, err := c.SubscribeLive(ctx, nostr.Filters{{Kinds: []int{1000 + i}, Limit: 0, LimitZero: true}}, nil)
+				s, err := c.SubscribeLive(ctx, nostr.Filters{{Kinds: []int{1000 + i}, Limit: 0, LimitZero: true}}, nil, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -139,7 +139,7 @@ func TestGateKeepsToTheBudget(t *testing.T) {
 	waited := make(chan struct{}, 5)
 	for i := range 5 {
 		go func() {
-			_, _ = c.SubscribeLive(ctx, nostr.Filters{{Kinds: []int{2000 + i}, Limit: 0, LimitZero: true}}, func() { waited <- struct{}{} })
+			_, _ = c.SubscribeLive(ctx, nostr.Filters{{Kinds: []int{2000 + i}, Limit: 0, LimitZero: true}}, func() { waited <- struct{}{} }, nil)
 		}()
 	}
 	for range 2 {

@@ -33,6 +33,11 @@ func (c *Conn) refused(s *Subscription, r relaylimits.Refusal, reason string) {
 	case s.closed <- reason:
 	default:
 	}
+	if s.hd != nil {
+		// Queued behind the events that came before it; the
+		// subscription ends now, its queue is still delivered.
+		c.enqueue(s, delivery{closed: &reason})
+	}
 	c.forget(s)
 }
 

@@ -132,6 +132,18 @@ type Conn struct {
 	// socket is then quiet because of us, not the relay.
 	delivering atomic.Bool
 	loops      sync.WaitGroup
+	// dmu guards the queues of subscriptions with a Handler, ready (those
+	// with messages waiting, in turn) and draining (the delivery goroutine
+	// runs); deliver.go.
+	dmu      sync.Mutex
+	ready    []*Subscription
+	draining bool
+	// pinger runs keepalive every PingInterval (a timer, not a goroutine
+	// waiting on a ticker: issue 32); pmu guards it and pingStopped, set
+	// by Close so no ping starts once Close waits for the loops.
+	pmu         sync.Mutex
+	pinger      *time.Timer
+	pingStopped bool
 }
 
 // Dial connects to url (ws:// or wss://).
@@ -172,8 +184,9 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	c.loops.Add(1)
 	go c.readLoop()
 	if opts.PingInterval > 0 {
-		c.loops.Add(1)
-		go c.keepalive()
+		c.pmu.Lock()
+		c.pinger = time.AfterFunc(opts.PingInterval, c.keepalive)
+		c.pmu.Unlock()
 	}
 	return c, nil
 }
@@ -194,6 +207,12 @@ var ErrClosed = errors.New("connection closed")
 // connection's goroutines.
 // Call it from the caller's goroutine, never from OnNotice or OnMessage.
 func (c *Conn) Close() error {
+	c.pmu.Lock()
+	c.pingStopped = true
+	if c.pinger != nil {
+		c.pinger.Stop()
+	}
+	c.pmu.Unlock()
 	var err error
 	if c.ctx.Err() != nil {
 		// Already ended (lost, dead): no close handshake to wait for.
@@ -295,21 +314,19 @@ func (c *Conn) WriteRaw(ctx context.Context, data []byte) error {
 }
 
 // keepalive pings the relay and declares the connection dead when a pong
-// does not come back in time. While the read loop is blocked on a slow
-// consumer, pongs cannot be read, so no verdict is given then.
+// does not come back in time, then sets the timer for the next ping. While
+// the read loop is blocked on a slow consumer, pongs cannot be read, so no
+// verdict is given then. It runs on the timer's goroutine, counted in loops.
 func (c *Conn) keepalive() {
+	c.pmu.Lock()
+	if c.pingStopped || c.ctx.Err() != nil {
+		c.pmu.Unlock()
+		return
+	}
+	c.loops.Add(1)
+	c.pmu.Unlock()
 	defer c.loops.Done()
-	t := time.NewTicker(c.opts.PingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if c.delivering.Load() {
-			continue
-		}
+	if !c.delivering.Load() {
 		pctx, cancel := context.WithTimeout(c.ctx, c.opts.PongTimeout)
 		err := c.ws.Ping(pctx)
 		cancel()
@@ -319,6 +336,11 @@ func (c *Conn) keepalive() {
 			return
 		}
 	}
+	c.pmu.Lock()
+	if !c.pingStopped && c.ctx.Err() == nil {
+		c.pinger.Reset(c.opts.PingInterval)
+	}
+	c.pmu.Unlock()
 }
 
 func (c *Conn) readLoop() {
@@ -420,6 +442,10 @@ func (c *Conn) dispatch(data []byte) {
 				s.malformed.Add(1)
 				return
 			}
+			if s.hd != nil {
+				c.enqueue(s, delivery{evt: evt})
+				return
+			}
 			select {
 			case s.events <- evt:
 			default:
@@ -432,7 +458,12 @@ func (c *Conn) dispatch(data []byte) {
 				c.delivering.Store(false)
 			}
 		case "EOSE":
-			s.eoseOnce.Do(func() { close(s.eose) })
+			s.eoseOnce.Do(func() {
+				close(s.eose)
+				if s.hd != nil {
+					c.enqueue(s, delivery{eose: true})
+				}
+			})
 		case "CLOSED":
 			reason := gjson.GetBytes(data, "2").String()
 			c.refused(s, relaylimits.Classify(reason), reason)
@@ -528,9 +559,13 @@ type Subscription struct {
 	filters, size int
 	live          bool
 	slot          atomic.Bool
+	// hd serves a Handler (deliver.go); nil for a subscription read from
+	// its channels.
+	hd *handled
 }
 
-// Events delivers the subscription's events.
+// Events delivers the subscription's events (never, for a subscription
+// with a Handler).
 func (s *Subscription) Events() <-chan *nostr.Event { return s.events }
 
 // EOSE is closed when the relay has sent every stored event.
@@ -563,7 +598,7 @@ func (s *Subscription) end() {
 // (SetLimits), and fails with *TooLargeError, unsent, when the REQ is over
 // the relay's message budget.
 func (c *Conn) Subscribe(ctx context.Context, fs nostr.Filters) (*Subscription, error) {
-	return c.subscribe(ctx, fs, false, nil)
+	return c.subscribe(ctx, fs, false, nil, nil)
 }
 
 // SubscribeLive sends a REQ that stays open (a live subscription). Live
@@ -571,23 +606,32 @@ func (c *Conn) Subscribe(ctx context.Context, fs nostr.Filters) (*Subscription, 
 // if set, is called once when the REQ has to wait for one, so a caller
 // replacing old live subscriptions with new ones can close the old first
 // instead of waiting forever for slots they hold.
-func (c *Conn) SubscribeLive(ctx context.Context, fs nostr.Filters, onWait func()) (*Subscription, error) {
-	return c.subscribe(ctx, fs, true, onWait)
+//
+// With a Handler h, the subscription's messages go to h (deliver.go) and
+// the subscription holds no goroutine of its own or of the caller's: a
+// long-lived subscription is served by the connection's goroutines alone.
+// With h nil they go to its channels.
+func (c *Conn) SubscribeLive(ctx context.Context, fs nostr.Filters, onWait func(), h *Handler) (*Subscription, error) {
+	return c.subscribe(ctx, fs, true, onWait, h)
 }
 
-func (c *Conn) subscribe(ctx context.Context, fs nostr.Filters, live bool, onWait func()) (*Subscription, error) {
+func (c *Conn) subscribe(ctx context.Context, fs nostr.Filters, live bool, onWait func(), h *Handler) (*Subscription, error) {
 	if err := context.Cause(c.ctx); err != nil {
 		return nil, fmt.Errorf("subscribe on %s: %w", c.url, err)
 	}
 	s := &Subscription{
 		ID:      c.NewID(),
 		conn:    c,
-		events:  make(chan *nostr.Event, c.opts.SubscriptionBuffer),
 		eose:    make(chan struct{}),
 		closed:  make(chan string, 1),
 		done:    make(chan struct{}),
 		filters: len(fs),
 		live:    live,
+	}
+	if h != nil {
+		s.hd = &handled{h: h, space: make(chan struct{}, 1), stop: make(chan struct{})}
+	} else {
+		s.events = make(chan *nostr.Event, c.opts.SubscriptionBuffer)
 	}
 	data, err := json.Marshal(nostr.ReqEnvelope{SubscriptionID: s.ID, Filters: fs})
 	if err != nil {
@@ -612,14 +656,19 @@ func (c *Conn) subscribe(ctx context.Context, fs nostr.Filters, live bool, onWai
 	return s, nil
 }
 
-// Close sends CLOSE for the subscription and stops delivering its events.
+// Close sends CLOSE for the subscription and stops delivering its events;
+// for a subscription with a Handler, it drops what is queued and returns
+// once no handler call is in progress (never call it from a handler).
 func (s *Subscription) Close() {
+	c := s.conn
+	if s.hd != nil {
+		c.stopHandler(s)
+	}
 	select {
 	case <-s.done:
 		return
 	default:
 	}
-	c := s.conn
 	c.mu.Lock()
 	delete(c.subs, s.ID)
 	delete(c.unanswered, s)

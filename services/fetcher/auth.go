@@ -63,14 +63,18 @@ func (a *authState) ok(raw []byte) {
 
 func okReason(raw []byte) string { return gjson.GetBytes(raw, "3").String() }
 
-// run answers challenges until ctx ends.
-func (a *authState) run(ctx context.Context, c *relayconn.Conn, url string, log *slog.Logger) {
+// answer answers the challenges that are waiting, then returns: it runs
+// on demand (session.authing), so a session at rest holds no goroutine
+// for authentication (issue 32).
+func (a *authState) answer(ctx context.Context, c *relayconn.Conn, url string, log *slog.Logger) {
 	for {
 		var challenge string
 		select {
 		case <-ctx.Done():
 			return
 		case challenge = <-a.challenges:
+		default:
+			return
 		}
 		if a.sk == "" {
 			a.mu.Lock()
@@ -135,4 +139,41 @@ func (a *authState) wait(ctx context.Context) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// onDemand runs a function in a goroutine of the session's tasks while
+// there is work for it, instead of a goroutine waiting for work for the
+// session's life: ask starts one unless one runs, and one that runs runs
+// the function again when asked meanwhile.
+type onDemand struct {
+	mu             sync.Mutex
+	running, again bool
+}
+
+// ask has fn run. tasks must be counting a goroutine of the caller's, or
+// not be waited on yet (sync.WaitGroup's rule for Add).
+func (d *onDemand) ask(tasks *sync.WaitGroup, fn func()) {
+	d.mu.Lock()
+	if d.running {
+		d.again = true
+		d.mu.Unlock()
+		return
+	}
+	d.running = true
+	tasks.Add(1)
+	d.mu.Unlock()
+	go func() {
+		defer tasks.Done()
+		for {
+			fn()
+			d.mu.Lock()
+			if !d.again {
+				d.running = false
+				d.mu.Unlock()
+				return
+			}
+			d.again = false
+			d.mu.Unlock()
+		}
+	}()
 }

@@ -370,18 +370,21 @@ func (w *relayWorker) fitLive() {
 		Reason: reason, Live: true, LiveFilterBudget: w.liveFilterBudget(lim)}}})
 }
 
-// saveLimitsAsync stores the record from a goroutine of the session (the
-// callers are the read goroutine and hooks that must not block).
+// saveLimitsAsync stores the record from a goroutine of the session's
+// tasks, started on demand (the callers are the read goroutine and hooks
+// that must not block; both are done before endSession waits for the
+// tasks).
 func (w *relayWorker) saveLimitsAsync(s *session) {
-	select {
-	case s.saveLimits <- struct{}{}:
-	default: // a save is pending; it takes the latest record
-	}
+	s.saving.ask(&w.tasks, func() {
+		if s.ctx.Err() == nil {
+			w.f.saveLimits(w.lims)
+		}
+	})
 }
 
-// keepLimits runs for a session: reads the relay's NIP-11 document when it
-// is due and stores the limits record whenever it changed.
-func (w *relayWorker) keepLimits(s *session) {
+// readNIP11 reads the relay's NIP-11 document at the start of a session
+// when it is due, and stores the limits record it changed.
+func (w *relayWorker) readNIP11(s *session) {
 	if w.lims.nip11Due(w.f.clock.Now()) {
 		ctx, cancel := context.WithTimeout(s.ctx, nip11Timeout)
 		doc, err := relayconn.FetchInfo(ctx, w.url, w.f.guard.CheckDial)
@@ -401,14 +404,6 @@ func (w *relayWorker) keepLimits(s *session) {
 		w.log.Debug("relay NIP-11 read", "session", s.id, "advertised", fmt.Sprintf("%+v", adv), "err", err,
 			"max_message_bytes", eff.MaxMessageBytes, "max_subscriptions", eff.MaxSubscriptions, "max_filters", eff.MaxFilters)
 		w.f.saveLimits(w.lims)
-	}
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-s.saveLimits:
-			w.f.saveLimits(w.lims)
-		}
 	}
 }
 

@@ -18,12 +18,17 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
-// liveGroup is one live REQ the planner asked for. It is its own
-// goroutine: it waits out a rate-limit cooldown before subscribing, and
-// when the relay closes the subscription (CLOSED) it reports that and
-// reopens it with backoff for as long as the group exists. ReplaceLive and
-// DropRelay cancel exactly the groups that existed, pending reopens
-// included; CloseLive those opened under the ids it names.
+// liveGroup is one live REQ the planner asked for. While its REQ is open
+// it holds no goroutine: the connection's delivery goroutine calls its
+// handler (relayconn.Handler) for each event, EOSE and CLOSED, and a
+// context.AfterFunc ends it when it is cancelled (issue 32: a goroutine per
+// live REQ was most of what graspd held at rest). A goroutine runs it only
+// while it waits: out a rate-limit cooldown before subscribing, for a slot
+// of the relay's subscription budget, and, when the relay closes the
+// subscription (CLOSED), while it reports that and reopens it with backoff
+// for as long as the group exists. ReplaceLive and DropRelay cancel exactly
+// the groups that existed, pending reopens included; CloseLive those opened
+// under the ids it names.
 type liveGroup struct {
 	// id is the planner's name for the set the group belongs to
 	// (AddFilters.live_id, ReplaceLive.live_id); "" unnamed.
@@ -42,6 +47,21 @@ type liveGroup struct {
 	// closes the groups it replaces first, whose slots it needs.
 	starved    chan struct{}
 	starveOnce sync.Once
+
+	// pub gathers the group's events into batch messages; it is used by
+	// one goroutine at a time (the delivery goroutine while the REQ is
+	// open, the one ending the group after).
+	pub *windowPublisher
+	// closes counts the relay's closings, for the backoff.
+	closes int
+
+	// mu guards the hand-over between the goroutine opening the REQ, the
+	// handler's CLOSED and the group's cancellation: stop is set while the
+	// REQ is open and the group at rest (context.AfterFunc's stop);
+	// closedEarly is a CLOSED that came before stop was set.
+	mu          sync.Mutex
+	stop        func() bool
+	closedEarly *string
 }
 
 func (g *liveGroup) markLive()    { g.liveOnce.Do(func() { close(g.live) }) }
@@ -71,15 +91,13 @@ func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
 	for _, chunk := range relaylimits.Pack(live, lim) {
 		ctx, cancel := context.WithCancel(w.sess.ctx)
 		g := &liveGroup{id: id, filters: compactFilters(chunk, share), cancel: cancel, done: make(chan struct{}),
-			live: make(chan struct{}), starved: make(chan struct{})}
+			live: make(chan struct{}), starved: make(chan struct{}), pub: w.f.newWindowPublisher()}
 		w.live[g] = struct{}{}
 		s := w.sess
 		w.tasks.Add(1)
 		go func() {
 			defer w.tasks.Done()
-			defer close(g.done)
-			defer g.markLive()
-			w.runLive(ctx, s, g)
+			w.runLive(ctx, s, g, nil)
 		}()
 	}
 }
@@ -172,89 +190,167 @@ func (w *relayWorker) closeLive() {
 	w.live = map[*liveGroup]struct{}{}
 }
 
-func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
-	pub := w.f.newWindowPublisher()
-	defer func() {
-		fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := pub.flush(fctx); err != nil {
-			w.log.Warn("live events not acknowledged", "session", s.id, "err", err)
-		}
-	}()
-	closes := 0
+// runLive opens the group's REQ (after a CLOSED with its reason, when
+// closed is set) and returns once it is open, the group at rest; it ends
+// the group when the group is cancelled or cannot be opened again.
+func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup, closed *string) {
 	for {
+		if closed != nil {
+			if !w.liveClosed(ctx, s, g, *closed) {
+				w.endLive(g)
+				return
+			}
+			closed = nil
+		}
 		if err := w.cooldown.Wait(ctx); err != nil {
+			w.endLive(g)
 			return
+		}
+		// unopened counts the subscription out of the gauge once, when
+		// the relay closes it or the group ends.
+		unopened := sync.OnceFunc(func() { w.f.m.liveSubs.WithLabelValues(w.url).Dec() })
+		h := &relayconn.Handler{
+			Event:  func(evt *nostr.Event, more bool) { w.liveEvent(ctx, s, g, evt, more) },
+			EOSE:   g.markLive,
+			Closed: func(reason string) { unopened(); w.liveClosedBy(ctx, s, g, reason) },
 		}
 		sub, err := s.conn.SubscribeLive(ctx, g.filters.filters(), func() {
 			g.markStarved()
 			w.askFitLive()
-		})
+		}, h)
 		var tooLarge *relayconn.TooLargeError
 		if errors.As(err, &tooLarge) {
 			// The budget went down since the group was packed: open its
 			// filters again in REQs that fit.
 			w.askRepack(ctx, g)
+			w.endLive(g)
 			return
 		}
 		if err != nil {
-			return // the connection is gone: the session ends
+			w.endLive(g) // the connection is gone: the session ends
+			return
 		}
 		w.f.m.liveSubs.WithLabelValues(w.url).Inc()
-		reason, closed := w.readLive(ctx, s, g, sub, pub)
-		w.f.m.liveSubs.WithLabelValues(w.url).Dec()
-		if !closed {
-			sub.Close()
-			return
-		}
-		refusal := relaylimits.Classify(reason)
-		switch {
-		case refusal == relaylimits.TooManySubscriptions:
-			// Over the relay's count: the connection lowered its gate,
-			// so the REQ goes again once a slot is free. Not a closure
-			// of a live subscription that was open: none was.
+		g.mu.Lock()
+		if g.closedEarly != nil {
+			// The relay closed it before it was handed over.
+			closed, g.closedEarly = g.closedEarly, nil
+			g.mu.Unlock()
 			continue
-		case refusal.IsLimit():
-			w.askRepack(ctx, g)
-			return
 		}
-		// The relay closed this subscription: the connection lives on.
-		w.f.m.subClosed.WithLabelValues("live").Inc()
-		closes++
-		var wait time.Duration
-		switch {
-		case IsRateLimit(reason):
-			w.rateLimited("CLOSED: " + reason)
-			wait = w.cooldown.Until().Sub(w.f.clock.Now()) // cooldown.Wait does the waiting; this is for the report
-		case strings.HasPrefix(reason, "auth-required:") && s.auth.sk != "" && closes <= 3:
-			actx, cancel := context.WithTimeout(ctx, 15*time.Second)
-			ok := s.auth.wait(actx)
-			cancel()
-			if ok {
-				closes-- // an authentication retry is not the relay refusing us
-				continue
-			}
-			wait = Backoff(w.f.cfg.BackoffBase, liveReopenMax, closes)
-		case readRefusal(reason):
-			// The relay will not serve this read to us: asked again a
-			// day later, not in a loop.
-			retry := w.refusedRead(s, g.filters.filters(), reason)
-			wait = retry.Sub(w.f.clock.Now())
-		default:
-			wait = Backoff(w.f.cfg.BackoffBase, liveReopenMax, closes)
-		}
-		retryAt := w.f.clock.Now().Add(max(wait, 0))
-		w.log.Warn("live subscription closed by relay", "session", s.id, "reason", reason, "retry_at", retryAt)
-		w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_SubscriptionClosed{SubscriptionClosed: &graspv1.SubscriptionClosed{
-			Reason: reason, Live: true, RetryAt: retryAt.UnixMilli()}}})
-		if !IsRateLimit(reason) {
-			select {
-			case <-w.f.clock.After(wait):
-			case <-ctx.Done():
-				return
-			}
+		g.stop = context.AfterFunc(ctx, func() {
+			sub.Close() // waits out a handler call in progress
+			unopened()
+			w.endLive(g)
+		})
+		g.mu.Unlock()
+		return // at rest: the handler and the AfterFunc take it from here
+	}
+}
+
+// liveEvent publishes one event of the group's subscription (on the
+// connection's delivery goroutine).
+func (w *relayWorker) liveEvent(ctx context.Context, s *session, g *liveGroup, evt *nostr.Event, more bool) {
+	if _, err := w.publish(ctx, g.pub, evt, g.filters, s.id, "", "live"); err != nil && ctx.Err() == nil {
+		w.log.Warn("live event not published", "session", s.id, "id", evt.ID, "err", err)
+	}
+	// A burst travels together; a lone event does not wait for company.
+	if !more {
+		if err := g.pub.send(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("live events not published", "session", s.id, "err", err)
 		}
 	}
+}
+
+// liveClosedBy takes the relay's CLOSED of the group's subscription (on the
+// connection's delivery goroutine, which must not wait): a goroutine
+// reopens it, unless the group is being cancelled, whose AfterFunc ends it.
+func (w *relayWorker) liveClosedBy(ctx context.Context, s *session, g *liveGroup, reason string) {
+	g.mu.Lock()
+	if g.stop == nil {
+		g.closedEarly = &reason // runLive has not handed it over yet
+		g.mu.Unlock()
+		return
+	}
+	stopped := g.stop()
+	g.stop = nil
+	g.mu.Unlock()
+	if !stopped {
+		return // cancelled meanwhile: endLive runs
+	}
+	// The group's done is still open, so endSession has not reached
+	// tasks.Wait: this Add does not race it.
+	w.tasks.Add(1)
+	go func() {
+		defer w.tasks.Done()
+		w.runLive(ctx, s, g, &reason)
+	}()
+}
+
+// endLive ends the group once its subscription is closed: its events
+// flushed to the stream, done closed.
+func (w *relayWorker) endLive(g *liveGroup) {
+	fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := g.pub.flush(fctx); err != nil {
+		w.log.Warn("live events not acknowledged", "err", err)
+	}
+	cancel()
+	g.markLive()
+	close(g.done)
+}
+
+// liveClosed answers the relay's closing of the group's subscription:
+// false when the group ends (its filters repacked, or cancelled while it
+// waits to reopen), true when it is to be opened again.
+func (w *relayWorker) liveClosed(ctx context.Context, s *session, g *liveGroup, reason string) bool {
+	refusal := relaylimits.Classify(reason)
+	switch {
+	case refusal == relaylimits.TooManySubscriptions:
+		// Over the relay's count: the connection lowered its gate, so
+		// the REQ goes again once a slot is free. Not a closure of a
+		// live subscription that was open: none was.
+		return true
+	case refusal.IsLimit():
+		w.askRepack(ctx, g)
+		return false
+	}
+	// The relay closed this subscription: the connection lives on.
+	w.f.m.subClosed.WithLabelValues("live").Inc()
+	g.closes++
+	var wait time.Duration
+	switch {
+	case IsRateLimit(reason):
+		w.rateLimited("CLOSED: " + reason)
+		wait = w.cooldown.Until().Sub(w.f.clock.Now()) // cooldown.Wait does the waiting; this is for the report
+	case strings.HasPrefix(reason, "auth-required:") && s.auth.sk != "" && g.closes <= 3:
+		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		ok := s.auth.wait(actx)
+		cancel()
+		if ok {
+			g.closes-- // an authentication retry is not the relay refusing us
+			return true
+		}
+		wait = Backoff(w.f.cfg.BackoffBase, liveReopenMax, g.closes)
+	case readRefusal(reason):
+		// The relay will not serve this read to us: asked again a day
+		// later, not in a loop.
+		retry := w.refusedRead(s, g.filters.filters(), reason)
+		wait = retry.Sub(w.f.clock.Now())
+	default:
+		wait = Backoff(w.f.cfg.BackoffBase, liveReopenMax, g.closes)
+	}
+	retryAt := w.f.clock.Now().Add(max(wait, 0))
+	w.log.Warn("live subscription closed by relay", "session", s.id, "reason", reason, "retry_at", retryAt)
+	w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_SubscriptionClosed{SubscriptionClosed: &graspv1.SubscriptionClosed{
+		Reason: reason, Live: true, RetryAt: retryAt.UnixMilli()}}})
+	if !IsRateLimit(reason) {
+		select {
+		case <-w.f.clock.After(wait):
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
 
 // askRepack hands a live group the relay refused for its size or filter
@@ -283,41 +379,6 @@ func (w *relayWorker) refusedRead(s *session, fs nostr.Filters, reason string) t
 	w.log.Warn("relay refuses a read; asking again later", "session", s.id, "reason", reason, "retry_at", retry)
 	w.saveLimitsAsync(s)
 	return retry
-}
-
-// readLive publishes the subscription's events until it ends; closed says
-// whether the relay closed it (with reason).
-func (w *relayWorker) readLive(ctx context.Context, s *session, g *liveGroup, sub *relayconn.Subscription, pub *windowPublisher) (reason string, closed bool) {
-	eose := sub.EOSE()
-	for {
-		select {
-		case <-eose:
-			eose = nil
-			g.markLive()
-		case evt := <-sub.Events():
-			if _, err := w.publish(ctx, pub, evt, g.filters, s.id, "", "live"); err != nil && ctx.Err() == nil {
-				w.log.Warn("live event not published", "session", s.id, "id", evt.ID, "err", err)
-			}
-			// A burst travels together; a lone event does not wait for
-			// company.
-			if len(sub.Events()) == 0 {
-				if err := pub.send(ctx); err != nil && ctx.Err() == nil {
-					w.log.Warn("live events not published", "session", s.id, "err", err)
-				}
-			}
-		case reason := <-sub.Closed():
-			return reason, true
-		case <-sub.Done():
-			select {
-			case reason := <-sub.Closed():
-				return reason, true
-			default:
-				return "", false
-			}
-		case <-ctx.Done():
-			return "", false
-		}
-	}
 }
 
 // publish checks an event and publishes it for the ingesters: subject

@@ -87,8 +87,11 @@ type session struct {
 	// connection: a shorter page is proven complete (docs/decisions/0021-history-crowded-second.md).
 	relayCap history.Cap
 
-	// saveLimits asks keepLimits to store the relay's limits record.
-	saveLimits chan struct{}
+	// saving stores the relay's limits record on demand
+	// (saveLimitsAsync); authing answers AUTH challenges on demand, once
+	// ready (the connection and context set) is.
+	saving, authing onDemand
+	ready           atomic.Bool
 	// replaceAskedAt is the subscription budget at which the planner was
 	// last asked to replace the live set because it did not fit (fitLive):
 	// once per budget, so a set that cannot fit is not replaced in a loop.
@@ -252,6 +255,12 @@ func (w *relayWorker) run(ctx context.Context) {
 	}
 }
 
+// answerAuth answers the session's waiting AUTH challenges in a goroutine
+// of its tasks.
+func (w *relayWorker) answerAuth(s *session) {
+	s.authing.ask(&w.tasks, func() { s.auth.answer(s.ctx, s.conn, w.url, w.log) })
+}
+
 // record is the relay's entry in the relay bucket.
 func (w *relayWorker) record() *graspv1.FetcherRelay {
 	rec := &graspv1.FetcherRelay{RelayUrl: w.url, Shard: uint32(w.shard), FetcherId: w.f.cfg.ID,
@@ -273,9 +282,8 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 	cctx, cancel := context.WithTimeout(ctx, w.f.cfg.ConnectTimeout)
 	defer cancel()
 	s := &session{id: newSessionID(),
-		histSem:    make(chan struct{}, w.f.cfg.MaxConcurrentBatches),
-		pending:    make(chan struct{}, w.f.cfg.MaxPendingBatches),
-		saveLimits: make(chan struct{}, 1)}
+		histSem: make(chan struct{}, w.f.cfg.MaxConcurrentBatches),
+		pending: make(chan struct{}, w.f.cfg.MaxPendingBatches)}
 	s.auth = newAuthState(w.f.authKey)
 	opts := relayconn.Options{
 		// The dialled address is vetted as it is dialled, so a name that
@@ -296,6 +304,11 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 			switch label {
 			case "AUTH":
 				s.auth.challenge(raw)
+				if s.ready.Load() {
+					// The read goroutine is one Close waits for before
+					// endSession waits for the tasks.
+					w.answerAuth(s)
+				}
 			case "OK":
 				s.auth.ok(raw)
 				if reason := okReason(raw); IsRateLimit(reason) {
@@ -318,15 +331,12 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 	w.f.m.health.WithLabelValues(w.url).Set(float64(graspv1.HealthState_HEALTH_STATE_HEALTHY))
 	w.f.m.failures.WithLabelValues(w.url).Set(0)
 	w.log.Info("connected", "session", s.id)
+	s.ready.Store(true)
+	w.answerAuth(s) // a challenge that came before ready
 	w.tasks.Add(1)
 	go func() {
 		defer w.tasks.Done()
-		s.auth.run(s.ctx, c, w.url, w.log)
-	}()
-	w.tasks.Add(1)
-	go func() {
-		defer w.tasks.Done()
-		w.keepLimits(s)
+		w.readNIP11(s)
 	}()
 	connected := &graspv1.Connected{LiveFilterBudget: w.liveFilterBudget(w.lims.effective())}
 	if w.previous != nil {
