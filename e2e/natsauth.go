@@ -167,19 +167,27 @@ func authUsers(path string) ([]string, error) {
 	return users, nil
 }
 
-// userURL is the client URL with a user's credentials, as the manifests
-// build GRASP_NATS_URL (nats://<user>:$(NATS_PASSWORD)@grasp-nats:4222).
-func (a *natsAuth) userURL(clientURL, user string) (string, error) {
+// userURL is the client URL list with a user's credentials on every URL,
+// as the manifests build GRASP_NATS_URL (nats://<user>:$(NATS_PASSWORD)@grasp-nats:4222,
+// one Service address). nats.go uses a URL's own credentials when it
+// connects to that server, so a cluster's list with them on the first URL
+// alone would leave the other nodes refusing the service (authentication
+// error), and it could not move to them when its node dies.
+func (a *natsAuth) userURL(clientURLs, user string) (string, error) {
 	pw, ok := a.passwords[user]
 	if !ok {
 		return "", fmt.Errorf("the manifests' auth.conf has no NATS user %q", user)
 	}
-	u, err := url.Parse(clientURL)
-	if err != nil {
-		return "", err
+	var out []string
+	for _, clientURL := range strings.Split(clientURLs, ",") {
+		u, err := url.Parse(strings.TrimSpace(clientURL))
+		if err != nil {
+			return "", err
+		}
+		u.User = url.UserPassword(user, pw)
+		out = append(out, u.String())
 	}
-	u.User = url.UserPassword(user, pw)
-	return u.String(), nil
+	return strings.Join(out, ","), nil
 }
 
 // permissionDenial matches what nats-server logs when it refuses a client

@@ -52,3 +52,20 @@ func TestNATSClusterConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestUserURLEveryNode: every URL of a cluster's list carries the user's
+// credentials, so the service may connect to, and move to, any node.
+func TestUserURLEveryNode(t *testing.T) {
+	a := &natsAuth{passwords: map[string]string{"fetcher": "s3cret"}}
+	got, err := a.userURL("nats://127.0.0.1:4001,nats://127.0.0.1:4002,nats://127.0.0.1:4003", "fetcher")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "nats://fetcher:s3cret@127.0.0.1:4001,nats://fetcher:s3cret@127.0.0.1:4002,nats://fetcher:s3cret@127.0.0.1:4003"
+	if got != want {
+		t.Errorf("userURL = %s, want %s", got, want)
+	}
+	if _, err := a.userURL("nats://127.0.0.1:4001", "nobody"); err == nil {
+		t.Error("a user auth.conf does not declare got a URL")
+	}
+}
