@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -44,7 +45,9 @@ import (
 //
 // GRASP_BENCH_SCALE=1 enables it. GRASP_BENCH_SCALE_WORLDS picks worlds
 // (comma-separated names of scaleWorlds, or RxN:roots:comments; default
-// all); GRASP_BENCH_SCALE_MULTIPROC=0 skips the multi-process row;
+// all); GRASP_BENCH_SCALE_MULTIPROC=0 skips the multi-process rows and
+// GRASP_BENCH_SCALE_MULTIPROC_ROWS picks some of them (single-node,
+// cluster, faults: bench_scale_multi_test.go);
 // GRASP_BENCH_SCALE_IDLE (default 1m) is the idle window,
 // GRASP_BENCH_SCALE_TIMEOUT (default 30m) a world's sync deadline,
 // GRASP_BENCH_SCALE_STALL (default 12m) how long without progress ends it,
@@ -121,7 +124,10 @@ func pickWorlds(t *testing.T, v string) []scaleWorld {
 // scaleResult is what one world's run measured (JSON in the out directory).
 type scaleResult struct {
 	World string `json:"world"`
-	Mode  string `json:"mode"` // "single" (graspd) or "multi" (five services on PostgreSQL)
+	// Mode is "single" (graspd), "multi" (five services on PostgreSQL, one
+	// NATS node), "cluster" (3 NATS nodes, 2 fetchers, 2 ingesters) or
+	// "faults" (the cluster with a NATS node and a fetcher killed).
+	Mode string `json:"mode"`
 	// Limited: the farm's relays enforced scaleLimits. GivenUp counts the
 	// relays the fetcher held dead (health state 3) when the sync ended.
 	Limited  bool   `json:"limited,omitempty"`
@@ -174,7 +180,13 @@ type scaleResult struct {
 	// Stages is where events waited during the sync: the ingesters'
 	// grasp_ingester_stage_seconds, summed over the processes.
 	Stages []stageLatency `json:"stages,omitempty"`
-	Note   string         `json:"note,omitempty"`
+	// CPU is each process's CPU-seconds during the sync by name: graspd,
+	// or relay, discovery, planner, fetcher-N, ingester-N, nats-N and
+	// postgres (the backends of the deployment's database).
+	CPU map[string]float64 `json:"cpu_s_by_process,omitempty"`
+	// Fault is what the faults row did and found.
+	Fault *faultResult `json:"fault,omitempty"`
+	Note  string       `json:"note,omitempty"`
 }
 
 // stageLatency is one stage of grasp_ingester_stage_seconds read off
@@ -394,10 +406,13 @@ func TestBenchScale(t *testing.T) {
 			if mw == "" {
 				mw = "target"
 			}
-			res := runScaleWorld(t, pickWorlds(t, mw)[0], graspd, farm, out, &DeploymentOptions{PostgresURL: u, Auth: true})
-			results = append(results, res)
-			saveScaleResult(t, out, res)
-			printWorldRows(res, results)
+			// Single-node, cluster, faults (bench_scale_multi_test.go).
+			for _, mr := range pickMultiRuns(t, os.Getenv("GRASP_BENCH_SCALE_MULTIPROC_ROWS"), u) {
+				res := runScaleWorld(t, pickWorlds(t, mw)[0], graspd, farm, out, &mr)
+				results = append(results, res)
+				saveScaleResult(t, out, res)
+				printWorldRows(res, results)
+			}
 		}
 	}
 	table := renderScaleTable(results)
@@ -550,7 +565,9 @@ func procCPU(pid int) float64 {
 // scaleTarget is what runScaleWorld measures: graspd alone, or a
 // multi-process deployment (every service summed).
 type scaleTarget struct {
-	procs   []*Proc
+	procs []*Proc
+	// d is the multi-process deployment (nil for graspd).
+	d       *Deployment
 	relay   string
 	metrics func(ctx context.Context) (map[string]float64, error)
 	logs    []string
@@ -563,6 +580,34 @@ func (s *scaleTarget) cpu() float64 {
 		c += procCPU(p.Pid())
 	}
 	return c
+}
+
+// cpuMeter meters every process of the target: graspd, or the services,
+// the NATS nodes and the PostgreSQL backends of the deployment's database.
+func (s *scaleTarget) cpuMeter(t *testing.T) *cpuMeter {
+	procs := func() map[int]string {
+		out := map[int]string{}
+		ps := s.procs
+		if s.d != nil {
+			ps = s.d.Procs()
+		}
+		for _, p := range ps {
+			if pid := p.Pid(); pid > 0 && p.Running() {
+				out[pid] = p.Name
+			}
+		}
+		return out
+	}
+	if s.d == nil {
+		return newCPUMeter(procs, nil)
+	}
+	db, err := sql.Open("postgres", s.d.StoreURL)
+	if err != nil {
+		t.Logf("PostgreSQL's CPU not metered: %v", err)
+		return newCPUMeter(procs, nil)
+	}
+	db.SetMaxOpenConns(1)
+	return newCPUMeter(procs, db)
 }
 
 func (s *scaleTarget) status(field string) int64 {
@@ -657,17 +702,19 @@ func startMultiScale(t *testing.T, o DeploymentOptions) *scaleTarget {
 	for _, p := range d.Procs() {
 		logs = append(logs, p.Log)
 	}
-	return &scaleTarget{procs: d.Services(), relay: d.RelayURL(), logs: logs, metrics: d.Metrics, stop: func() {}}
+	// Stopped after its row, so the next row has the machine to itself;
+	// the test's cleanup still checks its logs for NATS refusals.
+	return &scaleTarget{d: d, procs: d.Services(), relay: d.RelayURL(), logs: logs, metrics: d.Metrics, stop: d.Kill}
 }
 
 // runScaleWorld runs one world end to end (multi set: on a multi-process
 // deployment, without the resync).
-func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir string, multi *DeploymentOptions) scaleResult {
+func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir string, multi *multiRun) scaleResult {
 	spec := sw.Spec
 	spec.Seed = scaleSeed
 	res := scaleResult{World: sw.Name, Mode: "single", Repos: spec.Repos, Relays: spec.Relays, Load: loadAvg(), Limited: sw.Limited}
 	if multi != nil {
-		res.Mode = "multi"
+		res.Mode = multi.Mode
 	}
 	dir := filepath.Join(outDir, sw.Name+"-"+res.Mode)
 	_ = os.RemoveAll(dir)
@@ -688,7 +735,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	var tgt *scaleTarget
 	dataDir := filepath.Join(dir, "graspd-data")
 	if multi != nil {
-		tgt = startMultiScale(t, *multi)
+		tgt = startMultiScale(t, multi.Opts)
 	} else {
 		tgt = startSingle(t, graspdBin, dataDir, "", filepath.Join(dir, "graspd.log"), "")
 	}
@@ -715,7 +762,10 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 
 	ctx, cancel := context.WithTimeout(context.Background(), benchDuration("GRASP_BENCH_SCALE_TIMEOUT", 30*time.Minute))
 	defer cancel()
-	cpu0 := tgt.cpu()
+	meter := tgt.cpuMeter(t)
+	meter.start(ctx)
+	defer meter.close()
+	var fault *faultResult
 	began = time.Now()
 	// Published as a user would, while progress is polled: graspd starts
 	// syncing with the first announcements.
@@ -749,6 +799,12 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 		if multi != nil {
 			peak = max(peak, tgt.status("VmRSS")) // services' sum at one moment
 		}
+		meter.sample(ctx)
+		if multi != nil && multi.Fault && fault == nil && err == nil && stored >= want/3 {
+			meter.sample(ctx) // the last reading of the processes about to die
+			fault = strikeFaults(t, tgt.d)
+			fault.AtStored, fault.AtSecs = stored, el
+		}
 		if !pubDone {
 			select {
 			case err := <-published:
@@ -773,13 +829,19 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 			break
 		}
 		for _, p := range tgt.procs {
-			if !p.Running() {
+			if !p.Running() && (fault == nil || p.Name != fault.Fetcher) {
 				t.Fatalf("[%s] %s exited during the sync; log ends:\n%s", sw.Name, p.Name, Tail(p.Log, 20))
 			}
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	res.SyncCPU = tgt.cpu() - cpu0
+	meter.sample(context.Background())
+	res.CPU = meter.seconds()
+	for n, v := range res.CPU {
+		if n != "postgres" && !strings.HasPrefix(n, "nats") {
+			res.SyncCPU += v // the services' (graspd's) alone, as before
+		}
+	}
 	if multi != nil {
 		res.PeakRSS = max(peak, tgt.status("VmRSS"))
 	} else {
@@ -812,6 +874,24 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 			res.Note = "stored counter reached the world's size but the relay lacks events: " + err.Error()
 		}
 		vcancel()
+	}
+	if fault != nil {
+		ids := make([]string, 0, len(w.Events)+len(anns))
+		for _, e := range w.Events {
+			ids = append(ids, e.Event.ID)
+		}
+		for _, a := range anns {
+			ids = append(ids, a.ID)
+		}
+		fault.checkStore(after, tgt.d.StoreURL, ids)
+		for _, f := range tgt.d.Fetchers {
+			if f.Name == fault.Survivor {
+				fault.measureTakeover(f.Log)
+			}
+		}
+		fault.checkLogs(tgt.d)
+		res.Fault = fault
+		t.Logf("[%s %s] faults: %+v", sw.Name, res.Mode, *fault)
 	}
 	t.Logf("[%s %s] sync: %d/%d stored, first %.1fs, 50%% %.1fs, 90%% %.1fs, all %.1fs, %.0f events/s, peak RSS %d MB, CPU %.1fs; farm: %+v",
 		sw.Name, res.Mode, res.Stored, res.Events, res.FirstSecs, res.P50Secs, res.P90Secs, res.AllSecs, res.EventsPS, res.PeakRSS>>20, res.SyncCPU, res.Sync)
@@ -952,6 +1032,10 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		// Where events waited, p50 / p95 per stage: no target, so not a row.
 		fmt.Printf("bench stages: %s: %s\n", name, stagesLine(r.Stages))
 	}
+	if len(r.CPU) > 0 {
+		// CPU-seconds per 1,000 stored events per process (issue 31).
+		fmt.Printf("bench cpu: %s: %s\n", name, cpuLine(r))
+	}
 	single := func(world string) *scaleResult {
 		for i := range all {
 			if all[i].World == world && all[i].Mode == "single" && all[i].Complete && !all[i].Limited {
@@ -973,6 +1057,8 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		s := r.Sync
 		row("limit refusals", fmt.Sprintf("%d oversized, %d REQs and %d NEG-OPENs over 20 subscriptions, %d REQs over 20 filters (at most %d subscriptions and %d NIP-77 sessions open, largest message %d bytes)",
 			s.TooBig, s.REQsRefused, s.NegsRefused, s.FiltersRefused, s.MaxOpenSubs, s.MaxOpenNegs, s.LargestMessage), "0", s.TooBig+s.REQsRefused+s.NegsRefused+s.FiltersRefused == 0)
+	case r.Mode == "cluster" || r.Mode == "faults":
+		printMultiRows(r, all, row)
 	case r.Mode == "multi":
 		if s := single(r.World); s != nil {
 			row("events/s vs the single process", fmt.Sprintf("%.0f vs %.0f = %.2f×", r.EventsPS, s.EventsPS, r.EventsPS/s.EventsPS), "≥ 0.8×", r.EventsPS >= 0.8*s.EventsPS)
@@ -1047,6 +1133,19 @@ func renderScaleTable(rs []scaleResult) string {
 			float64(s.NegOpens)/float64(max(r.Relays, 1)), s.NegOpensNoNIP77, float64(s.NegSessions)/float64(max(s.RelaysNIP77, 1)),
 			ratio(s.EventsSentNIP77, s.StoredNIP77), ratio(s.EventsSentREQ, s.StoredREQ),
 			float64(s.BytesOut)/1e6, float64(s.BytesIn)/1e6, idle, r.IdleRSS>>20, r.Goroutines, resync, r.LogErrors, r.LogWarnings, r.ShardLosses, r.Disconnects, r.Load, r.LoadEnd)
+	}
+	b.WriteString("\nCPU-seconds per 1,000 events per process during the sync (multi-process rows: every replica, the NATS nodes and PostgreSQL's backends of the deployment's database):\n\n")
+	for _, r := range rs {
+		if len(r.CPU) > 0 {
+			fmt.Fprintf(&b, "- %s (%s): %s.\n", r.World, r.Mode, cpuLine(r))
+		}
+	}
+	for _, r := range rs {
+		if fr := r.Fault; fr != nil {
+			fmt.Fprintf(&b, "\nFaults (%s): %s and %s killed (SIGKILL, not restarted) at %.0f of %d stored, %.0f s in; %d of %d shards taken over by %s (first %.1f s, last %.1f s after the kill); store: %d rows, %d distinct ids, %d of the world's %d; %d NATS refusals, %d log lines saying \"permission\".\n",
+				r.World, fr.Fetcher, fr.NATSNode, fr.AtStored, r.Events, fr.AtSecs, fr.TakenOver, len(fr.Shards), fr.Survivor, fr.FirstTakeoverSecs, fr.LastTakeoverSecs,
+				fr.Rows, fr.DistinctIDs, fr.WorldStored, fr.WorldIDs, fr.Denials, fr.Permission)
+		}
 	}
 	b.WriteString("\nMost frequent ERROR/WARN log messages per world:\n\n")
 	for _, r := range rs {

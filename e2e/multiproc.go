@@ -45,9 +45,10 @@ type DeploymentOptions struct {
 	// NATSNodes is 1 (default) or 3 (a JetStream cluster with R3 streams
 	// and buckets).
 	NATSNodes int
-	// Auth runs the single NATS node with the manifests' configuration
-	// (k8s/base/nats, with the generated auth.conf) and connects every
-	// service as its own NATS user, as in Kubernetes (natsauth.go).
+	// Auth runs every NATS node with the manifests' configuration
+	// (k8s/base/nats, with the generated auth.conf; a cluster with the
+	// production overlay's cluster block) and connects every service as
+	// its own NATS user, as in Kubernetes (natsauth.go).
 	Auth bool
 }
 
@@ -91,9 +92,6 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 	}
 	if o.NATSNodes != 3 {
 		o.NATSNodes = 1
-	}
-	if o.Auth && o.NATSNodes != 1 {
-		t.Fatal("StartDeployment: Auth runs the manifests' single-node NATS configuration; a cluster with users is not supported")
 	}
 	if o.PostgresURL == "" {
 		t.Fatal("StartDeployment: DeploymentOptions.PostgresURL is required (multi-process services share a PostgreSQL store)")
@@ -245,6 +243,18 @@ func (d *Deployment) stopAll(t testing.TB) {
 			}
 		}
 		t.Logf("logs kept in %s", dst)
+	}
+}
+
+// Kill kills every process (services first), as the test's end does, for
+// a caller done with the deployment before then; the end still checks the
+// logs for NATS refusals and drops the database.
+func (d *Deployment) Kill() {
+	procs := d.Procs()
+	for i := len(procs) - 1; i >= 0; i-- {
+		if procs[i] != nil {
+			_ = procs[i].Kill()
+		}
 	}
 }
 

@@ -17,39 +17,84 @@ import (
 // the auth.conf deploy/validate generates, extra.conf) and every service
 // connects as its own user, as in Kubernetes. Only what differs between a
 // pod and a test process is rewritten: addresses, the store directory, the
-// server name and the pid file. The passwords come from the environment of
+// server name and the pid file; on a 3-node cluster extra.conf is the
+// production overlay's cluster block without its TLS (natsNodeConfig.Cluster). The passwords come from the environment of
 // nats-server, as the manifests pass them ($<USER>_PASSWORD).
 
 // manifestNATSDir is k8s/base/nats relative to the e2e package directory,
 // where go test runs.
 var manifestNATSDir = filepath.Join("..", "k8s", "base", "nats")
 
-// natsAuth is a NATS configuration with users and their passwords.
+// natsAuth is the manifests' users with a password drawn for each, and
+// the configuration files written for the nodes that check them.
 type natsAuth struct {
-	// confPath is the nats.conf to start nats-server with (-c).
-	confPath string
 	// passwords by NATS user (relay, discovery, …, graspctl).
 	passwords map[string]string
 	// env is nats-server's environment: <USER>_PASSWORD for every user.
 	env Env
 }
 
-// manifestNATSConfig writes the manifests' NATS configuration into dir,
-// rewritten for a test process listening on 127.0.0.1, and draws a password
-// for every user auth.conf declares.
-func manifestNATSConfig(dir, storeDir string, clientPort, monitorPort int) (*natsAuth, error) {
+// newManifestAuth draws a password for every user the manifests'
+// auth.conf declares. Every node of a cluster gets the same ones, as every
+// pod of the StatefulSet reads the same Secret.
+func newManifestAuth() (*natsAuth, error) {
+	users, err := authUsers(filepath.Join(manifestNATSDir, "auth.conf"))
+	if err != nil {
+		return nil, err
+	}
+	a := &natsAuth{passwords: map[string]string{}, env: Env{}}
+	for _, u := range users {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return nil, err
+		}
+		a.passwords[u] = hex.EncodeToString(b)
+		a.env[strings.ToUpper(u)+"_PASSWORD"] = a.passwords[u]
+	}
+	return a, nil
+}
+
+// natsNodeConfig is where one node of a test deployment listens and keeps
+// its store.
+type natsNodeConfig struct {
+	// Dir receives the node's nats.conf, auth.conf and extra.conf.
+	Dir, StoreDir, ServerName string
+	ClientPort, MonitorPort   int
+	// Cluster, when set, replaces the manifests' extra.conf (empty in the
+	// base, nothing a single node needs) with the cluster block of the
+	// production overlay (k8s/components/production/extra.conf) as a test
+	// process runs it: the same name-less route list of every node, on
+	// 127.0.0.1, without the overlay's TLS (a test has no certificates; TLS
+	// changes how routes and clients connect, not what users may do).
+	Cluster *natsClusterConfig
+}
+
+// natsClusterConfig is the cluster block of a node.
+type natsClusterConfig struct {
+	Name   string
+	Port   int      // this node's route port
+	Routes []string // every node's route URL
+}
+
+// writeConfig writes the manifests' NATS configuration for node n,
+// rewritten for a test process on 127.0.0.1, and returns the path of its
+// nats.conf (nats-server -c).
+func (a *natsAuth) writeConfig(n natsNodeConfig) (string, error) {
+	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
+		return "", err
+	}
 	conf, err := os.ReadFile(filepath.Join(manifestNATSDir, "nats.conf"))
 	if err != nil {
-		return nil, fmt.Errorf("the manifests' nats.conf: %w", err)
+		return "", fmt.Errorf("the manifests' nats.conf: %w", err)
 	}
 	// Each rewritten setting must be found: a manifest that renames one
 	// would otherwise run the test on the pod's addresses or paths.
 	rewrite := map[string]string{
-		"server_name": "server_name: nats-0",
-		"listen":      fmt.Sprintf("listen: 127.0.0.1:%d", clientPort),
-		"http":        fmt.Sprintf("http: 127.0.0.1:%d", monitorPort),
+		"server_name": "server_name: " + n.ServerName,
+		"listen":      fmt.Sprintf("listen: 127.0.0.1:%d", n.ClientPort),
+		"http":        fmt.Sprintf("http: 127.0.0.1:%d", n.MonitorPort),
 		"pid_file":    "# pid_file: none in a test",
-		"store_dir":   fmt.Sprintf("store_dir: %q", storeDir),
+		"store_dir":   fmt.Sprintf("store_dir: %q", n.StoreDir),
 	}
 	found := map[string]bool{}
 	var out []string
@@ -62,35 +107,39 @@ func manifestNATSConfig(dir, storeDir string, clientPort, monitorPort int) (*nat
 	}
 	for key := range rewrite {
 		if !found[key] {
-			return nil, fmt.Errorf("the manifests' nats.conf has no %s setting: teach e2e/natsauth.go where a test process puts it", key)
+			return "", fmt.Errorf("the manifests' nats.conf has no %s setting: teach e2e/natsauth.go where a test process puts it", key)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(strings.Join(out, "\n")), 0o600); err != nil {
-		return nil, err
+	confPath := filepath.Join(n.Dir, "nats.conf")
+	if err := os.WriteFile(confPath, []byte(strings.Join(out, "\n")), 0o600); err != nil {
+		return "", err
 	}
 	for _, name := range []string{"auth.conf", "extra.conf"} {
 		b, err := os.ReadFile(filepath.Join(manifestNATSDir, name))
 		if err != nil {
-			return nil, fmt.Errorf("the manifests' %s: %w", name, err)
+			return "", fmt.Errorf("the manifests' %s: %w", name, err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			return nil, err
+		if name == "extra.conf" && n.Cluster != nil {
+			b = []byte(n.Cluster.block())
+		}
+		if err := os.WriteFile(filepath.Join(n.Dir, name), b, 0o600); err != nil {
+			return "", err
 		}
 	}
-	users, err := authUsers(filepath.Join(manifestNATSDir, "auth.conf"))
-	if err != nil {
-		return nil, err
+	return confPath, nil
+}
+
+// block is the cluster block of extra.conf.
+func (c *natsClusterConfig) block() string {
+	var b strings.Builder
+	b.WriteString("# Written by e2e/natsauth.go: the production overlay's cluster block\n")
+	b.WriteString("# (k8s/components/production/extra.conf) on 127.0.0.1, without TLS.\n")
+	fmt.Fprintf(&b, "cluster {\n  name: %s\n  listen: 127.0.0.1:%d\n  no_advertise: true\n  connect_retries: 120\n  routes: [\n", c.Name, c.Port)
+	for _, r := range c.Routes {
+		fmt.Fprintf(&b, "    %s\n", r)
 	}
-	a := &natsAuth{confPath: filepath.Join(dir, "nats.conf"), passwords: map[string]string{}, env: Env{}}
-	for _, u := range users {
-		b := make([]byte, 16)
-		if _, err := rand.Read(b); err != nil {
-			return nil, err
-		}
-		a.passwords[u] = hex.EncodeToString(b)
-		a.env[strings.ToUpper(u)+"_PASSWORD"] = a.passwords[u]
-	}
-	return a, nil
+	b.WriteString("  ]\n}\n")
+	return b.String()
 }
 
 var authUserLine = regexp.MustCompile(`^\s*user:\s*"?([A-Za-z0-9_-]+)"?\s*$`)
@@ -118,19 +167,27 @@ func authUsers(path string) ([]string, error) {
 	return users, nil
 }
 
-// userURL is the client URL with a user's credentials, as the manifests
-// build GRASP_NATS_URL (nats://<user>:$(NATS_PASSWORD)@grasp-nats:4222).
-func (a *natsAuth) userURL(clientURL, user string) (string, error) {
+// userURL is the client URL list with a user's credentials on every URL,
+// as the manifests build GRASP_NATS_URL (nats://<user>:$(NATS_PASSWORD)@grasp-nats:4222,
+// one Service address). nats.go uses a URL's own credentials when it
+// connects to that server, so a cluster's list with them on the first URL
+// alone would leave the other nodes refusing the service (authentication
+// error), and it could not move to them when its node dies.
+func (a *natsAuth) userURL(clientURLs, user string) (string, error) {
 	pw, ok := a.passwords[user]
 	if !ok {
 		return "", fmt.Errorf("the manifests' auth.conf has no NATS user %q", user)
 	}
-	u, err := url.Parse(clientURL)
-	if err != nil {
-		return "", err
+	var out []string
+	for _, clientURL := range strings.Split(clientURLs, ",") {
+		u, err := url.Parse(strings.TrimSpace(clientURL))
+		if err != nil {
+			return "", err
+		}
+		u.User = url.UserPassword(user, pw)
+		out = append(out, u.String())
 	}
-	u.User = url.UserPassword(user, pw)
-	return u.String(), nil
+	return strings.Join(out, ","), nil
 }
 
 // permissionDenial matches what nats-server logs when it refuses a client

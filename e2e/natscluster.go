@@ -17,8 +17,9 @@ import (
 // routes. The manifests' configuration with users is in natsauth.go.
 
 // addNATS starts n NATS nodes (a cluster when n > 1) and returns the
-// client URL list the services get. With auth, the single node runs the
-// manifests' configuration (manifestNATSConfig).
+// client URL list the services get. With auth, every node runs the
+// manifests' configuration (natsAuth.writeConfig), a cluster's with the
+// production overlay's cluster block.
 func (d *Deployment) addNATS(t testing.TB, bin string, n int, auth bool) string {
 	t.Helper()
 	type ports struct{ client, cluster, monitor int }
@@ -29,23 +30,35 @@ func (d *Deployment) addNATS(t testing.TB, bin string, n int, auth bool) string 
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ps[i].cluster))
 		clients = append(clients, fmt.Sprintf("nats://127.0.0.1:%d", ps[i].client))
 	}
+	if auth {
+		a, err := newManifestAuth()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.auth = a
+	}
 	for i, p := range ps {
 		name := fmt.Sprintf("nats-%d", i)
 		storeDir := filepath.Join(d.Dir, name)
 		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(p.client), "-m", strconv.Itoa(p.monitor),
 			"-js", "-sd", storeDir, "-n", name}
-		var env Env
-		if auth {
-			a, err := manifestNATSConfig(d.Dir, storeDir, p.client, p.monitor)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d.auth, env = a, a.env
-			args = []string{"-c", a.confPath}
-		}
 		if n > 1 {
 			args = append(args, "--cluster_name", "grasp-e2e",
 				"--cluster", routes[i], "--routes", strings.Join(routes, ","))
+		}
+		var env Env
+		if auth {
+			// The manifests' configuration, the cluster in its extra.conf.
+			nc := natsNodeConfig{Dir: filepath.Join(d.Dir, name+"-conf"), StoreDir: storeDir, ServerName: name,
+				ClientPort: p.client, MonitorPort: p.monitor}
+			if n > 1 {
+				nc.Cluster = &natsClusterConfig{Name: "grasp-e2e", Port: p.cluster, Routes: routes}
+			}
+			confPath, err := d.auth.writeConfig(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args, env = []string{"-c", confPath}, d.auth.env
 		}
 		d.NATS = append(d.NATS, &Proc{Name: name, Log: filepath.Join(d.Dir, name+".log"),
 			HealthURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", p.monitor),

@@ -27,25 +27,7 @@ import (
 func TestShippedNATSPermissions(t *testing.T) {
 	pg := postgresURL(t)
 	d := StartDeployment(t, DeploymentOptions{PostgresURL: pg, Auth: true})
-
-	plain := testrelay.Start(t, testrelay.Options{})
-	neg := testrelay.Start(t, testrelay.Options{Negentropy: true})
-	owner, contributor := testkit.NewKey(), testkit.NewKey()
-	const ident = "shipped-acl"
-	repo := testkit.RepoRef(owner.PubKey, ident)
-	var want []*nostrEvent
-	for _, r := range []*testrelay.Relay{plain, neg} {
-		issue := contributor.Issue(repo, "seen on "+r.URL)
-		comment := owner.Comment(issue, issue, "looking")
-		patch := contributor.Patch(repo)
-		r.Add(t, issue, comment, patch)
-		want = append(want, issue, comment, patch)
-	}
-	ann := ourAnnouncement(owner, d, ident, []string{plain.URL, neg.URL}, nil)
-	began := time.Now()
-	announce(t, d, ann)
-	mustArrive(t, d, 60*time.Second, want...)
-	t.Logf("synced %d events from 2 remote relays under the shipped permissions in %s", len(want), time.Since(began).Round(time.Millisecond))
+	owner, ident, plain, neg := syncUnderShippedPermissions(t, d)
 
 	if leaks := d.LeakedPasswords(); len(leaks) > 0 {
 		t.Errorf("NATS passwords in the logs:\n%s", strings.Join(leaks, "\n"))
@@ -130,6 +112,48 @@ func TestShippedNATSPermissions(t *testing.T) {
 		}
 		checkCtlOutput(t, "tap", stdout.String(), stderr.String(), "fetch.report")
 	})
+}
+
+// TestShippedNATSPermissionsCluster is the production overlay's shape under
+// the shipped permissions: a 3-node NATS cluster (R3 streams and buckets),
+// every node on the manifests' configuration with the overlay's cluster
+// block (natsauth.go), 2 fetchers and 2 ingesters, each service its own
+// NATS user. A repository syncs end to end; any refusal in any log fails
+// the test (Deployment.stopAll).
+func TestShippedNATSPermissionsCluster(t *testing.T) {
+	long(t)
+	pg := postgresURL(t)
+	d := StartDeployment(t, DeploymentOptions{PostgresURL: pg, Auth: true, NATSNodes: 3, Fetchers: 2, Ingesters: 2})
+	syncUnderShippedPermissions(t, d)
+	if denials := d.PermissionDenials(); len(denials) > 0 {
+		t.Errorf("NATS refused %d operations on the cluster:\n%s", len(denials), strings.Join(firstN(denials, 20), "\n"))
+	}
+}
+
+// syncUnderShippedPermissions syncs one repository's issues, comments and
+// patches from two remote relays (one NIP-77) into d and fails unless all
+// arrive within a minute.
+func syncUnderShippedPermissions(t *testing.T, d *Deployment) (owner testkit.Key, ident string, plain, neg *testrelay.Relay) {
+	t.Helper()
+	plain = testrelay.Start(t, testrelay.Options{})
+	neg = testrelay.Start(t, testrelay.Options{Negentropy: true})
+	owner, contributor := testkit.NewKey(), testkit.NewKey()
+	ident = "shipped-acl"
+	repo := testkit.RepoRef(owner.PubKey, ident)
+	var want []*nostrEvent
+	for _, r := range []*testrelay.Relay{plain, neg} {
+		issue := contributor.Issue(repo, "seen on "+r.URL)
+		comment := owner.Comment(issue, issue, "looking")
+		patch := contributor.Patch(repo)
+		r.Add(t, issue, comment, patch)
+		want = append(want, issue, comment, patch)
+	}
+	ann := ourAnnouncement(owner, d, ident, []string{plain.URL, neg.URL}, nil)
+	began := time.Now()
+	announce(t, d, ann)
+	mustArrive(t, d, 60*time.Second, want...)
+	t.Logf("synced %d events from 2 remote relays under the shipped permissions in %s", len(want), time.Since(began).Round(time.Millisecond))
+	return owner, ident, plain, neg
 }
 
 // checkCtlOutput fails when a graspctl command's output lacks want or says
