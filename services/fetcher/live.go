@@ -200,6 +200,7 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup) {
 		if err != nil {
 			return // the connection is gone: the session ends
 		}
+		w.f.m.reqs.WithLabelValues("live", "").Inc()
 		w.f.m.liveSubs.WithLabelValues(w.url).Inc()
 		reason, closed := w.readLive(ctx, s, g, sub, pub)
 		w.f.m.liveSubs.WithLabelValues(w.url).Dec()
