@@ -19,8 +19,9 @@ import (
 // do not fill a filter while more keep coming makes the batches follow the
 // roots' number instead.
 
-// holdPartial returns the part of items to start now: every repository's
-// own part, and the roots that fill whole filters. The rest stay missing
+// holdPartial returns the part of items to start now: the repositories'
+// own parts and the roots that fill whole filters (100 of either; a
+// repository's part is its #a, #A, #q and #d filters). The rest stay missing
 // (neither pending nor confirmed) and go with the next roots, once the
 // relay has had none for ChunkQuiet, or ChunkMaxWait after the first was
 // held (Tick, flushHeld). Roots arriving after a pause go at once.
@@ -36,12 +37,16 @@ func (m *Machine) holdPartial(now time.Time, s *RelayState, items []BatchItem) [
 		// Those held before, wherever the recompute looked.
 		items = MissingItems(m.idx, s)
 	}
-	roots := 0
+	roots, repos := 0, 0
 	for _, it := range items {
 		roots += len(it.Roots)
+		if it.NeedRepo {
+			repos++
+		}
 	}
 	full := roots / filters.ChunkSize * filters.ChunkSize
-	if full == roots || (!s.heldSince.IsZero() && now.Sub(s.heldSince) >= m.rules.ChunkMaxWait) {
+	fullRepos := repos / filters.ChunkSize * filters.ChunkSize
+	if (full == roots && fullRepos == repos) || (!s.heldSince.IsZero() && now.Sub(s.heldSince) >= m.rules.ChunkMaxWait) {
 		s.heldSince, s.heldTouched = time.Time{}, time.Time{}
 		return items
 	}
@@ -50,14 +55,18 @@ func (m *Machine) holdPartial(now time.Time, s *RelayState, items []BatchItem) [
 	}
 	s.heldTouched = now
 	out := make([]BatchItem, 0, len(items))
-	left := full
+	left, repoLeft := full, fullRepos
 	for _, it := range items {
 		k := min(left, len(it.Roots))
 		left -= k
-		if !it.NeedRepo && k == 0 {
+		need := it.NeedRepo && repoLeft > 0
+		if need {
+			repoLeft--
+		}
+		if !need && k == 0 {
 			continue
 		}
-		part := BatchItem{Repo: it.Repo, NeedRepo: it.NeedRepo}
+		part := BatchItem{Repo: it.Repo, NeedRepo: need}
 		if k > 0 {
 			part.Roots = it.Roots[:k:k]
 		}

@@ -59,15 +59,16 @@ type Rules struct {
 	// is also the longest a newly listed repository waits on a relay
 	// that keeps failing.
 	FailureRetryMax time.Duration `envconfig:"PLANNER_FAILURE_RETRY_MAX" default:"1h"`
-	// ChunkQuiet is how long a relay's new roots that do not fill a filter
-	// (filters.ChunkSize, 100 roots) wait for more while its roots keep
-	// coming: they go with the next ones, or once the relay has had no
-	// new items for this long. Roots that fill filters go at once, and so
-	// do the first roots after a pause of this length, so only a stream of
-	// roots (an initial sync) is held, and its REQs follow the roots'
-	// number rather than how the stream is spread in time
+	// ChunkQuiet is how long a relay's new roots (and repositories' own
+	// parts) that do not fill a filter (filters.ChunkSize, 100 values)
+	// wait for more while its items keep coming: they go with the next
+	// ones, or once the relay has had no new items for this long. Items
+	// that fill filters go at once, and so do the first items after a
+	// pause of this length, so only a stream (an initial sync, a bulk
+	// import) is held, and its REQs follow the items' number rather than
+	// how the stream is spread in time
 	// (docs/decisions/0061-planner-roots-in-full-filters.md). 0 sends
-	// every recompute's roots at once.
+	// every recompute's items at once.
 	ChunkQuiet time.Duration `envconfig:"PLANNER_CHUNK_QUIET" default:"3s"`
 	// ChunkMaxWait bounds how long ChunkQuiet holds a root: a trickle that
 	// never pauses and never fills a filter still goes this often.
