@@ -1185,3 +1185,26 @@ func TestReadStages(t *testing.T) {
 		t.Errorf("queue = %+v, want p50 1 ms, p95 1.9 ms, mean 1.5 ms", s)
 	}
 }
+
+// readREQsBy names each series by purpose and batch kind and sums the
+// processes' samples.
+func TestReadREQsBy(t *testing.T) {
+	m := map[string]float64{
+		`grasp_fetcher_reqs_total{batch="",purpose="live"}`:           12,
+		`grasp_fetcher_reqs_total{batch="items",purpose="history"}`:   30,
+		`grasp_fetcher_reqs_total{batch="catch_up",purpose="ids"}`:    2,
+		`grasp_planner_batches_total{event="started",kind="items"}`:   7,
+		`grasp_planner_batches_total{event="confirmed",kind="items"}`: 6,
+		`grasp_planner_consolidations_total`:                          1,
+		`grasp_discovery_batches_total`:                               9,
+		`grasp_fetcher_reqs_total_unrelated{batch="",purpose="live"}`: 99,
+	}
+	got := readREQsBy(m)
+	want := map[string]float64{"live": 12, "history/items": 30, "ids/catch_up": 2, "batches/items": 7, "consolidations": 1, "discovery_batches": 9}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("readREQsBy = %v, want %v", got, want)
+	}
+	if line := reqsLine(got, 2); !strings.Contains(line, "history/items 15.0") || !strings.HasPrefix(line, "batches/items 3.5") {
+		t.Fatalf("reqsLine = %q", line)
+	}
+}
