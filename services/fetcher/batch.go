@@ -21,6 +21,7 @@ type batchRun struct {
 	w        *relayWorker
 	s        *session
 	id       string
+	kind     string // batchSpec.kind, for grasp_fetcher_reqs_total
 	pub      *windowPublisher
 	received uint64
 	bytes    uint64
@@ -49,6 +50,24 @@ type batchSpec struct {
 	hist, refetch []nostr.Filter
 	since         *nostr.Timestamp
 	resync        bool
+	// layer1 marks the relay's layer-1 batch (AddFilters.layer1).
+	layer1 bool
+}
+
+// kind is the batch's kind as grasp_fetcher_reqs_total names it: what the
+// planner asked for, told by the command's marks (a catch-up is the only
+// batch with a since).
+func (s batchSpec) kind() string {
+	switch {
+	case s.resync:
+		return "resync"
+	case s.since != nil:
+		return "catch_up"
+	case s.layer1:
+		return "layer1"
+	default:
+		return "items"
+	}
 }
 
 // errNoIDs means a relay answered an id fetch with none of the ids its
@@ -77,7 +96,7 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 		return
 	}
 	batch, hist, refetch := spec.id, spec.hist, spec.refetch
-	b := &batchRun{w: w, s: s, id: batch, pub: w.f.newWindowPublisher(), since: spec.since,
+	b := &batchRun{w: w, s: s, id: batch, kind: spec.kind(), pub: w.f.newWindowPublisher(), since: spec.since,
 		countMissed: spec.resync && w.f.local != nil && w.f.localHoldsStore}
 	var err error
 	var incomplete []*history.IncompleteError
@@ -539,6 +558,11 @@ func (b *batchRun) page(f nostr.Filter) ([]*nostr.Event, uint64, error) {
 			return nil, bytes, err
 		}
 		b.pages++
+		purpose := "history"
+		if len(f.IDs) > 0 {
+			purpose = "ids"
+		}
+		w.f.m.reqs.WithLabelValues(purpose, b.kind).Inc()
 		evts, n, reason, err := b.pageOnce(f)
 		bytes += n
 		if err != nil || reason == "" {
@@ -548,6 +572,7 @@ func (b *batchRun) page(f nostr.Filter) ([]*nostr.Event, uint64, error) {
 		case refusal == relaylimits.TooManySubscriptions && attempt < 100:
 			// Over the relay's count: the connection lowered its gate,
 			// so the REQ waits for a free slot and goes again.
+			// It was sent all the same: grasp_fetcher_reqs_total counts it.
 			b.pages--
 			continue
 		case refusal == relaylimits.TooManyFilters || refusal == relaylimits.MessageTooLarge:

@@ -230,6 +230,7 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup, clo
 			w.endLive(g) // the connection is gone: the session ends
 			return
 		}
+		w.f.m.reqs.WithLabelValues("live", "").Inc()
 		w.f.m.liveSubs.WithLabelValues(w.url).Inc()
 		g.mu.Lock()
 		if g.closedEarly != nil {

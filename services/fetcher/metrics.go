@@ -46,6 +46,9 @@ type metrics struct {
 	liveBreakBeforeMake prometheus.Counter
 	// readRefusals counts reads relays refused (auth_required, restricted).
 	readRefusals *prometheus.CounterVec
+	// reqs counts the REQs sent to relays, by purpose (live, history,
+	// ids) and the kind of batch a historic one reads for (reqBatchKind).
+	reqs *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -100,11 +103,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Live subscriptions replaced by closing the old ones first, because the relay's subscription budget had no slot for the new ones while both were open."}),
 		readRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_read_refusals_total",
 			Help: "Reads a relay refused (CLOSED auth-required: or restricted:), by kind; each is remembered for the relay and filter kind and asked again a day later."}, []string{"kind"}),
+		reqs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_reqs_total",
+			Help: "REQs sent to remote relays, by purpose (live: a live subscription opened or reopened; history: a page of a REQ+EOSE read; ids: an id fetch after a NIP-77 reconciliation) and batch (the historic batch's kind: layer1, items, catch_up, resync; empty for live)."}, []string{"purpose", "batch"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
 			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
-			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake)
+			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs)
 	}
 	return m
 }

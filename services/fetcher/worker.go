@@ -449,7 +449,7 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 		defer w.tasks.Done()
 		defer func() { <-s.pending }()
 		w.runBatch(s, batchSpec{id: c.GetBatchId(), hist: hist, refetch: filters.FromProtos(c.GetRefetchFilters()),
-			since: since, resync: c.GetResync()})
+			since: since, resync: c.GetResync(), layer1: c.GetLayer1()})
 	}()
 }
 

@@ -172,6 +172,9 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 		}
 	}
 	s.Batches = append(s.Batches, b)
+	if kind == BatchItems {
+		s.lastItems = now
+	}
 	s.QuietAt = time.Time{}
 	if s.Status != graspv1.RelayStatus_RELAY_STATUS_DISCONNECTING {
 		s.Status = graspv1.RelayStatus_RELAY_STATUS_SYNCING

@@ -221,6 +221,7 @@ func (m *Machine) onConnected(now time.Time, s *RelayState, session string) {
 	} else {
 		s.CatchUpSince = 0 // layer 1 in full covers it
 	}
+	s.heldSince, s.heldTouched = time.Time{}, time.Time{} // all of them now
 	m.emitItems(now, s, MissingItems(m.idx, s))
 	m.finish(now, s)
 }
@@ -242,6 +243,7 @@ func (m *Machine) dailyResync(now time.Time, s *RelayState) {
 	s.liveStale = true
 	m.dirty[s.ID] = true
 	m.startBatch(now, s, BatchLayer1, nil, 0, false, announced)
+	s.heldSince, s.heldTouched = time.Time{}, time.Time{} // all of them now
 	items := MissingItems(m.idx, s)
 	redo, rest := splitConfirmed(items, was)
 	m.emitItemBatches(now, s, items, redo, rest)
@@ -373,6 +375,10 @@ func (m *Machine) onBatchDone(now time.Time, s *RelayState, done *graspv1.BatchD
 func (m *Machine) Tick(now time.Time) {
 	for _, id := range m.sortedRelays() {
 		s := m.relays[id]
+		m.flushHeld(now, s)
+		if due := m.heldDue(s); !due.IsZero() && !s.QuietAt.IsZero() && s.QuietAt.Before(due) {
+			s.QuietAt = due // not synced while roots are held
+		}
 		if !s.QuietAt.IsZero() && !now.Before(s.QuietAt) {
 			s.QuietAt = time.Time{}
 			if len(s.Batches) == 0 && s.Connected() {
@@ -433,6 +439,7 @@ func (m *Machine) NextDeadline() time.Time {
 	for _, s := range m.relays {
 		consider(s.QuietAt)
 		consider(s.HoldUntil)
+		consider(m.heldDue(s))
 		if s.Connected() {
 			consider(s.NextResync)
 		}

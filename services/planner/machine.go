@@ -282,7 +282,8 @@ func (m *Machine) execute(now time.Time, actions []Action) {
 			m.dirty[a.Relay] = true
 			m.send(s, "", &graspv1.FetchCommand{Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
 		case ActionAddFilters:
-			m.emitItems(now, m.relays[a.Relay], a.Items)
+			s := m.relays[a.Relay]
+			m.emitItems(now, s, m.holdPartial(now, s, a.Items))
 		case ActionDisconnectLater:
 			s := m.relays[a.Relay]
 			s.Status = graspv1.RelayStatus_RELAY_STATUS_DISCONNECTING

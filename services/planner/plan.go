@@ -113,6 +113,10 @@ type RelayState struct {
 	QuietAt time.Time
 	// HoldUntil delays retries after a failed batch.
 	HoldUntil time.Time
+	// lastItems is when the relay's last items batch started; heldSince
+	// and heldTouched are when roots were first held back for a fuller
+	// filter and when new ones last came (zero: none held; chunks.go).
+	lastItems, heldSince, heldTouched time.Time
 	// Failures counts failed batches since the relay was last fully synced.
 	Failures int
 	Dead     bool

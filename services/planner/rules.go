@@ -59,6 +59,20 @@ type Rules struct {
 	// is also the longest a newly listed repository waits on a relay
 	// that keeps failing.
 	FailureRetryMax time.Duration `envconfig:"PLANNER_FAILURE_RETRY_MAX" default:"1h"`
+	// ChunkQuiet is how long a relay's new roots (and repositories' own
+	// parts) that do not fill a filter (filters.ChunkSize, 100 values)
+	// wait for more while its items keep coming: they go with the next
+	// ones, or once the relay has had no new items for this long. Items
+	// that fill filters go at once, and so do the first items after a
+	// pause of this length, so only a stream (an initial sync, a bulk
+	// import) is held, and its REQs follow the items' number rather than
+	// how the stream is spread in time
+	// (docs/decisions/0061-planner-roots-in-full-filters.md). 0 sends
+	// every recompute's items at once.
+	ChunkQuiet time.Duration `envconfig:"PLANNER_CHUNK_QUIET" default:"3s"`
+	// ChunkMaxWait bounds how long ChunkQuiet holds a root: a trickle that
+	// never pauses and never fills a filter still goes this often.
+	ChunkMaxWait time.Duration `ignored:"true" default:"30s"`
 	// Heartbeat re-sends EnsureConnected to every relay this often, so a
 	// relay whose fetcher died (and whose shard moved) is reconnected and a
 	// session that ended unreported is noticed. 0 disables it.
@@ -78,6 +92,7 @@ func (r Rules) withFixed() Rules {
 	d := DefaultRules()
 	r.ConsolidatePerTick, r.ConsolidateEvery = d.ConsolidatePerTick, d.ConsolidateEvery
 	r.MaxBatchItems, r.MaxFiltersPerCommand = d.MaxBatchItems, d.MaxFiltersPerCommand
+	r.ChunkMaxWait = d.ChunkMaxWait
 	return r
 }
 
