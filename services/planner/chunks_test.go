@@ -90,10 +90,15 @@ func TestRootsTrickleGoWithinMaxWait(t *testing.T) {
 	h.recompute()
 	h.connect(relayA, "s1")
 	h.drain()
-	// One root every 500 ms: 60 in 30 s.
+	// One root every 500 ms: 20 in each ChunkMaxWait (10 s).
 	sent := streamRoots(h, 70, 1)
-	if fmt.Sprint(sent) != "[60]" && fmt.Sprint(sent) != "[61]" {
-		t.Fatalf("trickle of 70 roots over 35 s: batches %v, want one of about 60 at ChunkMaxWait", sent)
+	if len(sent) != 3 {
+		t.Fatalf("trickle of 70 roots over 35 s: batches %v, want three, one every ChunkMaxWait", sent)
+	}
+	for _, n := range sent {
+		if n < 19 || n > 21 {
+			t.Fatalf("trickle of 70 roots over 35 s: batches %v, want about 20 roots each (10 s of one root per 500 ms)", sent)
+		}
 	}
 }
 

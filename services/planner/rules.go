@@ -72,7 +72,7 @@ type Rules struct {
 	ChunkQuiet time.Duration `envconfig:"PLANNER_CHUNK_QUIET" default:"3s"`
 	// ChunkMaxWait bounds how long ChunkQuiet holds a root: a trickle that
 	// never pauses and never fills a filter still goes this often.
-	ChunkMaxWait time.Duration `ignored:"true" default:"30s"`
+	ChunkMaxWait time.Duration `ignored:"true" default:"10s"`
 	// Heartbeat re-sends EnsureConnected to every relay this often, so a
 	// relay whose fetcher died (and whose shard moved) is reconnected and a
 	// session that ended unreported is noticed. 0 disables it.
