@@ -302,12 +302,22 @@ func (c *Conn) WriteRaw(ctx context.Context, data []byte) error {
 			break
 		}
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.opts.WriteTimeout)
-		defer cancel()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("write to %s: %w", c.url, err)
 	}
-	if err := c.ws.Write(ctx, websocket.MessageText, data); err != nil {
+	// The websocket library closes the whole connection when a write's
+	// context ends while it writes (a frame may be half sent), and may
+	// even start a write whose context has already ended. One caller
+	// giving up (a live group replaced, a batch cancelled) must not end
+	// every other subscription on the connection, so a write is bounded
+	// by the caller's deadline or WriteTimeout, never by its cancellation.
+	timeout := c.opts.WriteTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if err := c.ws.Write(wctx, websocket.MessageText, data); err != nil {
 		return fmt.Errorf("write to %s: %w", c.url, err)
 	}
 	return nil

@@ -268,3 +268,39 @@ func TestEventsSurviveLaterMessages(t *testing.T) {
 		}
 	}
 }
+
+// A write whose caller has given up fails without ending the connection:
+// the websocket library closes the whole connection when a write's context
+// ends, and may start a write whose context already has, so before the
+// write was detached from the caller's cancellation about one such write
+// in two ended every subscription on the connection.
+func TestCancelledWriteKeepsConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r := testrelay.Start(t, testrelay.Options{})
+	k := testkit.NewKey()
+	r.Add(t, k.Note("stored"))
+	c, err := relayconn.Dial(ctx, r.URL, relayconn.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 50 {
+		wctx, wcancel := context.WithCancel(ctx)
+		wcancel()
+		if err := c.WriteRaw(wctx, []byte(`["CLOSE","gone"]`)); !errors.Is(err, context.Canceled) {
+			t.Fatalf("write %d with a cancelled context: err %v, want context.Canceled", i, err)
+		}
+	}
+	sub, err := c.Subscribe(ctx, nostr.Filters{{Kinds: []int{1}}})
+	if err != nil {
+		t.Fatalf("subscribe after the cancelled writes: %v", err)
+	}
+	select {
+	case <-sub.Events():
+	case <-sub.Done():
+		t.Fatal("the connection ended: a cancelled write closed it")
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+}
