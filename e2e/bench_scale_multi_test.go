@@ -196,11 +196,10 @@ func cpuOrder(cpu map[string]float64) []string {
 // cpuLine renders CPU-seconds per 1,000 events per process.
 func cpuLine(r scaleResult) string {
 	var parts []string
-	var total float64
 	for _, n := range cpuOrder(r.CPU) {
 		parts = append(parts, fmt.Sprintf("%s %.3f", n, 1000*r.CPU[n]/float64(max(r.Stored, 1))))
-		total += r.CPU[n]
 	}
+	total := cpuSum(r.CPU)
 	return fmt.Sprintf("%s; all %.3f CPU-s per 1,000 events (%.0f CPU-s over %.0f s for %d events)",
 		strings.Join(parts, ", "), 1000*total/float64(max(r.Stored, 1)), total, r.AllSecs, r.Stored)
 }
