@@ -1,6 +1,7 @@
 package faultrelay
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -127,15 +128,43 @@ type pipe struct {
 
 func (p *pipe) stall() { p.once.Do(func() { close(p.stalled) }) }
 
-func (p *pipe) copy(dst, src net.Conn) {
+// copy forwards src to dst until either side ends. When toClient is set, src
+// is the proxy's side and its first bytes are the HTTP upgrade response: those
+// are forwarded even after a stall, because the proxy stalls right after
+// accepting the upgrade and the copy may not yet have forwarded the response
+// (a client that never sees it fails to dial instead of meeting a silent
+// connection).
+func (p *pipe) copy(dst, src net.Conn, toClient bool) {
 	buf := make([]byte, 32<<10)
+	header := !toClient // true once the upgrade response has gone through
+	var tail []byte     // the last bytes of the response seen so far
 	for {
 		n, err := src.Read(buf)
-		if n > 0 {
+		chunk := buf[:n]
+		if n > 0 && !header {
+			end := headerEnd(tail, chunk)
+			if end >= 0 {
+				header = true
+				if _, werr := dst.Write(chunk[:end]); werr != nil {
+					err = werr
+				}
+				chunk = chunk[end:]
+			} else {
+				if _, werr := dst.Write(chunk); werr != nil {
+					err = werr
+				}
+				tail = append(tail, chunk...)
+				if len(tail) > 3 {
+					tail = tail[len(tail)-3:]
+				}
+				chunk = nil
+			}
+		}
+		if len(chunk) > 0 && err == nil {
 			select {
 			case <-p.stalled:
 			default:
-				if _, werr := dst.Write(buf[:n]); werr != nil {
+				if _, werr := dst.Write(chunk); werr != nil {
 					err = werr
 				}
 			}
@@ -146,6 +175,17 @@ func (p *pipe) copy(dst, src net.Conn) {
 			return
 		}
 	}
+}
+
+// headerEnd returns the index in chunk just past the blank line that ends an
+// HTTP header, given the up to 3 bytes seen before chunk, or -1.
+func headerEnd(tail, chunk []byte) int {
+	joined := append(append([]byte{}, tail...), chunk...)
+	i := bytes.Index(joined, []byte("\r\n\r\n"))
+	if i < 0 {
+		return -1
+	}
+	return i + 4 - len(tail)
 }
 
 func (f *Relay) acceptPipes(outer net.Listener, innerAddr string) {
@@ -164,8 +204,8 @@ func (f *Relay) acceptPipes(outer net.Listener, innerAddr string) {
 		key := inner.LocalAddr().String()
 		f.pipes.Store(key, p)
 		f.wg.Add(2)
-		go func() { defer f.wg.Done(); p.copy(inner, client) }()
-		go func() { defer f.wg.Done(); p.copy(client, inner); f.pipes.Delete(key) }()
+		go func() { defer f.wg.Done(); p.copy(inner, client, false) }()
+		go func() { defer f.wg.Done(); p.copy(client, inner, true); f.pipes.Delete(key) }()
 	}
 }
 
