@@ -63,7 +63,7 @@ build:
 test: tools fmt-check vet proto-lint
 	@set -e; for m in $(MODULES); do \
 		echo "== go test $(RACE) $(TAGFLAGS) $$m"; \
-		(cd $$m && $(GO) test $(RACE) $(TAGFLAGS) -count=1 $(TESTFLAGS) ./...); \
+		(cd $$m && $(GO) test $(RACE) $(TAGFLAGS) -count=1 -timeout 30m $(TESTFLAGS) ./...); \
 	done
 	@$(MAKE) --no-print-directory test-fallback
 	@$(MAKE) --no-print-directory interop
