@@ -251,13 +251,17 @@ type shardRun struct {
 func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *Fetcher {
 	cfg = cfg.withDefaults()
 	sk, _ := config.SecretKey(cfg.AuthKey)
+	m := newMetrics(reg)
 	pubBytes := bus.NewByteGate(int64(cfg.PublishMaxBytes))
 	pubJS := b.JS
 	if b.Conn != nil {
 		// Acknowledged or failed (a failure is retried synchronously by
 		// its publisher, outside the bound): the bytes are no longer
 		// awaiting the stream.
-		release := func(m *nats.Msg) { pubBytes.Release(int64(len(m.Data))) }
+		release := func(msg *nats.Msg) {
+			pubBytes.Release(int64(len(msg.Data)))
+			m.publishBytes.Set(float64(pubBytes.Used()))
+		}
 		js, err := jetstream.New(b.Conn, jetstream.WithPublishAsyncMaxPending(4096),
 			jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { release(m) }),
 			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, _ error) { release(m) }))
@@ -274,7 +278,7 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 		clock:       clk,
 		log:         log.With("service", "fetcher", "fetcher", cfg.ID),
 		guard:       relayurl.Guard{Allow: cfg.RelayAllowlist},
-		m:           newMetrics(reg),
+		m:           m,
 		authKey:     sk,
 		reportNonce: newSessionID(),
 		running:     make(chan struct{}, cfg.MaxRunningBatches),

@@ -32,6 +32,7 @@ type windowPublisher struct {
 	// (Config.PublishMaxBytes), shared by every windowPublisher and given
 	// back by js's acknowledgement handlers; nil: unbounded.
 	bytes   *bus.ByteGate
+	m       *metrics
 	window  int
 	recent  *recentIDs
 	byID    *recentIDs // the same publishes by event id alone
@@ -72,7 +73,7 @@ type pendingPub struct {
 // newWindowPublisher is the fetcher's publisher for one batch or live
 // subscription.
 func (f *Fetcher) newWindowPublisher() *windowPublisher {
-	return &windowPublisher{js: f.pubJS, bytes: f.pubBytes, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now,
+	return &windowPublisher{js: f.pubJS, bytes: f.pubBytes, m: f.m, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now,
 		maxEvents: f.cfg.PublishBatch}
 }
 
@@ -216,6 +217,9 @@ func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys [
 		// whoever waits for them.
 		if _, err := p.bytes.Acquire(ctx, int64(len(msg.Data))); err != nil {
 			return err
+		}
+		if p.m != nil {
+			p.m.publishBytes.Set(float64(p.bytes.Used()))
 		}
 	}
 	for {

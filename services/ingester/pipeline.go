@@ -174,7 +174,10 @@ func (i *Ingester) consume(ctx context.Context) error {
 			i.m.observeStage(stageDecide, i.clk.Now().Sub(start))
 			// Settled: acked, nak'ed or dead-lettered; its bytes may be
 			// pulled again.
-			eachMsg(items, func(m jetstream.Msg) { i.inFlight.Release(msgBytes(m)) })
+			eachMsg(items, func(m jetstream.Msg) {
+				i.inFlight.Release(msgBytes(m))
+				i.m.inFlight.Sub(float64(msgBytes(m)))
+			})
 		}
 		return nil
 	})
@@ -210,6 +213,7 @@ func (i *Ingester) read(ctx context.Context, it jetstream.MessagesContext, msgs 
 		if _, err := i.inFlight.Acquire(ctx, msgBytes(msg)); err != nil {
 			return nil // not acked: redelivered to another replica after AckWait
 		}
+		i.m.inFlight.Add(float64(msgBytes(msg)))
 		select {
 		case msgs <- msg:
 		case <-ctx.Done():
