@@ -163,9 +163,8 @@ func readGuardMetrics(samples []metrics.Sample) (s MemorySample, gcCPU, allCPU f
 
 // GuardMemoryLimit keeps the runtime's soft limit at GuardedMemoryLimit,
 // reading the runtime's memory and the collector's CPU every interval until
-// ctx is done, and returns the free heap (and the C allocator's free memory,
-// trimCHeap) to the system once the process has been quiet for a while
-// (IdleTrim).
+// ctx is done, and returns the free heap to the system once the process has
+// been quiet for a while (IdleTrim).
 func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 	samples := make([]metrics.Sample, len(guardMetrics))
 	for i, n := range guardMetrics {
@@ -193,7 +192,6 @@ func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 		gc0, all0 = gc1, all1
 		if trim.Observe(time.Now(), s.Allocated-allocated, interval, s.Live) {
 			debug.FreeOSMemory()
-			trimCHeap()
 		}
 		allocated = s.Allocated
 		// A change of less than 1/16 is not worth a new limit: the
