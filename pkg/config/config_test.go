@@ -142,12 +142,13 @@ func TestInstanceIDNamesHostAndProcess(t *testing.T) {
 }
 
 type defaulted struct {
-	Name     string        `default:"grasp"`
-	Count    int           `default:"16"`
-	Size     int64         `default:"4194304"`
-	Rate     float64       `default:"2.5"`
-	Wait     time.Duration `default:"15s"`
-	Hosts    []string      `default:"127.0.0.1,::1"`
+	Name     string          `default:"grasp"`
+	Count    int             `default:"16"`
+	Size     int64           `default:"4194304"`
+	Rate     float64         `default:"2.5"`
+	Wait     time.Duration   `default:"15s"`
+	Hosts    []string        `default:"127.0.0.1,::1"`
+	Bytes    config.ByteSize `default:"8MiB"`
 	Untagged int
 	Nested   struct {
 		Depth uint `default:"3"`
@@ -163,7 +164,7 @@ func TestFillDefaultsFillsZeroAndNegativeFields(t *testing.T) {
 	var d defaulted
 	config.FillDefaults(&d)
 	if d.Name != "grasp" || d.Count != 16 || d.Size != 4<<20 || d.Rate != 2.5 || d.Wait != 15*time.Second ||
-		strings.Join(d.Hosts, " ") != "127.0.0.1 ::1" || d.Untagged != 0 || d.Nested.Depth != 3 || d.Inner != 7 {
+		strings.Join(d.Hosts, " ") != "127.0.0.1 ::1" || d.Bytes != 8<<20 || d.Untagged != 0 || d.Nested.Depth != 3 || d.Inner != 7 {
 		t.Errorf("FillDefaults(zero) = %+v", d)
 	}
 	set := defaulted{Name: "x", Count: 1, Size: -1, Rate: -2, Wait: time.Second, Hosts: []string{"h"}, Untagged: 9}

@@ -12,9 +12,9 @@ import (
 // or negative, to its `default` tag: the one place a default is written, so
 // a Config built in code (tests, graspd) behaves like one read from the
 // environment. Embedded and nested structs are filled too. Strings, signed
-// and unsigned integers, floats, durations and string slices (comma
-// separated) are supported; a bool default cannot be told from an unset
-// false and is refused, as is a tag that does not parse: both are
+// and unsigned integers, floats, durations, string slices (comma
+// separated) and byte sizes (ByteSize: "8MiB") are supported; a bool
+// default cannot be told from an unset false and is refused, as is a tag that does not parse: both are
 // programming errors, so FillDefaults panics on them.
 //
 // A field tagged `zero:"off"` is left alone: in a Config built in code its
@@ -28,7 +28,10 @@ func FillDefaults(spec any) {
 	fillStruct(v.Elem())
 }
 
-var durationType = reflect.TypeOf(time.Duration(0))
+var (
+	durationType = reflect.TypeOf(time.Duration(0))
+	byteSizeType = reflect.TypeOf(ByteSize(0))
+)
 
 func fillStruct(v reflect.Value) {
 	t := v.Type()
@@ -62,6 +65,15 @@ func fillField(v reflect.Value, def string) error {
 			return err
 		}
 		v.SetInt(int64(d))
+	case v.Type() == byteSizeType:
+		if v.Int() > 0 {
+			return nil
+		}
+		b, err := ParseByteSize(def)
+		if err != nil {
+			return err
+		}
+		v.SetInt(int64(b))
 	case v.Kind() == reflect.String:
 		if v.String() == "" {
 			v.SetString(def)

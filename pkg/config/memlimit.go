@@ -92,8 +92,9 @@ func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
 	return max(base, int64(want))
 }
 
-// Collector CPU shares (of GOMAXPROCS × wall time) at which the guard backs
-// off (doubles its boost) and relaxes (halves it). 25 % is what the
+// Collector CPU shares (of GOMAXPROCS × wall time, the idle mark workers'
+// time left out) at which the guard backs off (doubles its boost) and
+// relaxes (halves it). 25 % is what the
 // collector's dedicated workers take while a collection runs: more, over a
 // whole second, means collections back to back with allocations assisting
 // them — thrash, not a busy sync (a first try at 10 % lifted the limit
@@ -129,10 +130,12 @@ var guardMetrics = []string{
 	"/cpu/classes/gc/total:cpu-seconds",
 	"/cpu/classes/total:cpu-seconds",
 	"/gc/heap/allocs:bytes",
+	"/cpu/classes/gc/mark/idle:cpu-seconds",
 }
 
-// readGuardMetrics reads the runtime's memory and collector CPU; ok is
-// false on a runtime without one of the metrics.
+// readGuardMetrics reads the runtime's memory and the collector's CPU (less
+// its idle mark workers'); ok is false on a runtime without one of the
+// metrics.
 func readGuardMetrics(samples []metrics.Sample) (s MemorySample, gcCPU, allCPU float64, ok bool) {
 	metrics.Read(samples)
 	u := make([]int64, 5)
@@ -147,11 +150,15 @@ func readGuardMetrics(samples []metrics.Sample) (s MemorySample, gcCPU, allCPU f
 			return s, 0, 0, false
 		}
 	}
-	if samples[7].Value.Kind() != metrics.KindUint64 {
+	if samples[7].Value.Kind() != metrics.KindUint64 || samples[8].Value.Kind() != metrics.KindFloat64 {
 		return s, 0, 0, false
 	}
 	s = MemorySample{Live: u[0], Other: max(u[1]-u[2]-u[3]-u[4], 0), Allocated: samples[7].Value.Uint64()}
-	return s, samples[5].Value.Float64(), samples[6].Value.Float64(), true
+	// The collector's idle mark workers run only on processors that had
+	// nothing else to do: that time is taken from no one, so it does not
+	// count as the collector's share (docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
+	gc := samples[5].Value.Float64() - samples[8].Value.Float64()
+	return s, max(gc, 0), samples[6].Value.Float64(), true
 }
 
 // GuardMemoryLimit keeps the runtime's soft limit at GuardedMemoryLimit,

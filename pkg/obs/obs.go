@@ -16,6 +16,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,10 +47,19 @@ func parseLevel(level string) slog.Level {
 }
 
 // NewRegistry returns a Prometheus registry with the Go and process
-// collectors, so every service exposes its runtime health.
+// collectors, so every service exposes its runtime health. The Go
+// collector adds the CPU the garbage collector took
+// (go_cpu_classes_gc_total_cpu_seconds_total, of
+// go_cpu_classes_total_cpu_seconds_total: GOMAXPROCS over wall time), so
+// the collector's share at rest is visible beside the memory limit
+// (go_gc_gomemlimit_bytes; docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.GoRuntimeMetricsRule{
+			Matcher: regexp.MustCompile(`^/cpu/classes/(total|gc/total|gc/mark/idle):cpu-seconds$`),
+		})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
 }
 

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
@@ -125,6 +126,8 @@ type Config struct {
 	// per batch or live subscription; with MaxRunningBatches it bounds
 	// the publishes in flight (docs/decisions/0049-fetcher-running-batches-bound.md).
 	PublishWindow int `ignored:"true" default:"256"`
+	// PublishMaxBytes bounds the bytes of event messages this replica has published and the events stream has not yet acknowledged, all batches and live subscriptions together, such as 8MiB; a publish waits for room. Each batch's window (256 events) bounds events, not bytes, and events range from a few hundred bytes to the policy's largest (docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
+	PublishMaxBytes config.ByteSize `envconfig:"FETCHER_PUBLISH_MAX_BYTES" default:"8MiB"`
 	// PublishBatch is how many events one events-stream message carries at
 	// most: the events of a page (or of a burst on a live subscription)
 	// travel together, up to this many and bus.EventBatchMaxBytes, so the
@@ -157,6 +160,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ID == "" {
 		c.ID = config.InstanceID()
+	}
+	if c.PublishMaxBytes != 0 && c.PublishMaxBytes < bus.EventBatchMaxBytes {
+		return config.Invalid("FETCHER_PUBLISH_MAX_BYTES", c.PublishMaxBytes, fmt.Sprintf("must be at least %s, one batch message", config.ByteSize(bus.EventBatchMaxBytes)))
 	}
 	if c.MaxRunningBatches < 0 {
 		return config.Invalid("FETCHER_MAX_RUNNING_BATCHES", c.MaxRunningBatches, "must be at least 1 (0 takes the default)")
@@ -210,6 +216,11 @@ type Fetcher struct {
 	// recent is the acknowledged publishes, shared by every relay worker;
 	// recentByID the same by event id alone (batchRun.deferPublished).
 	recent, recentByID *recentIDs
+	// pubJS publishes events: its acknowledgement handlers give their
+	// bytes back to pubBytes (Config.PublishMaxBytes), which every
+	// windowPublisher takes from before a publish.
+	pubJS    jetstream.JetStream
+	pubBytes *bus.ByteGate
 
 	mu     sync.Mutex
 	relays map[string]*relayWorker
@@ -240,13 +251,34 @@ type shardRun struct {
 func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg prometheus.Registerer) *Fetcher {
 	cfg = cfg.withDefaults()
 	sk, _ := config.SecretKey(cfg.AuthKey)
+	m := newMetrics(reg)
+	pubBytes := bus.NewByteGate(int64(cfg.PublishMaxBytes))
+	pubJS := b.JS
+	if b.Conn != nil {
+		// Acknowledged or failed (a failure is retried synchronously by
+		// its publisher, outside the bound): the bytes are no longer
+		// awaiting the stream.
+		release := func(msg *nats.Msg) {
+			pubBytes.Release(int64(len(msg.Data)))
+			m.publishBytes.Set(float64(pubBytes.Used()))
+		}
+		js, err := jetstream.New(b.Conn, jetstream.WithPublishAsyncMaxPending(4096),
+			jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { release(m) }),
+			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, _ error) { release(m) }))
+		if err != nil {
+			panic(fmt.Sprintf("fetcher: jetstream for events: %v", err)) // only invalid options fail
+		}
+		pubJS = js
+	}
 	return &Fetcher{
+		pubJS:       pubJS,
+		pubBytes:    pubBytes,
 		cfg:         cfg,
 		bus:         b,
 		clock:       clk,
 		log:         log.With("service", "fetcher", "fetcher", cfg.ID),
 		guard:       relayurl.Guard{Allow: cfg.RelayAllowlist},
-		m:           newMetrics(reg),
+		m:           m,
 		authKey:     sk,
 		reportNonce: newSessionID(),
 		running:     make(chan struct{}, cfg.MaxRunningBatches),

@@ -49,6 +49,9 @@ type metrics struct {
 	// reqs counts the REQs sent to relays, by purpose (live, history,
 	// ids) and the kind of batch a historic one reads for (reqBatchKind).
 	reqs *prometheus.CounterVec
+	// publishBytes is the bytes of event messages awaiting the events
+	// stream's acknowledgement (Config.PublishMaxBytes).
+	publishBytes prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -105,11 +108,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reads a relay refused (CLOSED auth-required: or restricted:), by kind; each is remembered for the relay and filter kind and asked again a day later."}, []string{"kind"}),
 		reqs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_reqs_total",
 			Help: "REQs sent to remote relays, by purpose (live: a live subscription opened or reopened; history: a page of a REQ+EOSE read; ids: an id fetch after a NIP-77 reconciliation) and batch (the historic batch's kind: layer1, items, catch_up, resync; empty for live)."}, []string{"purpose", "batch"}),
+		publishBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_fetcher_publish_bytes_in_flight",
+			Help: "Bytes of event messages published and not yet acknowledged by the events stream, all batches and live subscriptions together: bounded by GRASP_FETCHER_PUBLISH_MAX_BYTES."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
 			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
-			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs)
+			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs, m.publishBytes)
 	}
 	return m
 }

@@ -27,7 +27,12 @@ import (
 // remembered in recent (nil: not remembered), so that other copies of the
 // same event are not published again (recentIDs).
 type windowPublisher struct {
-	js      jetstream.JetStream
+	js jetstream.JetStream
+	// bytes is the fetcher's bound on the bytes awaiting acknowledgement
+	// (Config.PublishMaxBytes), shared by every windowPublisher and given
+	// back by js's acknowledgement handlers; nil: unbounded.
+	bytes   *bus.ByteGate
+	m       *metrics
 	window  int
 	recent  *recentIDs
 	byID    *recentIDs // the same publishes by event id alone
@@ -68,7 +73,7 @@ type pendingPub struct {
 // newWindowPublisher is the fetcher's publisher for one batch or live
 // subscription.
 func (f *Fetcher) newWindowPublisher() *windowPublisher {
-	return &windowPublisher{js: f.bus.JS, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now,
+	return &windowPublisher{js: f.pubJS, bytes: f.pubBytes, m: f.m, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now,
 		maxEvents: f.cfg.PublishBatch}
 }
 
@@ -206,6 +211,17 @@ func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys [
 		}
 		p.pop()
 	}
+	if p.bytes != nil {
+		// Room among the bytes every publisher of this fetcher has
+		// awaiting acknowledgement; the acknowledgement handlers make it,
+		// whoever waits for them.
+		if _, err := p.bytes.Acquire(ctx, int64(len(msg.Data))); err != nil {
+			return err
+		}
+		if p.m != nil {
+			p.m.publishBytes.Set(float64(p.bytes.Used()))
+		}
+	}
 	for {
 		fut, err := p.js.PublishMsgAsync(msg)
 		if err == nil {
@@ -214,6 +230,9 @@ func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys [
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			if p.bytes != nil {
+				p.bytes.Release(int64(len(msg.Data))) // never sent: no handler will
+			}
 			return fmt.Errorf("publish event: %w", err)
 		}
 		// The connection-wide window is full (other relays): wait.
@@ -221,6 +240,9 @@ func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys [
 		case <-p.js.PublishAsyncComplete():
 		case <-time.After(100 * time.Millisecond):
 		case <-ctx.Done():
+			if p.bytes != nil {
+				p.bytes.Release(int64(len(msg.Data)))
+			}
 			return ctx.Err()
 		}
 	}

@@ -60,10 +60,12 @@ type Config struct {
 	// per CPU (at least four). At most one per core is used: verification
 	// is CPU-bound, and store and NATS waits happen in another stage.
 	Workers int `envconfig:"INGESTER_WORKERS" default:"0"`
-	// FetchBatch is how many messages one pull asks for and the largest
-	// batch decided and written together; it bounds the messages (and so
-	// the memory) this replica holds to about 4×FetchBatch.
+	// FetchBatch is the most events decided and written together (one
+	// verify and one decide batch); the memory this replica holds is
+	// bounded by MaxBytes.
 	FetchBatch int `envconfig:"INGESTER_FETCH_BATCH" default:"256"`
+	// MaxBytes bounds the bytes of events-stream messages this replica holds at once, from the pull to their acknowledgement (pulled, waiting, being verified or decided), such as 8MiB: a message carries from one event to a batch of 64, so a count of messages bounds nothing. A pull asks for at most a quarter of it; it must be at least 4 × the NATS server's max payload (1MiB by default), or the replica would stall on a message larger than a pull. The stream holds the backlog, so more does not ingest faster (docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
+	MaxBytes config.ByteSize `envconfig:"INGESTER_MAX_BYTES" default:"8MiB"`
 	// RetryDelay is how long a message that failed while the store was
 	// healthy waits before its redelivery.
 	RetryDelay time.Duration `ignored:"true" default:"1s"`
@@ -143,6 +145,9 @@ type Ingester struct {
 	reg    prometheus.Registerer
 	clk    clock.Clock
 	m      *metrics
+	// inFlight bounds the bytes of messages between the read stage and
+	// their settlement (Config.MaxBytes; set by consume).
+	inFlight *bus.ByteGate
 	// deletions serialises deletion requests against everything else in
 	// this replica: a deletion evaluated and applied while one of its
 	// targets is being evaluated and saved could miss it (the target's

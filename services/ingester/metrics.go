@@ -45,7 +45,10 @@ type metrics struct {
 	sweepStored                     prometheus.Counter
 	unparked, refused, deadLettered *prometheus.CounterVec
 	pending, ackPending, outage     prometheus.Gauge
-	latency                         prometheus.Histogram
+	// inFlight is the bytes of messages between the read stage and their
+	// settlement (Config.MaxBytes' pipeline share).
+	inFlight prometheus.Gauge
+	latency  prometheus.Histogram
 	// stage is where an event's time goes on its way to the store, one
 	// series per hop (the stage* constants): one look at it names the slow
 	// hop (docs/metrics.md, "Where events wait").
@@ -72,6 +75,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		unparked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grasp_ingester_unparked_total", Help: "Parked events re-evaluated and taken out of the lot, by outcome.",
 		}, []string{"outcome"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_ingester_in_flight_bytes",
+			Help: "Bytes of events-stream messages read and not yet settled (acked, nak'ed or dead-lettered): the pipeline's share of GRASP_INGESTER_MAX_BYTES."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grasp_ingester_refused_total", Help: "Events refused, by reason (policy reason, malformed or unstorable).",
 		}, []string{"reason"}),
@@ -102,7 +107,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		nRefused: map[string]int64{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.consumed, m.verified, m.stored, m.duplicates, m.parked, m.unparked, m.refused,
+		reg.MustRegister(m.inFlight, m.consumed, m.verified, m.stored, m.duplicates, m.parked, m.unparked, m.refused,
 			m.deadLettered, m.pending, m.ackPending, m.outage, m.latency, m.sweepStored, m.stage)
 	}
 	return m

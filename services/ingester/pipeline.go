@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/config"
 	"github.com/grasp-sync/grasp-sync/pkg/verify"
 )
 
@@ -87,12 +88,45 @@ type delivery struct {
 	events, settled int
 }
 
+// pullMaxMessages and pullThreshold shape the iterator's pulls: each asks
+// for at most pullMaxMessages messages and pullBytes bytes, and the next is
+// sent only once fewer than pullThreshold messages are left in the
+// iterator, so it holds at most one message from before (at most the max
+// payload) and one pull's bytes. The count leaves the iterator's channel
+// room for the server's status messages (a full channel drops them as a
+// slow consumer; with 4 it did).
+const (
+	pullMaxMessages = 64
+	pullThreshold   = 2
+)
+
+// inFlightShares splits Config.MaxBytes in quarters: the iterator holds at
+// most two (a message left from the last pull and the next pull, each at
+// most a quarter: pullThreshold), the message in the read stage's hand at
+// most one (the max payload), and the read channel and the batches being
+// verified and decided the last one, held from the read until their batch
+// is settled (a ByteGate).
+func inFlightShares(maxBytes, maxPayload int64) (pull, pipeline int64, err error) {
+	q := maxBytes / 4
+	if q < maxPayload {
+		return 0, 0, config.Invalid("INGESTER_MAX_BYTES", config.ByteSize(maxBytes),
+			fmt.Sprintf("must be at least 4 × the NATS server's max payload (%s): a pull smaller than one message stalls", config.ByteSize(maxPayload)))
+	}
+	return q, q, nil
+}
+
 // consume attaches to the shared durable consumer and runs the pipeline
-// until ctx is done. A replica holds at most about 4×FetchBatch messages:
-// the iterator's buffer (one pull), the read channel, the batch being
-// verified and the batch being decided; each is at most the NATS max
-// payload.
+// until ctx is done. A replica holds at most Config.MaxBytes of messages:
+// the iterator's buffer, the message being read, and the read channel and
+// the batches being verified and decided, whose messages pass a ByteGate
+// from the pull until their batch is settled (inFlightShares;
+// docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
 func (i *Ingester) consume(ctx context.Context) error {
+	pullBytes, gateBytes, err := inFlightShares(int64(i.cfg.MaxBytes), i.bus.Conn.MaxPayload())
+	if err != nil {
+		return err
+	}
+	i.inFlight = bus.NewByteGate(gateBytes)
 	// EnsureConsumer: replicas starting together in a cluster create this
 	// durable at once, and a lost answer must not end the process.
 	cons, err := bus.EnsureConsumer(ctx, i.bus.JS, i.bus.Names.EventsStream(), jetstream.ConsumerConfig{
@@ -112,7 +146,8 @@ func (i *Ingester) consume(ctx context.Context) error {
 	}
 	// A short idle heartbeat renews a first pull lost while the consumer
 	// was not yet reachable in a cluster (see bus.Consume).
-	it, err := cons.Messages(jetstream.PullMaxMessages(i.cfg.FetchBatch), jetstream.PullHeartbeat(bus.PullHeartbeat))
+	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(pullMaxMessages, int(pullBytes)), jetstream.PullThresholdMessages(pullThreshold),
+		jetstream.PullHeartbeat(bus.PullHeartbeat))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", i.cfg.Consumer, err)
 	}
@@ -137,6 +172,12 @@ func (i *Ingester) consume(ctx context.Context) error {
 			start := i.clk.Now()
 			i.settle(gctx, items)
 			i.m.observeStage(stageDecide, i.clk.Now().Sub(start))
+			// Settled: acked, nak'ed or dead-lettered; its bytes may be
+			// pulled again.
+			eachMsg(items, func(m jetstream.Msg) {
+				i.inFlight.Release(msgBytes(m))
+				i.m.inFlight.Sub(float64(msgBytes(m)))
+			})
 		}
 		return nil
 	})
@@ -167,6 +208,12 @@ func (i *Ingester) read(ctx context.Context, it jetstream.MessagesContext, msgs 
 			}
 			continue
 		}
+		// Waits while the pipeline holds its share of Config.MaxBytes;
+		// the message's bytes are released once its batch is settled.
+		if _, err := i.inFlight.Acquire(ctx, msgBytes(msg)); err != nil {
+			return nil // not acked: redelivered to another replica after AckWait
+		}
+		i.m.inFlight.Add(float64(msgBytes(msg)))
 		select {
 		case msgs <- msg:
 		case <-ctx.Done():
@@ -174,6 +221,13 @@ func (i *Ingester) read(ctx context.Context, it jetstream.MessagesContext, msgs 
 			return nil
 		}
 	}
+}
+
+// msgBytes is what a message counts against Config.MaxBytes: its data (a
+// batch message's events) and subject. The gate clamps a message larger
+// than its share, so Release is given the same clamp.
+func msgBytes(m jetstream.Msg) int64 {
+	return int64(len(m.Data()) + len(m.Subject()))
 }
 
 // verifyStage forms batches of what is waiting in msgs (never waiting for
