@@ -255,11 +255,12 @@ func PeakRSS() int64 {
 }
 
 // StrictTags makes relay r answer tag filters exactly. khatru v0.19.1 over
-// eventstore badger matches a tag filter by value whatever the tag letter
-// ({"#A": [x]} also returns events tagged ["a", x]), in REQs and in NIP-77
-// sessions alike, so every layer-2 and layer-3 event comes back once per
-// tag letter. Real relays of that build behave so; the benchmark measures
-// both. Call it right after testrelay.Start, before any client connects.
+// eventstore badger matches a stored read of a coordinate whatever the tag
+// letter ({"#A": [x]} also returns events tagged ["a", x]), in REQs and in
+// NIP-77 sessions alike, so every layer-2 event comes back once per tag
+// letter; root ids keep their letter (docs/dependencies.md, "eventstore v0.17.2").
+// Real relays of that build behave so; the benchmark measures both. Call it
+// right after testrelay.Start, before any client connects.
 func StrictTags(r *testrelay.Relay) {
 	hooks := r.Khatru.QueryEvents
 	for i, q := range hooks {
