@@ -49,6 +49,9 @@ type metrics struct {
 	// reqs counts the REQs sent to relays, by purpose (live, history,
 	// ids) and the kind of batch a historic one reads for (reqBatchKind).
 	reqs *prometheus.CounterVec
+	// sentBytes counts the bytes of the messages sent to relays, by
+	// purpose (relayconn.Options.OnSent; sentPurposes).
+	sentBytes *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -105,11 +108,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reads a relay refused (CLOSED auth-required: or restricted:), by kind; each is remembered for the relay and filter kind and asked again a day later."}, []string{"kind"}),
 		reqs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_reqs_total",
 			Help: "REQs sent to remote relays, by purpose (live: a live subscription opened or reopened; history: a page of a REQ+EOSE read; ids: an id fetch after a NIP-77 reconciliation) and batch (the historic batch's kind: layer1, items, catch_up, resync; empty for live)."}, []string{"purpose", "batch"}),
+		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_sent_bytes_total",
+			Help: "Bytes of the messages sent to remote relays, by purpose: REQs by what they read (history: a page of a REQ+EOSE read; ids: an id fetch after a NIP-77 reconciliation; live_new: a live set an items batch opens; live_merge: a consolidation's merged set; live_replace: a ReplaceLive's whole set; live_repack: a live REQ opened again within a lowered budget; live_reopen: a live REQ opened again after the relay closed it; req_resent: a REQ sent again after a refusal of the relay's subscription count), other messages by their label (close, neg_open, neg_msg, neg_close, auth)."}, []string{"purpose"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
 			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
-			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs)
+			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs, m.sentBytes)
 	}
 	return m
 }
