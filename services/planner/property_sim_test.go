@@ -71,14 +71,14 @@ type simEvent struct {
 // commands exactly as the contract says (sessions, epochs, live
 // subscriptions, historic batches), and relays on which events appear.
 type sim struct {
-	t        *testing.T
-	rng      *rand.Rand
-	rules    Rules
-	m        *Machine
-	epoch    uint64
+	t     *testing.T
+	rng   *rand.Rand
+	rules Rules
+	m     *Machine
+	epoch uint64
 	// opened are the relays live filters were opened on in this round of
 	// commands (checkBudgets).
-	opened map[string]bool
+	opened   map[string]bool
 	now      time.Time
 	relays   map[string]*simRelay
 	reports  []*graspv1.FetchReport
