@@ -201,6 +201,10 @@ type scaleResult struct {
 	// index updates it applied ("index_updates") and discovery's index
 	// writes ("discovery_batches").
 	REQsBy map[string]float64 `json:"reqs_by,omitempty"`
+	// SentBy is what the bytes graspd sent to the relays during the sync
+	// were, summed over the processes: the fetchers'
+	// grasp_fetcher_sent_bytes_total by purpose (issue 32).
+	SentBy map[string]float64 `json:"sent_bytes_by,omitempty"`
 	Note   string             `json:"note,omitempty"`
 }
 
@@ -236,6 +240,48 @@ func readREQsBy(m map[string]float64) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// readSentBy reads scaleResult.SentBy out of scraped metrics.
+func readSentBy(m map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	const name = "grasp_fetcher_sent_bytes_total{"
+	for k, v := range m {
+		if !strings.HasPrefix(k, name) {
+			continue
+		}
+		i := strings.Index(k, `purpose="`)
+		if i < 0 {
+			continue
+		}
+		p := k[i+len(`purpose="`):]
+		out[p[:strings.IndexByte(p, '"')]] += v
+	}
+	return out
+}
+
+// sentLine renders SentBy: the total against the bytes the relays sent
+// (received, the farm's count), then each purpose's MB and share of the
+// total, largest first.
+func sentLine(by map[string]float64, received int64) string {
+	keys := make([]string, 0, len(by))
+	var total float64
+	for k, v := range by {
+		keys = append(keys, k)
+		total += v
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if by[keys[i]] != by[keys[j]] {
+			return by[keys[i]] > by[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %.1f MB (%.0f %%)", k, by[k]/1e6, 100*by[k]/max(total, 1))
+	}
+	return fmt.Sprintf("%.1f MB sent for %.1f MB received (%.0f %%); by purpose: %s",
+		total/1e6, float64(received)/1e6, 100*total/max(float64(received), 1), strings.Join(parts, ", "))
 }
 
 // cpuSum is the CPU-seconds of every process measured.
@@ -955,6 +1001,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	res.Stored = int(MetricSum(m, "grasp_ingester_stored_total"))
 	res.Stages = readStages(m)
 	res.REQsBy = readREQsBy(m)
+	res.SentBy = readSentBy(m)
 	for _, u := range farm.urls {
 		if MetricSum(m, "grasp_fetcher_relay_health_state", `relay="`+u+`"`) == 3 { // dead: given up
 			res.GivenUp++
@@ -1148,6 +1195,11 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		// Where the REQs came from, per relay: no target either.
 		fmt.Printf("bench reqs: %s: farm %.1f per relay; per relay: %s\n", name, float64(r.Sync.REQs)/float64(max(r.Relays, 1)), reqsLine(r.REQsBy, r.Relays))
 	}
+	if len(r.SentBy) > 0 {
+		// What the bytes sent to relays were (issue 32): no target here,
+		// the ratio's row is the table's "bytes to graspd / from graspd".
+		fmt.Printf("bench sent: %s: %s\n", name, sentLine(r.SentBy, r.Sync.BytesOut))
+	}
 	single := func(world string) *scaleResult {
 		for i := range all {
 			if all[i].World == world && all[i].Mode == "single" && all[i].Complete && !all[i].Limited {
@@ -1337,6 +1389,14 @@ func TestReadStages(t *testing.T) {
 // readREQsBy names each series by purpose and batch kind and sums the
 // processes' samples.
 func TestReadREQsBy(t *testing.T) {
+	sent := readSentBy(map[string]float64{
+		`grasp_fetcher_sent_bytes_total{purpose="live_merge"}`: 3e6,
+		`grasp_fetcher_sent_bytes_total{purpose="history"}`:    1e6,
+		`grasp_fetcher_reqs_total{batch="",purpose="live"}`:    12,
+	})
+	if line := sentLine(sent, 8e6); line != "4.0 MB sent for 8.0 MB received (50 %); by purpose: live_merge 3.0 MB (75 %), history 1.0 MB (25 %)" {
+		t.Errorf("sentLine = %q", line)
+	}
 	m := map[string]float64{
 		`grasp_fetcher_reqs_total{batch="",purpose="live"}`:           12,
 		`grasp_fetcher_reqs_total{batch="items",purpose="history"}`:   30,

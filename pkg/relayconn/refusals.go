@@ -122,7 +122,7 @@ func (c *Conn) resendUnanswered(text string) {
 				return
 			default:
 			}
-			if err := c.WriteRaw(ctx, data); err != nil {
+			if err := c.WriteRaw(WithPurpose(ctx, "req_resent"), data); err != nil {
 				return // the connection is ending
 			}
 		}()

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,42 @@ type Options struct {
 	// goroutine: do not block. The connection has already lowered its own
 	// subscription gate when the refusal was of a count.
 	OnLimit func(r relaylimits.Refusal, text string, open, filters, size int)
+	// OnSent is told of every message written to the relay, with its size
+	// in bytes and its purpose: for a REQ, the purpose its caller set on
+	// the context (WithPurpose; "req" when none, "req_resent" when the
+	// connection sent it again after a refusal of its count), otherwise
+	// the message's label in lower case with '-' as '_' (close, neg_open,
+	// neg_msg, neg_close, auth …). It runs on the writer's goroutine: do
+	// not block. It is what says what the bytes graspd sends are (issue 32).
+	OnSent func(purpose string, bytes int)
+}
+
+type purposeKey struct{}
+
+// WithPurpose labels the REQs written under ctx for Options.OnSent (e.g.
+// "history", "ids", "live_new"); other messages are named by their label.
+func WithPurpose(ctx context.Context, purpose string) context.Context {
+	return context.WithValue(ctx, purposeKey{}, purpose)
+}
+
+// sentPurpose names a message written under ctx for Options.OnSent.
+func sentPurpose(ctx context.Context, data []byte) string {
+	label := ""
+	if len(data) > 2 && data[0] == '[' && data[1] == '"' {
+		if end := bytes.IndexByte(data[2:min(len(data), 34)], '"'); end > 0 {
+			label = string(data[2 : 2+end])
+		}
+	}
+	switch label {
+	case "":
+		return "other"
+	case "REQ":
+		if p, ok := ctx.Value(purposeKey{}).(string); ok && p != "" {
+			return p
+		}
+		return "req"
+	}
+	return strings.ReplaceAll(strings.ToLower(label), "-", "_")
 }
 
 // ErrDead is the cause of a connection that stopped answering pings.
@@ -319,6 +356,9 @@ func (c *Conn) WriteRaw(ctx context.Context, data []byte) error {
 	defer cancel()
 	if err := c.ws.Write(wctx, websocket.MessageText, data); err != nil {
 		return fmt.Errorf("write to %s: %w", c.url, err)
+	}
+	if c.opts.OnSent != nil {
+		c.opts.OnSent(sentPurpose(ctx, data), len(data))
 	}
 	return nil
 }

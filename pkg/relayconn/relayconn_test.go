@@ -2,8 +2,11 @@ package relayconn_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -302,5 +305,59 @@ func TestCancelledWriteKeepsConnection(t *testing.T) {
 		t.Fatal("the connection ended: a cancelled write closed it")
 	case <-ctx.Done():
 		t.Fatal(ctx.Err())
+	}
+}
+
+// TestOnSentNamesPurposes: every message written is reported once with its
+// exact size, a REQ under the purpose its caller set (or "req"), anything
+// else under its label, so the bytes sent to relays can be told apart
+// (issue 32).
+func TestOnSentNamesPurposes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := testrelay.Start(t, testrelay.Options{})
+	var mu sync.Mutex
+	sent := map[string]int{}
+	c, err := relayconn.Dial(ctx, r.URL, relayconn.Options{OnSent: func(purpose string, n int) {
+		mu.Lock()
+		sent[purpose] += n
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f := nostr.Filters{{Kinds: []int{1}, Tags: nostr.TagMap{"e": {strings.Repeat("a", 64)}}}}
+	sub, err := c.Subscribe(relayconn.WithPurpose(ctx, "history"), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-sub.EOSE()
+	sub.Close()
+	plain, err := c.Subscribe(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-plain.EOSE()
+	if err := c.Write(relayconn.WithPurpose(ctx, "ignored"), []any{"NEG-CLOSE", "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	size := func(msg any) int {
+		data, err := json.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(data)
+	}
+	want := map[string]int{
+		"history":   size(nostr.ReqEnvelope{SubscriptionID: sub.ID, Filters: f}),
+		"req":       size(nostr.ReqEnvelope{SubscriptionID: plain.ID, Filters: f}),
+		"close":     size(nostr.CloseEnvelope(sub.ID)),
+		"neg_close": size([]any{"NEG-CLOSE", "n1"}),
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(sent) != fmt.Sprint(want) {
+		t.Fatalf("sent by purpose = %v, want %v", sent, want)
 	}
 }

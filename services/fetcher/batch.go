@@ -13,6 +13,7 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
+	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
 	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
@@ -611,8 +612,12 @@ type readRefusedError struct{ reason string }
 func (e *readRefusedError) Error() string { return "read refused: " + e.reason }
 
 func (b *batchRun) pageOnce(f nostr.Filter) (out []*nostr.Event, bytes uint64, closedReason string, err error) {
+	purpose := "history"
+	if len(f.IDs) > 0 {
+		purpose = "ids"
+	}
 	ctx := b.s.ctx
-	sub, err := b.s.conn.Subscribe(ctx, nostr.Filters{f})
+	sub, err := b.s.conn.Subscribe(relayconn.WithPurpose(ctx, purpose), nostr.Filters{f})
 	if err != nil {
 		return nil, 0, "", fmt.Errorf("REQ: %w", err)
 	}

@@ -33,6 +33,13 @@ type liveGroup struct {
 	// id is the planner's name for the set the group belongs to
 	// (AddFilters.live_id, ReplaceLive.live_id); "" unnamed.
 	id string
+	// purpose says why the group's REQ is sent (grasp_fetcher_sent_bytes_total:
+	// live_new, live_merge, live_replace, live_repack); a reopen after the
+	// relay closed it is live_reopen.
+	purpose string
+	// opened is set once the group's REQ was sent (by the one goroutine
+	// running runLive at a time): a later one is a reopen.
+	opened bool
 	// filters are kept compact for the group's life (liveFilter).
 	filters liveFilters
 	cancel  context.CancelFunc
@@ -74,8 +81,9 @@ const liveReopenMax = 10 * time.Minute
 // openLive starts live groups for fs, each with limit 0 (only new
 // events), named id: one group per REQ, the filters packed into as few
 // REQs as the relay's budget allows (message size, filters per REQ, and
-// at most LiveFiltersPerREQ filters; relaylimits.Pack).
-func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
+// at most LiveFiltersPerREQ filters; relaylimits.Pack). purpose says why
+// (liveGroup.purpose).
+func (w *relayWorker) openLive(fs []nostr.Filter, id, purpose string) {
 	if w.sess == nil || len(fs) == 0 {
 		return
 	}
@@ -90,7 +98,7 @@ func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
 	share := hexShare{}
 	for _, chunk := range relaylimits.Pack(live, lim) {
 		ctx, cancel := context.WithCancel(w.sess.ctx)
-		g := &liveGroup{id: id, filters: compactFilters(chunk, share), cancel: cancel, done: make(chan struct{}),
+		g := &liveGroup{id: id, purpose: purpose, filters: compactFilters(chunk, share), cancel: cancel, done: make(chan struct{}),
 			live: make(chan struct{}), starved: make(chan struct{}), pub: w.f.newWindowPublisher()}
 		w.live[g] = struct{}{}
 		s := w.sess
@@ -110,7 +118,7 @@ func (w *relayWorker) openLive(fs []nostr.Filter, id string) {
 func (w *relayWorker) replaceLive(fs []nostr.Filter, id string) {
 	old := w.live
 	w.live = map[*liveGroup]struct{}{}
-	w.openLive(fs, id)
+	w.openLive(fs, id, "live_replace")
 	fresh := make([]*liveGroup, 0, len(w.live))
 	for g := range w.live {
 		fresh = append(fresh, g)
@@ -214,7 +222,11 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup, clo
 			EOSE:   g.markLive,
 			Closed: func(reason string) { unopened(); w.liveClosedBy(ctx, s, g, reason) },
 		}
-		sub, err := s.conn.SubscribeLive(ctx, g.filters.filters(), func() {
+		purpose := g.purpose
+		if g.opened {
+			purpose = "live_reopen"
+		}
+		sub, err := s.conn.SubscribeLive(relayconn.WithPurpose(ctx, purpose), g.filters.filters(), func() {
 			g.markStarved()
 			w.askFitLive()
 		}, h)
@@ -231,6 +243,7 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup, clo
 			return
 		}
 		w.f.m.reqs.WithLabelValues("live", "").Inc()
+		g.opened = true
 		w.f.m.liveSubs.WithLabelValues(w.url).Inc()
 		g.mu.Lock()
 		if g.closedEarly != nil {

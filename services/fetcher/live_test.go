@@ -209,3 +209,40 @@ func (e *env) publishUntilSeen(r *faultrelay.Relay, next func(i int) *nostr.Even
 		}
 	}
 }
+
+// The bytes sent to the relay are counted by why they were sent: an items
+// batch's live set (live_new), a live-only set such as a consolidation's
+// merge (live_merge), a ReplaceLive's set (live_replace), history pages,
+// and every REQ has a purpose (none counted as plain "req"). Issue 32.
+func TestSentBytesByPurpose(t *testing.T) {
+	e := newEnv(t)
+	r := faultrelay.Start(t, testrelay.Options{})
+	f := e.start(baseConfig("a"), nil)
+	s := e.connectRelay(r.URL)
+	sent := func(purpose string) float64 {
+		return metric(t, f.reg, "grasp_fetcher_sent_bytes_total", map[string]string{"purpose": purpose})
+	}
+	subs := func(n float64) func() bool {
+		return func() bool {
+			return metric(t, f.reg, "grasp_fetcher_live_subscriptions", map[string]string{"relay": r.URL}) == n
+		}
+	}
+	e.addFilters(0, r.URL, s, "b1", []nostr.Filter{{Kinds: []int{1}}}, []nostr.Filter{{Kinds: []int{1}}})
+	e.waitFor("the batch's live set open", subs(1))
+	e.waitFor("the batch's history read", func() bool { return sent("history") > 0 })
+	if sent("live_new") == 0 || sent("live_merge") != 0 || sent("live_replace") != 0 {
+		t.Fatalf("after an items batch: live_new %v, live_merge %v, live_replace %v bytes", sent("live_new"), sent("live_merge"), sent("live_replace"))
+	}
+	e.addFilters(0, r.URL, s, "", nil, []nostr.Filter{{Kinds: []int{7}}})
+	e.waitFor("the live-only set open", subs(2))
+	if sent("live_merge") == 0 || sent("live_replace") != 0 {
+		t.Fatalf("after a live-only set: live_merge %v, live_replace %v bytes", sent("live_merge"), sent("live_replace"))
+	}
+	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL, SessionId: s, Command: &graspv1.FetchCommand_ReplaceLive{
+		ReplaceLive: &graspv1.ReplaceLive{LiveFilters: filters.ToProtos([]nostr.Filter{{Kinds: []int{6}}})}}})
+	e.waitFor("the replacement open and the old sets closed", func() bool { return subs(1)() && sent("live_replace") > 0 })
+	e.waitFor("the old sets' CLOSEs counted", func() bool { return sent("close") > 0 })
+	if n := sent("req"); n != 0 {
+		t.Fatalf("%v bytes of REQs sent without a purpose", n)
+	}
+}

@@ -52,6 +52,9 @@ type metrics struct {
 	// publishBytes is the bytes of event messages awaiting the events
 	// stream's acknowledgement (Config.PublishMaxBytes).
 	publishBytes prometheus.Gauge
+	// sentBytes counts the bytes of the messages sent to relays, by
+	// purpose (relayconn.Options.OnSent; sentPurposes).
+	sentBytes *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -110,11 +113,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "REQs sent to remote relays, by purpose (live: a live subscription opened or reopened; history: a page of a REQ+EOSE read; ids: an id fetch after a NIP-77 reconciliation) and batch (the historic batch's kind: layer1, items, catch_up, resync; empty for live)."}, []string{"purpose", "batch"}),
 		publishBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_fetcher_publish_bytes_in_flight",
 			Help: "Bytes of event messages published and not yet acknowledged by the events stream, all batches and live subscriptions together: bounded by GRASP_FETCHER_PUBLISH_MAX_BYTES."}),
+		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_sent_bytes_total",
+			Help: "Bytes of the messages sent to remote relays, by purpose: REQs by what they read (history: a page of a REQ+EOSE read; ids: an id fetch after a NIP-77 reconciliation; live_new: a live set an items batch opens; live_merge: a consolidation's merged set; live_replace: a ReplaceLive's whole set; live_repack: a live REQ opened again within a lowered budget; live_reopen: a live REQ opened again after the relay closed it; req_resent: a REQ sent again after a refusal of the relay's subscription count), other messages by their label (close, neg_open, neg_msg, neg_close, auth)."}, []string{"purpose"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
 			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
-			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs, m.publishBytes)
+			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs, m.publishBytes, m.sentBytes)
 	}
 	return m
 }

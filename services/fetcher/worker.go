@@ -203,7 +203,7 @@ func (w *relayWorker) run(ctx context.Context) {
 				for h := range w.live {
 					before[h] = struct{}{}
 				}
-				w.openLive(g.filters.filters(), g.id)
+				w.openLive(g.filters.filters(), g.id, "live_repack")
 				var fresh []*liveGroup
 				for h := range w.live {
 					if _, old := before[h]; !old {
@@ -294,6 +294,9 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 		PongTimeout:     w.f.cfg.PongTimeout,
 		OnLimit: func(r relaylimits.Refusal, text string, open, filters, size int) {
 			w.onLimit(s, r, text, open, filters, size)
+		},
+		OnSent: func(purpose string, n int) {
+			w.f.m.sentBytes.WithLabelValues(purpose).Add(float64(n))
 		},
 		OnNotice: func(msg string) {
 			if IsRateLimit(msg) {
@@ -423,7 +426,13 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	if w.sess == nil {
 		return
 	}
-	w.openLive(filters.FromProtos(c.GetLiveFilters()), c.GetLiveId())
+	// A live set with a batch opens what is new; one without is a
+	// consolidation's merge of sets already live (decision 0034).
+	purpose := "live_new"
+	if c.GetBatchId() == "" {
+		purpose = "live_merge"
+	}
+	w.openLive(filters.FromProtos(c.GetLiveFilters()), c.GetLiveId(), purpose)
 	if c.GetBatchId() == "" {
 		return
 	}

@@ -42,7 +42,7 @@ func (m *Machine) emitItemBatches(now time.Time, s *RelayState, items, redo, res
 		verdict, exact := m.overBudget(s, s.LiveFilters+n, items, n)
 		switch verdict {
 		case consolidateNow:
-			m.replaceLive(s, items)
+			m.consolidateWith(s, items)
 			withLive = false
 		case consolidateLater:
 			m.deferConsolidation(now, s)

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -193,7 +194,8 @@ func TestConsolidationNeverWaitsForPending(t *testing.T) {
 	// 1-3 is still pending: consolidation includes it and does not wait.
 	h.repo("r1", []string{relayA}, "x", "y", "z", "w")
 	expect(t, "14 > 12: consolidate", h.recompute(),
-		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,w,z,yL0 #E=x,w,z,yL0 #q=x,w,z,yL0]",
+		"add wss://a.example s1  live=[#a=r1L0 #A=r1L0 #q=r1L0 k30618#d=r1L0 #e=x,w,z,yL0 #E=x,w,z,yL0 #q=x,w,z,yL0] hist=[]",
+		"close wss://a.example s1 live=1-3,1-2 after=L1-1",
 		"add wss://a.example s1 1-4 roots=w hist=[#e=w #E=w #q=w]")
 	if got := h.relay(relayA).LiveFilters; got != 8 {
 		t.Fatalf("live filters %d after consolidation, want 8", got)
@@ -202,6 +204,34 @@ func TestConsolidationNeverWaitsForPending(t *testing.T) {
 	h.done(relayA, "s1", "1-4")
 	if got := h.confirmed(relayA); got != "r1:w,x,y,z" {
 		t.Fatalf("confirmed %q", got)
+	}
+}
+
+// TestConsolidationKeepsWhatIsLive: a relay whose minimal set fits its
+// budget, pushed over it by a new root, merges the new root with its
+// smallest live sets and leaves the rest open: nothing already live in the
+// sets it keeps is sent again (decision 0062; before, a ReplaceLive named
+// every value the relay had live).
+func TestConsolidationKeepsWhatIsLive(t *testing.T) {
+	rules := testRules()
+	rules.MaxLiveFilters = 14
+	h := synced(t, rules) // live: base 1 + r1 (x, y) 7 = 8
+	h.repo("r1", []string{relayA}, "x", "y", "z")
+	expect(t, "11 live filters", h.recompute(),
+		"add wss://a.example s1 1-3 roots=z live=[#e=zL0 #E=zL0 #q=zL0] hist=[#e=z #E=z #q=z]")
+	h.repo("r1", []string{relayA}, "x", "y", "z", "w")
+	expect(t, "14 live filters: at the budget", h.recompute(),
+		"add wss://a.example s1 1-4 roots=w live=[#e=wL0 #E=wL0 #q=wL0] hist=[#e=w #E=w #q=w]")
+	h.repo("r1", []string{relayA}, "x", "y", "z", "w", "v")
+	// 17 > 14: the minimal set is 8, so the goal is 11. The new root
+	// merges with the two one-root sets; r1's own set (x, y, the
+	// repository) stays open and is not named.
+	expect(t, "17 > 14: merge the small sets", h.recompute(),
+		"add wss://a.example s1  live=[#e=v,w,zL0 #E=v,w,zL0 #q=v,w,zL0] hist=[]",
+		"close wss://a.example s1 live=1-3,1-4 after=L1-1",
+		"add wss://a.example s1 1-5 roots=v hist=[#e=v #E=v #q=v]")
+	if got := h.relay(relayA).LiveFilters; got != 11 {
+		t.Fatalf("live filters %d after the merge, want 11", got)
 	}
 }
 
@@ -222,7 +252,8 @@ func TestLargeMinimalSetGetsHeadroom(t *testing.T) {
 	}
 	h.repo("r1", []string{relayA}, "x", "y", "z", "w")
 	got = h.recompute()
-	if len(got) < 2 || got[0][:7] != "replace" {
+	// A merge of the tail with the new root (decision 0062).
+	if len(got) != 3 || !strings.HasPrefix(got[0], "add wss://a.example s1  live=") || !strings.HasPrefix(got[1], "close wss://a.example s1 live=") {
 		t.Fatalf("over budget %d must consolidate: %q", 8+room, got)
 	}
 }
@@ -438,14 +469,21 @@ func TestLargeReplaceLiveIsSplit(t *testing.T) {
 	h.repo("r1", []string{relayA}, "x", "y", "z")
 	h.recompute()
 	h.repo("r1", []string{relayA}, "x", "y", "z", "w")
-	expect(t, "consolidation in parts of 3 filters", h.recompute(),
-		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0]",
-		"add wss://a.example s1  live=[#q=r1L0 k30618#d=r1L0 #e=x,w,z,yL0] hist=[]",
-		"add wss://a.example s1  live=[#E=x,w,z,yL0 #q=x,w,z,yL0] hist=[]",
+	expect(t, "consolidation (a merge) in parts of 3 filters", h.recompute(),
+		"add wss://a.example s1  live=[#a=r1L0 #A=r1L0 #q=r1L0] hist=[]",
+		"add wss://a.example s1  live=[k30618#d=r1L0 #e=x,w,z,yL0 #E=x,w,z,yL0] hist=[]",
+		"add wss://a.example s1  live=[#q=x,w,z,yL0] hist=[]",
+		"close wss://a.example s1 live=1-3,1-2 after=L1-1",
 		"add wss://a.example s1 1-4 roots=w hist=[#e=w #E=w #q=w]")
 	if got := h.relay(relayA).LiveFilters; got != 8 {
 		t.Fatalf("live filters %d", got)
 	}
+	// A root removed: the live set must lose it, a ReplaceLive.
+	h.repo("r1", []string{relayA}, "x", "z", "w")
+	expect(t, "replacement in parts of 3 filters", h.recompute(),
+		"replace wss://a.example s1 live=[k30617,10317L0 #a=r1L0 #A=r1L0]",
+		"add wss://a.example s1  live=[#q=r1L0 k30618#d=r1L0 #e=x,w,zL0] hist=[]",
+		"add wss://a.example s1  live=[#E=x,w,zL0 #q=x,w,zL0] hist=[]")
 }
 
 func TestLiveSubscriptionClosedByRelay(t *testing.T) {

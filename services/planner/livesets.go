@@ -55,22 +55,58 @@ func (m *Machine) liveID() string {
 // batch whose set was merged), whose live set is stale or lost, or that a
 // merge cannot bring under its budget gets a ReplaceLive as before.
 func (m *Machine) consolidate(s *RelayState) {
-	if s.liveStale || s.needsReplace || s.trimLive || !m.mergeTail(s) {
+	if s.liveStale || s.needsReplace || s.trimLive {
 		m.replaceLive(s, nil)
+	} else {
+		min := m.exactMinimal(s)
+		s.minLo, s.minHi, s.minKnown = min, min, true
+		if !m.mergeTail(s, nil, min+headroom(s, m.budget(s))/2) {
+			m.replaceLive(s, nil)
+		}
 	}
 	s.deferredFor = ""
 }
 
-// mergeTail merges the tail's smallest sets (fewest values first) until the
-// relay's live filters are at most its exact minimal set plus half its
-// headroom and it has at most maxTailSets sets, then opens the merged set
-// under a new name and closes the merged ones after it (make before break).
-// It reports false when merging the whole tail would not be enough.
-func (m *Machine) mergeTail(s *RelayState) bool {
-	min := m.exactMinimal(s)
+// consolidateWith brings a relay whose live filters with the new items
+// would be over its budget back under it at once (overBudget's
+// consolidateNow: its minimal set fits the budget, or deferral is off).
+// The new items' live filters go in the merged set, so the caller's batches
+// carry history only. Decision 0062: it merges the tail's smallest sets
+// with the new items, as a deferred consolidation does, down to halfway
+// between the minimal set and the budget, instead of replacing the whole
+// live set: a ReplaceLive re-sends every value the relay has live (in the
+// target world about a quarter of the bytes graspd sent). It falls back to
+// ReplaceLive when the live set must lose items or merging cannot reach
+// that goal.
+func (m *Machine) consolidateWith(s *RelayState, items []BatchItem) {
+	if s.liveStale || s.needsReplace || s.trimLive {
+		m.replaceLive(s, items)
+		return
+	}
+	if n := (m.idx.Roots.Len() + 63) / 64; len(m.seen) < n {
+		m.seen = make([]uint64, n)
+	}
+	min := m.minimalSize(s, items)
+	goal := min + headroom(s, m.budget(s))/2
+	if t := m.budget(s); min <= t {
+		goal = (min + t) / 2
+	}
+	if !m.mergeTail(s, items, goal) {
+		m.replaceLive(s, items)
+		return
+	}
 	s.minLo, s.minHi, s.minKnown = min, min, true
-	excess := s.LiveFilters - (min + headroom(s, m.budget(s))/2)
-	if excess <= 0 && len(s.tail) <= maxTailSets {
+}
+
+// mergeTail merges the tail's smallest sets (fewest values first), with
+// extra (new items whose live filters are not open yet) when given, until
+// the relay's live filters are at most goal and it has at most maxTailSets
+// sets, then opens the merged set under a new name and closes the merged
+// ones after it (make before break). It reports false when merging the
+// whole tail would not be enough.
+func (m *Machine) mergeTail(s *RelayState, extra []BatchItem, goal int) bool {
+	excess := s.LiveFilters - goal
+	if len(extra) == 0 && excess <= 0 && len(s.tail) <= maxTailSets {
 		return true // queued on a bound; within its budget after all
 	}
 	order := slices.Clone(s.tail)
@@ -102,8 +138,8 @@ func (m *Machine) mergeTail(s *RelayState) bool {
 			}
 		}
 	}()
-	for k = 0; k < len(order); k++ {
-		for _, it := range order[k].items {
+	add := func(items []BatchItem) {
+		for _, it := range items {
 			i, ok := at[it.Repo]
 			if !ok {
 				i = len(merged)
@@ -123,8 +159,21 @@ func (m *Machine) mergeTail(s *RelayState) bool {
 			}
 			merged[i].Roots = union(merged[i].Roots, it.Roots)
 		}
-		sum += order[k].filters
-		if k > 0 && sum-filters.CountItems(refs, len(idents), roots) >= excess && len(s.tail)-k <= maxTailSets {
+	}
+	// With extra, merging no set at all is a choice (k = −1): the new
+	// items then open a set of their own. Without, a merge takes at least
+	// two sets. After merging order[:k+1] the relay has len(s.tail)−k sets.
+	k = 0
+	if len(extra) > 0 {
+		add(extra)
+		k = -1
+	}
+	for ; k < len(order); k++ {
+		if k >= 0 {
+			add(order[k].items)
+			sum += order[k].filters
+		}
+		if (len(extra) > 0 || k > 0) && sum-filters.CountItems(refs, len(idents), roots) >= excess && len(s.tail)-k <= maxTailSets {
 			enough = true
 			break
 		}
@@ -141,8 +190,10 @@ func (m *Machine) mergeTail(s *RelayState) bool {
 	for i, g := range gone {
 		ids[i] = g.id
 	}
-	m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_CloseLive{CloseLive: &graspv1.CloseLive{
-		LiveIds: ids, AfterLiveId: id}}})
+	if len(ids) > 0 {
+		m.send(s, s.Session, &graspv1.FetchCommand{Command: &graspv1.FetchCommand_CloseLive{CloseLive: &graspv1.CloseLive{
+			LiveIds: ids, AfterLiveId: id}}})
+	}
 	s.tail = slices.DeleteFunc(s.tail, func(ls *liveSet) bool { return slices.Contains(gone, ls) })
 	s.tail = append(s.tail, newLiveSet(id, merged, len(live)))
 	s.LiveFilters += len(live) - sum

@@ -71,11 +71,14 @@ type simEvent struct {
 // commands exactly as the contract says (sessions, epochs, live
 // subscriptions, historic batches), and relays on which events appear.
 type sim struct {
-	t        *testing.T
-	rng      *rand.Rand
-	rules    Rules
-	m        *Machine
-	epoch    uint64
+	t     *testing.T
+	rng   *rand.Rand
+	rules Rules
+	m     *Machine
+	epoch uint64
+	// opened are the relays live filters were opened on in this round of
+	// commands (checkBudgets).
+	opened   map[string]bool
 	now      time.Time
 	relays   map[string]*simRelay
 	reports  []*graspv1.FetchReport
@@ -175,6 +178,7 @@ func itemsOf(fs []*graspv1.Filter) []string {
 
 // apply executes the machine's commands the way a fetcher must.
 func (s *sim) apply() {
+	defer s.checkBudgets()
 	for _, c := range s.m.Drain() {
 		if s.trace {
 			h := &harness{t: s.t, now: s.now, alias: map[string]string{}}

@@ -75,6 +75,10 @@ func (s *sim) checkLive(r *simRelay, added []*graspv1.Filter, replace bool) {
 		liveCount[r.url] = 0
 	}
 	liveCount[r.url] += len(added)
+	if s.opened == nil {
+		s.opened = map[string]bool{}
+	}
+	s.opened[r.url] = true
 	for _, f := range added {
 		for _, tag := range f.GetTags() {
 			if len(tag.GetValues()) > 100 {
@@ -82,9 +86,20 @@ func (s *sim) checkLive(r *simRelay, added []*graspv1.Filter, replace bool) {
 			}
 		}
 	}
-	if liveCount[r.url] > s.rules.MaxLiveFilters && s.minimalFits(r.url) {
-		s.fail("relay %s has %d live filters open (budget %d)", r.url, liveCount[r.url], s.rules.MaxLiveFilters)
+}
+
+// checkBudgets checks, once a round of commands is applied, that every
+// relay whose minimal set fits the budget holds at most MaxLiveFilters live
+// filters. Not per command: a merge opens the merged set before closing
+// the sets it merges (make before break, decision 0034), as a ReplaceLive
+// keeps the old subscriptions until the new are registered.
+func (s *sim) checkBudgets() {
+	for url := range s.opened {
+		if n := liveCount[url]; n > s.rules.MaxLiveFilters && s.minimalFits(url) {
+			s.fail("relay %s has %d live filters open (budget %d)", url, n, s.rules.MaxLiveFilters)
+		}
 	}
+	clear(s.opened)
 }
 
 // minimalFits reports whether the relay's minimal live set (layer 1 plus
