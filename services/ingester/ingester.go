@@ -62,7 +62,7 @@ type Config struct {
 	Workers int `envconfig:"INGESTER_WORKERS" default:"0"`
 	// FetchBatch is how many messages one pull asks for and the largest
 	// batch decided and written together; it bounds the messages (and so
-	// the memory) this replica holds to about 4×FetchBatch.
+	// the memory) this replica holds to about 5×FetchBatch.
 	FetchBatch int `envconfig:"INGESTER_FETCH_BATCH" default:"256"`
 	// RetryDelay is how long a message that failed while the store was
 	// healthy waits before its redelivery.

@@ -33,9 +33,18 @@ import (
 // verification (the dominant cost, parallel) overlaps with the store work
 // (sequential). Every decision that depends on the store is made in stage 3,
 // in order: a lookup that would see an event accepted earlier in the batch
-// but not yet written first writes the batch so far (see batch.Query), so
-// an announcement and an issue on it, or a deletion and its target, in one
-// batch are decided as if they had arrived one by one.
+// but not yet written waits for the next pass, after the batch so far is
+// written (see batch.Query), so an announcement and an issue on it, or a
+// deletion and its target, in one batch are decided as if they had arrived
+// one by one.
+//
+// Within stage 3, a batch's last write (its stored notices and acks too)
+// runs while the next batch is decided (see write in decide.go;
+// docs/decisions/0063-ingester-write-overlaps-decide.md). The events being
+// written count as pending for the next batch's decisions, exactly as its
+// own accepted events do, and the next batch writes and acks nothing before
+// that write is settled and its failures retried; a write that deletes or
+// replaces stored events is not overlapped.
 
 // check is what the verify stage found out about one message.
 type check int
@@ -88,10 +97,10 @@ type delivery struct {
 }
 
 // consume attaches to the shared durable consumer and runs the pipeline
-// until ctx is done. A replica holds at most about 4×FetchBatch messages:
+// until ctx is done. A replica holds at most about 5×FetchBatch messages:
 // the iterator's buffer (one pull), the read channel, the batch being
-// verified and the batch being decided; each is at most the NATS max
-// payload.
+// verified, the batch being decided and the one being written; each is at
+// most the NATS max payload.
 func (i *Ingester) consume(ctx context.Context) error {
 	// EnsureConsumer: replicas starting together in a cluster create this
 	// durable at once, and a lost answer must not end the process.
@@ -133,11 +142,7 @@ func (i *Ingester) consume(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error {
-		for items := range batches {
-			start := i.clk.Now()
-			i.settle(gctx, items)
-			i.m.observeStage(stageDecide, i.clk.Now().Sub(start))
-		}
+		i.decideStage(gctx, batches)
 		return nil
 	})
 	g.Go(func() error {
