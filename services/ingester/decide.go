@@ -182,6 +182,15 @@ func (i *Ingester) decideOverlapped(ctx context.Context, items []*item, prev *wr
 	// in progress (wake-ups of parked events included): a target being
 	// evaluated and stored meanwhile could escape it. So the previous
 	// batch's write ends first, and this batch's own is not overlapped.
+	if prev != nil {
+		select {
+		case <-prev.done:
+			// Written already: nothing of this batch need wait for it.
+			i.finish(ctx, prev, items)
+			prev = nil
+		default:
+		}
+	}
 	if deletion {
 		i.finish(ctx, prev, items)
 		prev = nil
