@@ -20,6 +20,11 @@ type batch struct {
 	// deferred are the events of this pass waiting for the next one:
 	// events depending on them wait too.
 	deferred *pendingSet
+	// inflight are the events the previous batch is writing while this one
+	// is decided (see write): until that write is settled they count as
+	// pending here, so a decision that would see one of them waits for the
+	// next pass, which comes after the write. nil once it is settled.
+	inflight *pendingSet
 	// cache holds lookup results (by filterKey) until the batch writes an
 	// event that could change them (see flush): only other writers can
 	// change the rest, which is no different from the lookup having been
@@ -44,7 +49,7 @@ var errDeferred = errors.New("depends on an event of this batch not written yet"
 // errDeferred: a decision that depends on an event is made only once that
 // event is stored (or refused).
 func (b *batch) Query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
-	if b.pending.matches(f) || b.deferred.matches(f) {
+	if b.pending.matches(f) || b.deferred.matches(f) || b.inflight.matches(f) {
 		return nil, errDeferred
 	}
 	key := filterKey(f)
@@ -83,7 +88,7 @@ func (b *batch) StoredKinds(ctx context.Context, ids []string) ([]int, error) {
 	var miss []string
 	now := b.i.clk.Now()
 	for n, id := range ids {
-		if b.pending.has(id) || b.deferred.has(id) {
+		if b.pending.has(id) || b.deferred.has(id) || b.inflight.has(id) {
 			// As Query: the decision waits for the event's write.
 			return nil, errDeferred
 		}
@@ -227,9 +232,9 @@ func (b *batch) deletions(ctx context.Context, ids []string) ([]*nostr.Event, bo
 	return dels, err == nil && len(dels) < limit
 }
 
-// flush writes the pending events with one SaveBatch, then applies stored
-// deletions, publishes what was stored and acks. An error means at least one
-// event was not written (its item carries the error).
+// flush writes the pending events (see write) and forgets the cached
+// answers the write may change. An error means at least one event was not
+// written (its item carries the error).
 func (b *batch) flush(ctx context.Context) error {
 	items := b.pending.items
 	if len(items) == 0 {
@@ -237,6 +242,30 @@ func (b *batch) flush(ctx context.Context) error {
 	}
 	b.forget(b.pending)
 	b.pending = newPendingSet()
+	return b.i.write(ctx, items)
+}
+
+// afterWrite is called once the previous batch's write, which this batch's
+// decisions so far treated as pending (inflight), is settled: its events are
+// stored or failed, so the cached answers they may change are dropped, all
+// of them when some failed (their retry may have stored, parked or refused
+// anything of theirs), and later lookups read the store.
+func (b *batch) afterWrite(w *write) {
+	if len(w.failed) > 0 {
+		clear(b.cache)
+	} else {
+		b.forget(w.pending)
+	}
+	b.inflight = nil
+}
+
+// write writes the accepted events of items with one SaveBatch, then
+// applies stored deletions, publishes what was stored and settles each
+// item. An error means at least one event was not written (its item carries
+// the error). It touches nothing of a batch but items: the decide stage runs
+// it for a batch's last pass while it decides the next batch (see write in
+// decide.go).
+func (i *Ingester) write(ctx context.Context, items []*item) error {
 	evts := make([]*nostr.Event, len(items))
 	for n, it := range items {
 		evts[n] = it.evt
@@ -244,40 +273,40 @@ func (b *batch) flush(ctx context.Context) error {
 	var failed error
 	// Read before the write: a deletion noticed after it began may have
 	// removed what it stored, which is then not remembered.
-	gen := b.i.refs.generation()
+	gen := i.refs.generation()
 	var stored []*nostr.Event
-	start := b.i.clk.Now()
-	results := b.i.store.SaveBatch(ctx, evts)
-	b.i.m.observeStage(stageStore, b.i.clk.Now().Sub(start))
+	start := i.clk.Now()
+	results := i.store.SaveBatch(ctx, evts)
+	i.m.observeStage(stageStore, i.clk.Now().Sub(start))
 	for n, r := range results {
 		it := items[n]
 		switch {
-		case b.i.targetRefused(ctx, it.evt, it.relay, r.Err):
-			b.i.done(it, outcomeTargetRefused)
+		case i.targetRefused(ctx, it.evt, it.relay, r.Err):
+			i.done(it, outcomeTargetRefused)
 		case errors.Is(r.Err, store.ErrUnstorable):
-			b.i.log.Debug("accepted event cannot be stored", "id", it.evt.ID, "kind", it.evt.Kind, "relay", it.relay, "err", r.Err)
-			b.i.done(it, outcomeUnstorable)
+			i.log.Debug("accepted event cannot be stored", "id", it.evt.ID, "kind", it.evt.Kind, "relay", it.relay, "err", r.Err)
+			i.done(it, outcomeUnstorable)
 		case r.Err != nil:
 			it.err = fmt.Errorf("store %s: %w", it.evt.ID, r.Err)
 			failed = it.err
 		case !r.Stored:
 			// Stored by another writer since the lookups: a redelivery
 			// still owes the announcement (see duplicate).
-			if b.i.duplicate(ctx, it); it.err != nil {
+			if i.duplicate(ctx, it); it.err != nil {
 				failed = it.err
 			}
 		default:
-			if err := store.Settle(ctx, b.i.store, it.evt, func(e *nostr.Event) { b.i.publishStored(e, it.data) }); err != nil {
+			if err := store.Settle(ctx, i.store, it.evt, func(e *nostr.Event) { i.publishStored(e, it.data) }); err != nil {
 				// The deletion is stored; its retry finds it a
 				// duplicate and applies it again (see duplicate).
 				it.err, failed = err, err
 				continue
 			}
-			b.i.done(it, outcomeStored)
+			i.done(it, outcomeStored)
 			stored = append(stored, it.evt)
 		}
 	}
-	b.i.refs.put(stored, gen, b.i.clk.Now())
+	i.refs.put(stored, gen, i.clk.Now())
 	return failed
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -15,20 +16,112 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 )
 
-// settle decides a verified batch and acks what is done. Items that failed
-// for an infrastructure reason are retried: during a store outage all of
-// them, held (not redelivered, not counted against MaxDeliver) with
-// backoff until the store answers; while the store answers, each alone (one
-// event the backend keeps rejecting must not fail its batch-mates) and then
-// redelivered later or dead-lettered.
-func (i *Ingester) settle(ctx context.Context, items []*item) {
+// write is a batch's last store write, made while the decide stage decides
+// the next batch (docs/decisions/0063-ingester-write-overlaps-decide.md). The
+// write, its stored notices, the settling of its items and the batch's acks
+// run on their own goroutine; done is closed when all of that is over, and
+// only then may anything read failed or the items. The next batch treats
+// the events being written as pending (batch.inflight) until it has seen
+// done (finish), which it does before its own first write.
+type write struct {
+	items   []*item     // the whole batch, acked at the write's end
+	pending *pendingSet // the events written
+	failed  []*item     // items left with an error, for finish to retry
+	start   time.Time   // when the decide stage took the batch
+	done    chan struct{}
+}
+
+// decideStage is stage 3 of the pipeline: it decides the batches in order
+// and settles them. A batch's last write runs while the next batch is
+// decided; the next batch's own writes and acks wait for it (finish). When
+// no batch comes, a finished write is collected at once.
+func (i *Ingester) decideStage(ctx context.Context, batches <-chan []*item) {
+	var prev *write
+	for {
+		var done <-chan struct{}
+		if prev != nil {
+			done = prev.done
+		}
+		select {
+		case items, ok := <-batches:
+			if !ok {
+				i.finish(ctx, prev, nil)
+				return
+			}
+			prev = i.settle(ctx, items, prev)
+		case <-done:
+			i.finish(ctx, prev, nil)
+			prev = nil
+		}
+	}
+}
+
+// settle decides a verified batch and acks what is done, and returns the
+// batch's last write when it is still running (see write), nil when the
+// batch is settled. prev is the previous batch's write, if still running:
+// it is finished before this batch writes or acks anything. Items that
+// failed for an infrastructure reason are retried (see retry).
+func (i *Ingester) settle(ctx context.Context, items []*item, prev *write) *write {
+	start := i.clk.Now()
 	// Batching keeps messages longer than handling them one by one would;
 	// a batch that has waited a third of AckWait is kept alive so it is
 	// not redelivered (and counted twice) while it is being decided.
 	if len(items) > 0 && i.clk.Now().Sub(items[0].received) > i.cfg.AckWait/3 {
 		keepAlive(items)
 	}
-	failed := i.decide(ctx, items)
+	failed, w := i.decideOverlapped(ctx, items, prev, start)
+	if w != nil {
+		return w // finished by the next batch or by decideStage
+	}
+	i.retry(ctx, failed, nil)
+	i.m.observeStage(stageDecide, i.clk.Now().Sub(start))
+	i.release(items)
+	return nil
+}
+
+// release gives a settled batch's bytes back to the in-flight bound:
+// acked, nak'ed or dead-lettered, its messages no longer count against
+// Config.MaxBytes (docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
+func (i *Ingester) release(items []*item) {
+	eachMsg(items, func(m jetstream.Msg) {
+		i.inFlight.Release(msgBytes(m))
+		i.m.inFlight.Sub(float64(msgBytes(m)))
+	})
+}
+
+// finish waits for a batch's last write (nil: nothing to wait for) and
+// retries what failed in it. hold are the items of the batch being decided
+// meanwhile, kept alive while the wait or a store outage lasts.
+func (i *Ingester) finish(ctx context.Context, w *write, hold []*item) {
+	if w == nil {
+		return
+	}
+	select {
+	case <-w.done:
+	default:
+		for waiting := true; waiting; {
+			select {
+			case <-w.done:
+				waiting = false
+			case <-i.clk.After(i.cfg.AckWait / 3):
+				keepAlive(hold)
+			}
+		}
+	}
+	if len(w.failed) > 0 {
+		i.retry(ctx, w.failed, hold)
+		i.m.observeStage(stageDecide, i.clk.Now().Sub(w.start))
+	}
+	i.release(w.items)
+}
+
+// retry retries the items that failed for an infrastructure reason: during
+// a store outage all of them, held (not redelivered, not counted against
+// MaxDeliver) with backoff until the store answers; while the store answers,
+// each alone (one event the backend keeps rejecting must not fail its
+// batch-mates) and then redelivered later or dead-lettered. hold are other
+// items waiting meanwhile (the next batch's), kept alive with failed.
+func (i *Ingester) retry(ctx context.Context, failed, hold []*item) {
 	wait := outageBackoffStart
 	for len(failed) > 0 {
 		if ctx.Err() != nil {
@@ -61,6 +154,7 @@ func (i *Ingester) settle(ctx context.Context, items []*item) {
 		// Held, not nak'ed: a redelivery would count against MaxDeliver
 		// and only meet the same outage.
 		keepAlive(failed)
+		keepAlive(hold)
 		select {
 		case <-ctx.Done():
 			continue
@@ -79,30 +173,68 @@ func (i *Ingester) settle(ctx context.Context, items []*item) {
 // duplicates and parked events are acked at once, accepted events once
 // written (with the rest of the batch). It returns the items that failed.
 func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
+	failed, _ := i.decideOverlapped(ctx, items, nil, time.Time{})
+	return failed
+}
+
+// decideOverlapped is decide for the decide stage, which overlaps a batch's
+// last write with the next batch's decisions
+// (docs/decisions/0063-ingester-write-overlaps-decide.md). prev, when not
+// nil, is the previous batch's write, still running: its events count as
+// pending for this batch's decisions, and it is finished before this batch
+// writes or acks anything. When this batch's last write may overlap the
+// next batch (start set, see overlappable) it is begun and returned, and
+// failed is empty: the write's own failures are for finish.
+func (i *Ingester) decideOverlapped(ctx context.Context, items []*item, prev *write, start time.Time) (failed []*item, w *write) {
 	deletion := false
 	for _, it := range items {
 		deletion = deletion || it.evt != nil && it.evt.Kind == nip34.KindDeletion
 	}
 	// A deletion is decided and applied with nothing else of this replica
 	// in progress (wake-ups of parked events included): a target being
-	// evaluated and stored meanwhile could escape it.
+	// evaluated and stored meanwhile could escape it. So the previous
+	// batch's write ends first, and this batch's own is not overlapped.
+	if prev != nil {
+		select {
+		case <-prev.done:
+			// Written already: nothing of this batch need wait for it.
+			i.finish(ctx, prev, items)
+			prev = nil
+		default:
+		}
+	}
 	if deletion {
+		i.finish(ctx, prev, items)
+		prev = nil
 		i.deletions.Lock()
-		defer i.deletions.Unlock()
 	} else {
 		i.deletions.RLock()
-		defer i.deletions.RUnlock()
 	}
+	unlock := i.deletions.Unlock
+	if !deletion {
+		unlock = i.deletions.RUnlock
+	}
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			unlock()
+		}
+	}()
 	// Sized for the lookups per event the prefetch caches (its id, its
 	// deletion, a reference).
 	b := &batch{i: i, pending: newPendingSet(), deferred: newPendingSet(), cache: make(map[string]lookup, 3*len(items))}
+	if prev != nil {
+		b.inflight = prev.pending
+	}
 	b.prefetch(ctx, items)
 	pol := *i.policy
 	pol.Store = b
 	// Passes: an event whose decision depends on one accepted (or itself
-	// deferred) earlier in this pass is deferred to the next pass, after
-	// the write. Each pass decides at least its first event, so this ends;
-	// a batch needs as many writes as its longest dependency chain, not one
+	// deferred) earlier in this pass, or on one the previous batch is
+	// writing, is deferred to the next pass, after the write. Each pass
+	// after the first decides at least its first event (the first may find
+	// every event waiting for the previous batch's write), so this ends; a
+	// batch needs as many writes as its longest dependency chain, not one
 	// per dependency.
 	for todo := items; len(todo) > 0; {
 		var later []*item
@@ -116,6 +248,13 @@ func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
 			case checkStored:
 				i.duplicate(ctx, it)
 			case checkForged, checkVerified:
+				if it.check == checkVerified && b.inflight.has(it.evt.ID) {
+					// A copy of an event the previous batch is writing:
+					// a duplicate once that write is settled, or not.
+					b.deferred.add(it)
+					later = append(later, it)
+					continue
+				}
 				if it.check == checkVerified && b.pending.has(it.evt.ID) {
 					i.done(it, outcomeDuplicate) // a copy of an event accepted earlier in this batch
 					continue
@@ -138,18 +277,67 @@ func (i *Ingester) decide(ctx context.Context, items []*item) []*item {
 				i.apply(ctx, b, it, d)
 			}
 		}
+		// Nothing of this batch is written or acked before the previous
+		// batch's write is settled: writes stay in the order of the
+		// decisions, and acks in delivery order.
+		if prev != nil {
+			i.finish(ctx, prev, items)
+			b.afterWrite(prev)
+			prev = nil
+		}
+		if len(later) == 0 && !start.IsZero() && overlappable(b.pending) {
+			w = &write{items: items, pending: b.pending, start: start, done: make(chan struct{})}
+			handedOver = true
+			go func() {
+				defer close(w.done)
+				defer unlock()
+				_ = i.write(ctx, w.pending.items) // failures are on the items
+				i.ackSettled(items)
+				for _, it := range items {
+					if it.err != nil {
+						w.failed = append(w.failed, it)
+					}
+				}
+				if len(w.failed) == 0 {
+					i.m.observeStage(stageDecide, i.clk.Now().Sub(start))
+				}
+			}()
+			return nil, w
+		}
 		_ = b.flush(ctx) // failures are on the items
 		b.deferred = newPendingSet()
 		todo = later
 	}
+	if prev != nil { // no items
+		i.finish(ctx, prev, items)
+	}
 	i.ackSettled(items)
-	var failed []*item
 	for _, it := range items {
 		if it.err != nil {
 			failed = append(failed, it)
 		}
 	}
-	return failed
+	return failed, nil
+}
+
+// overlappable reports whether writing pending may overlap the next
+// batch's decisions: something to write, and no event that deletes or
+// replaces stored events. The next batch defers its lookups that the
+// events being written would answer (batch.inflight), but not those that
+// an event they delete or replace would have answered, which only a read
+// of the store could name; such a write is rare (deletions, announcements,
+// states and other replaceable kinds: about 1 % of a sync's events) and is
+// made before the next batch is decided, as every write was before.
+func overlappable(pending *pendingSet) bool {
+	if len(pending.items) == 0 {
+		return false
+	}
+	for _, it := range pending.items {
+		if k := it.evt.Kind; k == nip34.KindDeletion || nostr.IsReplaceableKind(k) || nostr.IsAddressableKind(k) {
+			return false
+		}
+	}
+	return true
 }
 
 // ackSettled acks the messages of the settled items, in the batch's order

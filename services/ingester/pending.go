@@ -44,13 +44,16 @@ func (p *pendingSet) put(key pendingKey, e *nostr.Event) {
 	p.index[key] = append(list, e)
 }
 
-func (p *pendingSet) has(id string) bool { return len(p.index[pendingKey{'i', "", id}]) > 0 }
+// has reports whether an event with id is in p; a nil set holds nothing.
+func (p *pendingSet) has(id string) bool {
+	return p != nil && len(p.index[pendingKey{'i', "", id}]) > 0
+}
 
 // matches reports whether a pending event matches f. Candidates come from
 // one field f constrains (every field must match, so any one of them finds
-// all candidates); f.Matches decides.
+// all candidates); f.Matches decides. A nil set matches nothing.
 func (p *pendingSet) matches(f nostr.Filter) bool {
-	if len(p.items) == 0 {
+	if p == nil || len(p.items) == 0 {
 		return false
 	}
 	match := func(key pendingKey) bool {

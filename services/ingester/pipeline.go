@@ -34,9 +34,18 @@ import (
 // verification (the dominant cost, parallel) overlaps with the store work
 // (sequential). Every decision that depends on the store is made in stage 3,
 // in order: a lookup that would see an event accepted earlier in the batch
-// but not yet written first writes the batch so far (see batch.Query), so
-// an announcement and an issue on it, or a deletion and its target, in one
-// batch are decided as if they had arrived one by one.
+// but not yet written waits for the next pass, after the batch so far is
+// written (see batch.Query), so an announcement and an issue on it, or a
+// deletion and its target, in one batch are decided as if they had arrived
+// one by one.
+//
+// Within stage 3, a batch's last write (its stored notices and acks too)
+// runs while the next batch is decided (see write in decide.go;
+// docs/decisions/0063-ingester-write-overlaps-decide.md). The events being
+// written count as pending for the next batch's decisions, exactly as its
+// own accepted events do, and the next batch writes and acks nothing before
+// that write is settled and its failures retried; a write that deletes or
+// replaces stored events is not overlapped.
 
 // check is what the verify stage found out about one message.
 type check int
@@ -118,7 +127,7 @@ func inFlightShares(maxBytes, maxPayload int64) (pull, pipeline int64, err error
 // consume attaches to the shared durable consumer and runs the pipeline
 // until ctx is done. A replica holds at most Config.MaxBytes of messages:
 // the iterator's buffer, the message being read, and the read channel and
-// the batches being verified and decided, whose messages pass a ByteGate
+// the batches being verified, decided and written, whose messages pass a ByteGate
 // from the pull until their batch is settled (inFlightShares;
 // docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
 func (i *Ingester) consume(ctx context.Context) error {
@@ -168,17 +177,7 @@ func (i *Ingester) consume(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error {
-		for items := range batches {
-			start := i.clk.Now()
-			i.settle(gctx, items)
-			i.m.observeStage(stageDecide, i.clk.Now().Sub(start))
-			// Settled: acked, nak'ed or dead-lettered; its bytes may be
-			// pulled again.
-			eachMsg(items, func(m jetstream.Msg) {
-				i.inFlight.Release(msgBytes(m))
-				i.m.inFlight.Sub(float64(msgBytes(m)))
-			})
-		}
+		i.decideStage(gctx, batches)
 		return nil
 	})
 	g.Go(func() error {

@@ -46,7 +46,7 @@ func (b *batch) prefetchReferences(ctx context.Context, evts []*nostr.Event) {
 			continue
 		}
 		for _, id := range refs {
-			if seenID[id] || b.pending.has(id) {
+			if seenID[id] || b.pending.has(id) || b.inflight.has(id) {
 				continue
 			}
 			seenID[id] = true
