@@ -64,7 +64,7 @@ type Config struct {
 	// verify and one decide batch); the memory this replica holds is
 	// bounded by MaxBytes.
 	FetchBatch int `envconfig:"INGESTER_FETCH_BATCH" default:"256"`
-	// MaxBytes bounds the bytes of events-stream messages this replica holds at once, from the pull to their acknowledgement (pulled, waiting, being verified or decided), such as 8MiB: a message carries from one event to a batch of 64, so a count of messages bounds nothing. A pull asks for at most a quarter of it; it must be at least 4 × the NATS server's max payload (1MiB by default), or the replica would stall on a message larger than a pull. The stream holds the backlog, so more does not ingest faster (docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
+	// MaxBytes bounds the bytes of events-stream messages this replica holds at once, from the pull to their acknowledgement (pulled, waiting, being verified, decided or written), such as 8MiB: a message carries from one event to a batch of 64, so a count of messages bounds nothing. A pull asks for at most a quarter of it; it must be at least 4 × the NATS server's max payload (1MiB by default), or the replica would stall on a message larger than a pull. The stream holds the backlog, so more does not ingest faster (docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
 	MaxBytes config.ByteSize `envconfig:"INGESTER_MAX_BYTES" default:"8MiB"`
 	// RetryDelay is how long a message that failed while the store was
 	// healthy waits before its redelivery.
