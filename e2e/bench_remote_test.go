@@ -180,7 +180,7 @@ func runRemoteKind(t *testing.T, k remoteKind, w *testkit.World, graspd, farmBin
 	}
 	// The log up to here: the sync and the check, not the shutdown.
 	var top map[string]int
-	res.logErrors, res.logWarns, top, _, _ = scanLogs(tgt.logs)
+	res.logErrors, res.logWarns, top, _, _, _ = scanLogs(tgt.logs)
 	t.Logf("graspd log during the sync: %d ERROR, %d WARN, most frequent %v", res.logErrors, res.logWarns, top)
 	tgt.stop()
 	t.Logf("pipeline: %d events in %s (%.0f/s), graspd CPU %.2fs (%.2fs per 1,000), farm CPU %.2fs, farm sent %d events, verified %.0f",

@@ -499,3 +499,33 @@ func TestFaultShardLog(t *testing.T) {
 		t.Errorf("takeover: %d shards, first %.1fs, last %.1fs; want 2, 12s, 20.5s", fr.TakenOver, fr.FirstTakeoverSecs, fr.LastTakeoverSecs)
 	}
 }
+
+// TestShardLossesTellRebalancing: the bench's "shard or lease losses" row
+// counts a shard a fetcher lost (lease expired, taken over, gone) and a
+// leader's lost lease once each, and counts apart the shards handed over on
+// purpose when a replica joins or one stops, as the fetcher's own
+// grasp_fetcher_shard_releases_total labels them.
+func TestShardLossesTellRebalancing(t *testing.T) {
+	dir := t.TempDir()
+	lines := []string{
+		`{"level":"INFO","msg":"shard acquired","shard":1}`,
+		`{"level":"INFO","msg":"shard released","shard":1,"reason":"rebalanced to another replica"}`,
+		`{"level":"INFO","msg":"shard released","shard":2,"reason":"rebalanced to another replica"}`,
+		`{"level":"INFO","msg":"shard released","shard":3,"reason":"fetcher stopping"}`,
+		`{"level":"WARN","msg":"shard lease lost","shard":4,"reason":"lease taken over by another replica","err":"wrong last sequence"}`,
+		`{"level":"INFO","msg":"shard released","shard":4,"reason":"lease taken over by another replica"}`,
+		`{"level":"WARN","msg":"shard lease not renewed before it could expire; releasing the shard","shard":5}`,
+		`{"level":"INFO","msg":"shard released","shard":5,"reason":"lease not renewed before it could expire"}`,
+		`{"level":"WARN","msg":"lease lost: renewal refused","err":"wrong last sequence"}`,
+		`{"level":"INFO","msg":"relay disconnected","relay":"ws://x"}`,
+	}
+	path := dir + "/fetcher-0.log"
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, warns, _, losses, moves, disconnects := scanLogs([]string{path})
+	if losses != 3 || moves != 3 || disconnects != 1 || warns != 3 {
+		t.Errorf("losses %d, moves %d, disconnects %d, warnings %d; want 3 lost (shards 4 and 5, a leader), 3 handed over (1, 2, 3), 1, 3",
+			losses, moves, disconnects, warns)
+	}
+}

@@ -180,9 +180,13 @@ type scaleResult struct {
 	LogErrors   int            `json:"log_errors"`
 	LogWarnings int            `json:"log_warnings"`
 	LogTop      map[string]int `json:"log_top"`
-	// ShardLosses counts log lines (any level) of a fetcher giving up a
-	// shard or a leader its lease; Disconnects the fetcher's lost sessions.
+	// ShardLosses counts log lines (any level) of a fetcher losing a
+	// shard (its lease expired, was taken over or gone) or a leader its
+	// lease; ShardMoves the shards a fetcher handed over on purpose (the
+	// rendezvous split moved them to a replica that joined, or it was
+	// stopping), which are no loss; Disconnects the fetcher's lost sessions.
 	ShardLosses int `json:"shard_losses"`
+	ShardMoves  int `json:"shard_moves"`
 	Disconnects int `json:"disconnects"`
 	// Stages is where events waited during the sync: the ingesters'
 	// grasp_ingester_stage_seconds, summed over the processes.
@@ -828,6 +832,7 @@ var shippedTimings = Env{
 // database, on the shipped timings; their logs are copied into dir when it
 // stops.
 func startMultiScale(t *testing.T, o DeploymentOptions, dir string) *scaleTarget {
+	o.Profile = os.Getenv("GRASP_BENCH_SCALE_PROFILE") == "1" // bench_scale_profile_test.go
 	o.Env = Env{}
 	for k, v := range shippedTimings {
 		o.Env[k] = v
@@ -914,6 +919,10 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	meter.start(ctx)
 	defer meter.close()
 	var fault *faultResult
+	// GRASP_BENCH_SCALE_PROFILE=1 on a multi-process row: one window of
+	// every process's profile once a quarter is stored.
+	var profDone chan struct{}
+	profileMulti := multi != nil && os.Getenv("GRASP_BENCH_SCALE_PROFILE") == "1"
 	began = time.Now()
 	// Published as a user would, while progress is polled: graspd starts
 	// syncing with the first announcements.
@@ -948,6 +957,13 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 			peak = max(peak, tgt.status("VmRSS")) // services' sum at one moment
 		}
 		meter.sample(ctx)
+		if profileMulti && profDone == nil && err == nil && stored >= want/4 {
+			profDone = make(chan struct{})
+			go func() {
+				defer close(profDone)
+				captureProfiles(ctx, t, tgt.d, filepath.Join(dir, "profiles"), profileSecs())
+			}()
+		}
 		if multi != nil && multi.Fault && fault == nil && err == nil && stored >= want/3 {
 			meter.sample(ctx) // the last reading of the processes about to die
 			fault = strikeFaults(t, tgt.d)
@@ -985,6 +1001,9 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	}
 	meter.sample(context.Background())
 	res.CPU = meter.seconds()
+	if profDone != nil {
+		<-profDone // bounded by ctx and its own timeouts
+	}
 	for n, v := range res.CPU {
 		if n != "postgres" && !strings.HasPrefix(n, "nats") {
 			res.SyncCPU += v // the services' (graspd's) alone, as before
@@ -1072,7 +1091,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	if profile {
 		saveIdleProfiles(after, tgt.procs[0], filepath.Join(dir, "idle"))
 	}
-	res.LogErrors, res.LogWarnings, res.LogTop, res.ShardLosses, res.Disconnects = scanLogs(tgt.logs)
+	res.LogErrors, res.LogWarnings, res.LogTop, res.ShardLosses, res.ShardMoves, res.Disconnects = scanLogs(tgt.logs)
 	tgt.stop()
 
 	// One daily resync with nothing new: a fresh planner (new NATS state,
@@ -1109,13 +1128,14 @@ func waitQuiet(ctx context.Context, metrics func(context.Context) (map[string]fl
 
 // logLine is the part of a JSON log line scanLogs reads.
 type logLine struct {
-	Level string `json:"level"`
-	Msg   string `json:"msg"`
+	Level  string `json:"level"`
+	Msg    string `json:"msg"`
+	Reason string `json:"reason"`
 }
 
 // scanLogs counts ERROR and WARN lines and the most frequent messages of
 // both (JSON logs: graspd logs JSON when stderr is not a terminal).
-func scanLogs(paths []string) (errs, warns int, top map[string]int, losses, disconnects int) {
+func scanLogs(paths []string) (errs, warns int, top map[string]int, losses, moves, disconnects int) {
 	counts := map[string]int{}
 	for _, p := range paths {
 		f, err := os.Open(p)
@@ -1129,8 +1149,11 @@ func scanLogs(paths []string) (errs, warns int, top map[string]int, losses, disc
 			if json.Unmarshal(sc.Bytes(), &l) != nil {
 				continue
 			}
-			if isShardLoss(l.Msg) {
+			switch shardChange(l) {
+			case shardLost:
 				losses++
+			case shardHandedOver:
+				moves++
 			}
 			if strings.Contains(l.Msg, "disconnected") {
 				disconnects++
@@ -1156,13 +1179,38 @@ func scanLogs(paths []string) (errs, warns int, top map[string]int, losses, disc
 	for _, k := range keys[:min(8, len(keys))] {
 		top[k] = counts[k]
 	}
-	return errs, warns, top, losses, disconnects
+	return errs, warns, top, losses, moves, disconnects
 }
 
-// isShardLoss reports a log message of a shard given up or a lease lost
-// (issue 23 §2: zero while the process lives).
-func isShardLoss(msg string) bool {
-	return strings.Contains(msg, "shard released") || strings.Contains(msg, "lease lost")
+// What a log line says about a shard's or a leader's lease (shardChange).
+const (
+	shardNone = iota
+	// shardLost: a fetcher stopped serving a shard it did not mean to give
+	// up (its lease expired, was taken over or vanished on the server), or
+	// a leader lost its lease (issue 23 §2: zero while the process lives).
+	shardLost
+	// shardHandedOver: a fetcher gave a shard up on purpose, because the
+	// rendezvous split moved it to a replica that joined ("rebalanced to
+	// another replica") or because it was stopping: a planned hand-over.
+	shardHandedOver
+)
+
+// shardChange classifies a fetcher's "shard released" line by its reason
+// (services/fetcher/leases.go: releaseRebalanced and releaseStopping are
+// planned; the others are losses) and pkg/leader's "lease lost: …" lines.
+// A fetcher's "shard lease lost" warning is followed by the "shard
+// released" line with the same reason, which alone is counted.
+func shardChange(l logLine) int {
+	switch {
+	case l.Msg == "shard released":
+		if l.Reason == "rebalanced to another replica" || l.Reason == "fetcher stopping" {
+			return shardHandedOver
+		}
+		return shardLost
+	case strings.HasPrefix(l.Msg, "lease lost"):
+		return shardLost
+	}
+	return shardNone
 }
 
 // met renders a verdict.
@@ -1272,7 +1320,7 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		}
 	}
 	row("connections opened", fmt.Sprintf("%d for %d relays (at most %d to one)", r.Sync.WSOpened, r.Relays, r.Sync.MaxWSOpenedPerRelay), "one per relay", r.Sync.WSOpened == int64(r.Relays) && r.Sync.MaxWSOpenedPerRelay == 1)
-	row("shard or lease losses (log)", fmt.Sprintf("%d (and %d lost relay sessions)", r.ShardLosses, r.Disconnects), "0", r.ShardLosses == 0)
+	row("shard or lease losses (log)", fmt.Sprintf("%d (and %d shards handed over by rebalancing or stopping, %d lost relay sessions)", r.ShardLosses, r.ShardMoves, r.Disconnects), "0", r.ShardLosses == 0)
 	if (strings.HasPrefix(r.World, "g") || r.World == "upper") && !r.Limited {
 		var base *scaleResult
 		for i := range all {

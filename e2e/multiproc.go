@@ -50,6 +50,10 @@ type DeploymentOptions struct {
 	// production overlay's cluster block) and connects every service as
 	// its own NATS user, as in Kubernetes (natsauth.go).
 	Auth bool
+	// Profile serves every process's Go profiles: the NATS nodes on a
+	// prof_port of their own, the services on their metrics address
+	// (GRASP_PPROF); Proc.ProfAddr says where.
+	Profile bool
 }
 
 // Deployment is grasp-sync in multi-process mode: NATS (one node or a
@@ -73,6 +77,7 @@ type Deployment struct {
 	store     *store.Store
 	binDir    string
 	natsURL   string    // client URL list, without credentials
+	profile   bool      // DeploymentOptions.Profile
 	auth      *natsAuth // users and passwords with Auth, else nil
 }
 
@@ -96,7 +101,7 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 	if o.PostgresURL == "" {
 		t.Fatal("StartDeployment: DeploymentOptions.PostgresURL is required (multi-process services share a PostgreSQL store)")
 	}
-	d := &Deployment{Dir: t.TempDir(), binDir: bin}
+	d := &Deployment{Dir: t.TempDir(), binDir: bin, profile: o.Profile}
 	d.StoreURL = FreshDatabase(t, o.PostgresURL)
 	// Registered after the database's drop, so it runs before it: nothing
 	// is connected when the database goes.
@@ -146,8 +151,14 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 			e[k] = v
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		return &Proc{Name: name, Log: filepath.Join(d.Dir, name+".log"), HealthURL: "http://" + addr + "/readyz",
-			MetricsAddr: addr, bin: filepath.Join(bin, binary), env: processEnv(env, e)}
+		p := &Proc{Name: name, Log: filepath.Join(d.Dir, name+".log"), HealthURL: "http://" + addr + "/readyz",
+			MetricsAddr: addr, bin: filepath.Join(bin, binary)}
+		if o.Profile {
+			e["GRASP_PPROF"] = "true"
+			p.ProfAddr = addr
+		}
+		p.env = processEnv(env, e)
+		return p
 	}
 	// Start order follows the data flow's dependencies: the relay before
 	// discovery (which subscribes to it), consumers before producers.

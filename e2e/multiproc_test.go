@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
 )
 
 // postgresURL is the PostgreSQL server the multi-process tests create their
@@ -83,4 +85,28 @@ func TestMultiProcessNATSCluster(t *testing.T) {
 		t.Fatalf("%d streams listed, want every stream and bucket of the deployment", n)
 	}
 	t.Logf("%d streams and buckets checked for R3", n)
+	// The work queues' consumers keep their replicated state in memory on
+	// a cluster (docs/decisions/0064-cluster-consumer-state-in-memory.md);
+	// the planner's, on the reports kept for a day, in files.
+	names := bus.DefaultNames()
+	for stream, wantMem := range map[string]bool{names.EventsStream(): true, names.FetchCmdStream(): true, names.FetchReportStream(): false} {
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := 0
+		lister := st.ListConsumers(ctx)
+		for info := range lister.Info() {
+			cs++
+			if info.Config.MemoryStorage != wantMem {
+				t.Errorf("consumer %s on %s: state in memory %v, want %v", info.Name, stream, info.Config.MemoryStorage, wantMem)
+			}
+		}
+		if err := lister.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if cs == 0 {
+			t.Errorf("no consumer on %s", stream)
+		}
+	}
 }

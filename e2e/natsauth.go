@@ -60,6 +60,9 @@ type natsNodeConfig struct {
 	// Dir receives the node's nats.conf, auth.conf and extra.conf.
 	Dir, StoreDir, ServerName string
 	ClientPort, MonitorPort   int
+	// ProfPort, when set, serves the node's Go profiles (/debug/pprof/) for
+	// a benchmark that asks where the server's CPU goes; never shipped.
+	ProfPort int
 	// Cluster, when set, replaces the manifests' extra.conf (empty in the
 	// base, nothing a single node needs) with the cluster block of the
 	// production overlay (k8s/components/production/extra.conf) as a test
@@ -109,6 +112,9 @@ func (a *natsAuth) writeConfig(n natsNodeConfig) (string, error) {
 		if !found[key] {
 			return "", fmt.Errorf("the manifests' nats.conf has no %s setting: teach e2e/natsauth.go where a test process puts it", key)
 		}
+	}
+	if n.ProfPort > 0 {
+		out = append(out, fmt.Sprintf("# Written by e2e/natsauth.go for a profiled benchmark run.\nprof_port: %d", n.ProfPort))
 	}
 	confPath := filepath.Join(n.Dir, "nats.conf")
 	if err := os.WriteFile(confPath, []byte(strings.Join(out, "\n")), 0o600); err != nil {

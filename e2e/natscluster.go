@@ -22,11 +22,14 @@ import (
 // production overlay's cluster block.
 func (d *Deployment) addNATS(t testing.TB, bin string, n int, auth bool) string {
 	t.Helper()
-	type ports struct{ client, cluster, monitor int }
+	type ports struct{ client, cluster, monitor, prof int }
 	ps := make([]ports, n)
 	var routes, clients []string
 	for i := range ps {
-		ps[i] = ports{mustPort(t), mustPort(t), mustPort(t)}
+		ps[i] = ports{mustPort(t), mustPort(t), mustPort(t), 0}
+		if d.profile {
+			ps[i].prof = mustPort(t)
+		}
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ps[i].cluster))
 		clients = append(clients, fmt.Sprintf("nats://127.0.0.1:%d", ps[i].client))
 	}
@@ -42,6 +45,9 @@ func (d *Deployment) addNATS(t testing.TB, bin string, n int, auth bool) string 
 		storeDir := filepath.Join(d.Dir, name)
 		args := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(p.client), "-m", strconv.Itoa(p.monitor),
 			"-js", "-sd", storeDir, "-n", name}
+		if p.prof > 0 {
+			args = append(args, "--profile", strconv.Itoa(p.prof))
+		}
 		if n > 1 {
 			args = append(args, "--cluster_name", "grasp-e2e",
 				"--cluster", routes[i], "--routes", strings.Join(routes, ","))
@@ -50,7 +56,7 @@ func (d *Deployment) addNATS(t testing.TB, bin string, n int, auth bool) string 
 		if auth {
 			// The manifests' configuration, the cluster in its extra.conf.
 			nc := natsNodeConfig{Dir: filepath.Join(d.Dir, name+"-conf"), StoreDir: storeDir, ServerName: name,
-				ClientPort: p.client, MonitorPort: p.monitor}
+				ClientPort: p.client, MonitorPort: p.monitor, ProfPort: p.prof}
 			if n > 1 {
 				nc.Cluster = &natsClusterConfig{Name: "grasp-e2e", Port: p.cluster, Routes: routes}
 			}
@@ -60,9 +66,13 @@ func (d *Deployment) addNATS(t testing.TB, bin string, n int, auth bool) string 
 			}
 			args, env = []string{"-c", confPath}, d.auth.env
 		}
-		d.NATS = append(d.NATS, &Proc{Name: name, Log: filepath.Join(d.Dir, name+".log"),
+		np := &Proc{Name: name, Log: filepath.Join(d.Dir, name+".log"),
 			HealthURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", p.monitor),
-			bin:       natsServerBinary(bin), args: args, env: processEnv(env, nil)})
+			bin:       natsServerBinary(bin), args: args, env: processEnv(env, nil)}
+		if p.prof > 0 {
+			np.ProfAddr = fmt.Sprintf("127.0.0.1:%d", p.prof)
+		}
+		d.NATS = append(d.NATS, np)
 	}
 	for _, p := range d.NATS {
 		if err := p.Start(); err != nil {

@@ -31,6 +31,9 @@ type Proc struct {
 	HealthURL string
 	// MetricsAddr serves /metrics; empty for NATS nodes.
 	MetricsAddr string
+	// ProfAddr serves /debug/pprof/ (DeploymentOptions.Profile); empty
+	// when the process is not profiled.
+	ProfAddr string
 
 	bin  string
 	args []string

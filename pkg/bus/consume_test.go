@@ -134,3 +134,47 @@ func (c *droppingConn) Write(p []byte) (int, error) {
 		c.buf = c.buf[n:]
 	}
 }
+
+// A durable created with its state in files (a single node, or a cluster
+// before docs/decisions/0064-cluster-consumer-state-in-memory.md) is kept as
+// it is when a service now asks for its state in memory, and the other way
+// round: the server refuses to change a consumer's storage, and a service
+// must attach to the consumer it has rather than fail at start. Both ways
+// the consumer is the one that exists, with its storage and its deliveries.
+func TestEnsureConsumerKeepsExistingStorage(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, err := nats.Connect(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "WQ", Subjects: []string{"wq.>"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	for _, existing := range []bool{false, true} {
+		name := "c-" + strconv.FormatBool(existing)
+		cfg := jetstream.ConsumerConfig{Durable: name, FilterSubject: "wq." + name, AckPolicy: jetstream.AckExplicitPolicy, MemoryStorage: existing}
+		if _, err := js.CreateConsumer(ctx, "WQ", cfg); err != nil {
+			t.Fatal(err)
+		}
+		cfg.MemoryStorage = !existing
+		// The refusal is a 500, which retries would repeat until the
+		// deadline: a short one shows the consumer is attached at once.
+		ectx, ecancel := context.WithTimeout(ctx, 5*time.Second)
+		c, err := EnsureConsumer(ectx, js, "WQ", cfg)
+		ecancel()
+		if err != nil {
+			t.Fatalf("existing consumer with MemoryStorage %v, asked for %v: %v", existing, !existing, err)
+		}
+		if got := c.CachedInfo().Config.MemoryStorage; got != existing {
+			t.Errorf("consumer %s: MemoryStorage %v after EnsureConsumer, want the existing %v", name, got, existing)
+		}
+	}
+}

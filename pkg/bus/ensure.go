@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -61,18 +62,46 @@ func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.K
 
 // EnsureConsumer creates or updates a durable consumer, retrying transient
 // failures like EnsureStream (replicas of one service create the same
-// durable at once).
+// durable at once). The server never changes an existing consumer's storage
+// (MemoryStorage): a durable created before that setting changed keeps the
+// storage it has, so an upgraded service attaches to it instead of failing
+// (docs/decisions/0064-cluster-consumer-state-in-memory.md).
 func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
 	var c jetstream.Consumer
 	err := retryTransient(ctx, func(ctx context.Context) error {
 		var err error
 		c, err = js.CreateOrUpdateConsumer(ctx, stream, cfg)
+		if storageNotUpdatable(err) {
+			keep := cfg
+			keep.MemoryStorage = !cfg.MemoryStorage
+			c, err = js.CreateOrUpdateConsumer(ctx, stream, keep)
+		}
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s on %s: %w", cfg.Durable, stream, err)
 	}
 	return c, nil
+}
+
+// WorkQueueStateInMemory is whether a durable consumer of a work-queue
+// stream with this many replicas keeps its state (delivered and acked
+// sequences) in memory rather than in files: yes when replicated. Every
+// replica of such a consumer writes its state to a file after each change,
+// up to 10 times a second, which cost a 3-node cluster a fifth of its CPU
+// (docs/decisions/0064-cluster-consumer-state-in-memory.md); replicated, the
+// state survives the loss of a node without the files, and what a work queue
+// has acknowledged is gone from its stream, so a consumer that lost its
+// state with every node at once only delivers the unacknowledged messages
+// again. A single node keeps files: there the state has no other copy.
+func WorkQueueStateInMemory(replicas int) bool { return replicas > 1 }
+
+// storageNotUpdatable reports the server refusing to change an existing
+// consumer's storage type.
+func storageNotUpdatable(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeConsumerCreate &&
+		strings.Contains(apiErr.Description, "storage type can not be updated")
 }
 
 // retryTransient runs op, each try under its own timeout within ctx, until it

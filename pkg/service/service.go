@@ -42,6 +42,8 @@ type Common struct {
 	LogFormat string `envconfig:"LOG_FORMAT"`
 	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set, else no limit. Set it to about three quarters of the memory the process may use.
 	MemoryLimit config.ByteSize `envconfig:"MEMORY_LIMIT"`
+	// Pprof serves the Go runtime's profiles (heap, goroutines, CPU) under /debug/pprof/ on the metrics address, for finding where memory or time goes.
+	Pprof bool `envconfig:"PPROF"`
 }
 
 // Env is what a service's run function gets.
@@ -101,6 +103,9 @@ func mainErr(name string, spec any, run func(ctx context.Context, env *Env) erro
 
 	reg := obs.NewRegistry()
 	health := obs.NewServer(reg)
+	if common.Pprof {
+		health.EnablePprof()
+	}
 	if err := health.Listen("GRASP_METRICS_ADDR", common.MetricsAddr); err != nil {
 		return err
 	}

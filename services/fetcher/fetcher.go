@@ -386,6 +386,8 @@ func (f *Fetcher) gainShard(parent context.Context, shard int) {
 			Consumer: jetstream.ConsumerConfig{
 				Durable:       fmt.Sprintf("fetcher-shard-%d", shard),
 				FilterSubject: f.bus.Names.FetchCmdSubject(shard),
+				// Replicated, its state lives in memory (bus.WorkQueueStateInMemory).
+				MemoryStorage: bus.WorkQueueStateInMemory(f.replicas),
 			},
 			Log: f.log.With("shard", shard),
 		}, func(ctx context.Context, msg jetstream.Msg) error {

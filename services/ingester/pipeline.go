@@ -138,8 +138,14 @@ func (i *Ingester) consume(ctx context.Context) error {
 	i.inFlight = bus.NewByteGate(gateBytes)
 	// EnsureConsumer: replicas starting together in a cluster create this
 	// durable at once, and a lost answer must not end the process.
+	replicas := 1
+	if s, err := i.bus.JS.Stream(ctx, i.bus.Names.EventsStream()); err == nil {
+		replicas = s.CachedInfo().Config.Replicas
+	}
 	cons, err := bus.EnsureConsumer(ctx, i.bus.JS, i.bus.Names.EventsStream(), jetstream.ConsumerConfig{
-		Durable:       i.cfg.Consumer,
+		Durable: i.cfg.Consumer,
+		// Replicated, its state lives in memory (bus.WorkQueueStateInMemory).
+		MemoryStorage: bus.WorkQueueStateInMemory(replicas),
 		Description:   "ingesters: verify, decide, store (shared by every replica)",
 		FilterSubject: i.bus.Names.EventsSubjects(),
 		AckPolicy:     jetstream.AckExplicitPolicy,
