@@ -37,6 +37,7 @@ type windowPublisher struct {
 	recent  *recentIDs
 	byID    *recentIDs // the same publishes by event id alone
 	now     func() time.Time
+	after   func(time.Duration) <-chan time.Time
 	pending []pendingPub
 	// inFlight is how many events the pending messages carry.
 	inFlight int
@@ -73,7 +74,7 @@ type pendingPub struct {
 // newWindowPublisher is the fetcher's publisher for one batch or live
 // subscription.
 func (f *Fetcher) newWindowPublisher() *windowPublisher {
-	return &windowPublisher{js: f.pubJS, bytes: f.pubBytes, m: f.m, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now,
+	return &windowPublisher{js: f.pubJS, bytes: f.pubBytes, m: f.m, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now, after: f.clock.After,
 		maxEvents: f.cfg.PublishBatch}
 }
 
@@ -248,8 +249,18 @@ func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys [
 	}
 }
 
+// publishRetryFor is how long a publish that failed is tried again before
+// its batch fails. A stream whose leader's node died answers no publish
+// until its replicas have elected another (nats-server's Raft election
+// timeouts are 4-9 s, after the lost leader is noticed); a failed batch waits
+// for the planner's GRASP_PLANNER_FAILURE_RETRY (5 minutes by default), so
+// giving up after ~3 s, as the fetcher did, delayed the last tenth of the
+// faults row's world by 5 minutes (docs/measurements/2026-12-05-issue31-cluster-cpu.md).
+const publishRetryFor = 30 * time.Second
+
 // settle waits for one acknowledgement and retries its message on failure
-// (a batch's Nats-Msg-Id makes a retry of one stored already harmless).
+// (a batch's Nats-Msg-Id makes a retry of one stored already harmless),
+// with backoff from 200 ms to 2 s, for publishRetryFor.
 func (p *windowPublisher) settle(ctx context.Context, pp pendingPub) error {
 	fut := pp.fut
 	select {
@@ -257,8 +268,13 @@ func (p *windowPublisher) settle(ctx context.Context, pp pendingPub) error {
 		p.acked(pp)
 		return nil
 	case err := <-fut.Err():
-		var last error = err
-		for attempt := range 3 {
+		last, wait := err, 200*time.Millisecond
+		for deadline := p.now().Add(publishRetryFor); ; {
+			select {
+			case <-p.after(wait):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			_, err := p.js.PublishMsg(pctx, fut.Msg())
 			cancel()
@@ -266,11 +282,9 @@ func (p *windowPublisher) settle(ctx context.Context, pp pendingPub) error {
 				p.acked(pp)
 				return nil
 			}
-			last = err
-			select {
-			case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
-			case <-ctx.Done():
-				return ctx.Err()
+			last, wait = err, min(2*wait, 2*time.Second)
+			if ctx.Err() != nil || !p.now().Before(deadline) {
+				break
 			}
 		}
 		return fmt.Errorf("publish event %s: %w", fut.Msg().Header.Get(nats.MsgIdHdr), last)
