@@ -94,6 +94,17 @@ func TestRelayPublishAndQuery(t *testing.T) {
 // supportsNIP fetches the relay's NIP-11 document over HTTPURL.
 func supportsNIP(t *testing.T, httpURL string, nip int) bool {
 	t.Helper()
+	var info struct {
+		SupportedNIPs []int `json:"supported_nips"`
+	}
+	readNIP11(t, httpURL, &info)
+	return slices.Contains(info.SupportedNIPs, nip)
+}
+
+// readNIP11 decodes the relay's NIP-11 document, served at httpURL, into
+// info.
+func readNIP11(t *testing.T, httpURL string, info any) {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, httpURL, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -104,13 +115,9 @@ func supportsNIP(t *testing.T, httpURL string, nip int) bool {
 		t.Fatalf("NIP-11: %v", err)
 	}
 	defer resp.Body.Close()
-	var info struct {
-		SupportedNIPs []int `json:"supported_nips"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+	if err := json.NewDecoder(resp.Body).Decode(info); err != nil {
 		t.Fatalf("decode NIP-11: %v", err)
 	}
-	return slices.Contains(info.SupportedNIPs, nip)
 }
 
 func TestRelayMaxLimit(t *testing.T) {

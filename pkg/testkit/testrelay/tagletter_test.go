@@ -2,9 +2,7 @@ package testrelay_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -178,23 +176,11 @@ func startSliceStoreRelay(t *testing.T) sliceRelay {
 // nip11Software reads the software and version of a relay's NIP-11 document.
 func nip11Software(t *testing.T, httpURL string) (software, version string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, httpURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Accept", "application/nostr+json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("NIP-11: %v", err)
-	}
-	defer resp.Body.Close()
 	var info struct {
 		Software string `json:"software"`
 		Version  string `json:"version"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
-		t.Fatalf("decode NIP-11: %v", err)
-	}
+	readNIP11(t, httpURL, &info)
 	return info.Software, info.Version
 }
 
