@@ -479,6 +479,7 @@ func (f *Fetcher) worker(sr *shardRun, url string, create bool) *relayWorker {
 		return nil
 	}
 	w := newRelayWorker(f, url, sr.shard)
+	w.held = sr.ctx
 	if f.nip77[url] == nil {
 		f.nip77[url] = &nip77Support{}
 	}

@@ -83,3 +83,89 @@ func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 		t.Fatalf("%d BatchDone reports for the batch in the stream, want exactly 1", stored)
 	}
 }
+
+// A report that meets a reports stream unable to store it (here: gone, as
+// it is while a replicated stream elects a leader after a NATS node's
+// loss) for longer than decision 0048's five attempts took is tried until the stream is back, not logged
+// "report lost": the planner, which reads the stream, gets the batch's
+// BatchDone once, and the batch is not left pending for the session's
+// life. (Before, the faults row of make bench-scale stalled on 25 lost
+// reports; docs/decisions/0067-reports-retried-while-shard-held.md.)
+func TestReportWaitsForStreamBack(t *testing.T) {
+	// Five attempts of 500 ms and the waits between them: ~6 s, less than
+	// the stream is gone.
+	t.Cleanup(fetcher.SetReportAttemptTimeout(500 * time.Millisecond))
+	e := newEnv(t)
+	cfg := baseConfig("fetcher-a")
+	cfg.Shards = 1
+	f := e.start(cfg, nil)
+	e.waitFor("fetcher owns its shard", func() bool { return len(f.Shards()) == 1 })
+	r := faultrelay.Start(t, testrelay.Options{})
+	e.send(0, &graspv1.FetchCommand{RelayUrl: r.URL,
+		Command: &graspv1.FetchCommand_EnsureConnected{EnsureConnected: &graspv1.EnsureConnected{}}})
+	s := e.connected(r.URL).GetSessionId()
+
+	name := e.bus.Names.FetchReportStream()
+	stream, err := e.bus.JS.Stream(e.ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Right before the batch's EOSE the reports stream goes, and comes
+	// back only after the old attempts would all have failed.
+	const gone = 8 * time.Second
+	back := make(chan error, 1)
+	r.Set(faultrelay.Faults{Inject: func(string) [][]byte {
+		if err := e.bus.JS.DeleteStream(e.ctx, name); err != nil {
+			back <- err
+			return nil
+		}
+		go func() {
+			time.Sleep(gone)
+			_, err := e.bus.JS.CreateStream(e.ctx, info.Config)
+			back <- err
+		}()
+		return nil
+	}})
+	e.addFilters(0, r.URL, s, "held", []nostr.Filter{{Kinds: []int{1}}}, nil)
+	if err := <-back; err != nil {
+		t.Fatal(err)
+	}
+	if d := e.batchDone(r.URL, "held"); d.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+		t.Fatalf("batch done %v", d)
+	}
+	// The plain subscriber above saw the attempts; the stream must hold
+	// the report once its retry came after the stream was back.
+	stream, err = e.bus.JS.Stream(e.ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored int
+	e.waitFor("the BatchDone stored in the recreated stream", func() bool {
+		cons, err := stream.OrderedConsumer(e.ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{e.bus.Names.FetchReportSubject(0)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := cons.FetchNoWait(1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored = 0
+		for m := range msgs.Messages() {
+			var rep graspv1.FetchReport
+			if err := bus.Decode(m.Data(), m.Headers(), &rep); err != nil {
+				t.Fatal(err)
+			}
+			if rep.GetBatchDone().GetBatchId() == "held" {
+				stored++
+			}
+		}
+		return stored > 0
+	})
+	if stored != 1 {
+		t.Fatalf("%d BatchDone reports for the batch in the stream, want exactly 1", stored)
+	}
+}

@@ -57,6 +57,9 @@ type relayWorker struct {
 	// previous is the session another replica held before this one took
 	// the shard over (reported once with the first Connected).
 	previous *graspv1.FetcherRelay
+	// held ends when the worker's shard is released: reports are retried
+	// until then (reportFor).
+	held context.Context
 
 	// Owned by run.
 	want     bool
@@ -484,37 +487,51 @@ func (w *relayWorker) reportFor(session string, r *graspv1.FetchReport) {
 		return
 	}
 	msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("fetcher-%s-%s-%d", w.f.cfg.ID, w.f.reportNonce, w.f.reportSeq.Add(1)))
-	// A lost report (above all a BatchDone) leaves the planner waiting on a
-	// batch until the session ends, so a publish a busy NATS did not
-	// acknowledge is retried; the Nats-Msg-Id makes a retry of a stored
-	// report a duplicate the stream drops (docs/decisions/0048-fetcher-reports-retried.md). The waits are real time: they wait
-	// on the server, as the leases do.
+	// A lost report (above all a BatchDone or a Connected) leaves the
+	// planner waiting on a batch until the session ends, so a publish NATS
+	// did not acknowledge is tried again for as long as the worker's shard
+	// is held, and at least reportPublishAttempts times; the Nats-Msg-Id
+	// makes a retry of a stored report a duplicate the stream drops
+	// (docs/decisions/0048-fetcher-reports-retried.md, amended by
+	// docs/decisions/0067-reports-retried-while-shard-held.md). The waits
+	// are real time: they wait on the server, as the leases do.
+	held := w.held
+	if held == nil {
+		held = context.Background()
+	}
 	wait := reportRetryFirstWait
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), reportAttemptTimeout)
 		_, err = w.f.bus.JS.PublishMsg(ctx, msg)
 		cancel()
 		if err == nil {
+			if attempt > reportPublishAttempts {
+				w.log.Info("report acknowledged after retries", "session", session, "attempts", attempt)
+			}
 			return
 		}
-		if !bus.Transient(err) || attempt == reportPublishAttempts {
+		if !bus.Transient(err) || (attempt >= reportPublishAttempts && held.Err() != nil) {
 			w.log.Error("report lost", "session", session, "attempt", attempt, "err", fmt.Errorf("publish to %s: %w", subject, err))
 			return
 		}
 		w.log.Warn("report not acknowledged; retrying", "session", session, "attempt", attempt, "wait", wait, "err", err)
 		time.Sleep(wait)
-		wait *= 2
+		wait = min(2*wait, reportRetryMaxWait)
 	}
 }
 
-// A report is tried reportPublishAttempts times, each waiting up to
-// reportAttemptTimeout for the stream's acknowledgement, with waits from
-// reportRetryFirstWait doubling between them: about 30 s in all before it
-// is given up.
-const (
+// A report is tried until NATS acknowledges it while the worker's shard is
+// held (a stream electing a leader after a node's loss can take longer
+// than any fixed count of attempts on a loaded host), and
+// reportPublishAttempts times when it is not (the Disconnected of a shard
+// released). Each attempt waits up to reportAttemptTimeout for the
+// stream's acknowledgement; the waits between them start at
+// reportRetryFirstWait and double up to reportRetryMaxWait.
+var (
 	reportPublishAttempts = 5
 	reportAttemptTimeout  = 5 * time.Second
 	reportRetryFirstWait  = 250 * time.Millisecond
+	reportRetryMaxWait    = 5 * time.Second
 )
 
 func newSessionID() string {
