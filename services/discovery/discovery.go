@@ -173,6 +173,14 @@ func (d *Discovery) markStandby(ctx context.Context) {
 // errResync ends a session so the index is rebuilt from the whole history.
 var errResync = errors.New("periodic resync")
 
+// errFeedGap ends a live session whose stored feed lost announcements, so
+// the next one reads the whole history (docs/decisions/0068-discovery-feed-gap-rereads.md).
+var errFeedGap = errors.New("stored-event feed lost announcements while live")
+
+// feedGapCheck is how often a live session looks for a gap in the stored
+// feed (Config.FeedGapMinLive says when one ends the session).
+const feedGapCheck = time.Second
+
 // term is the state of one leadership term: a fresh index rebuilt from the
 // relay's history (another instance may have written the bucket meanwhile).
 type term struct {
@@ -190,10 +198,14 @@ type term struct {
 	// burst decides when the pending changes are due: BatchQuiet after the
 	// last, at most BatchWindow after the first.
 	burst debounce.Burst
-	// gap, when set, is the stored feed's mark at the moment the
-	// self-subscription was lost, kept until a history read completes. If
-	// the feed may have lost something since (see storedFeed), the catch-up
-	// of the next session reads the whole history instead of using since.
+	// gap, when set, is the stored feed's mark from which what the feed
+	// loses matters: the start of the last session whose history read
+	// completed (or, before any, the moment the first was lost). If the
+	// feed may have lost something since (see storedFeed), the catch-up of
+	// the next session reads the whole history instead of using since: the
+	// live stream that was lost may not have delivered it either (the own
+	// relay broadcasts the ingester's events from the same core-NATS
+	// announcements, and drops a client that stops reading).
 	gap     *gapMark
 	refused map[string]int // Refused counts already exported
 	// overLimit is the index's OverLimitTotal already exported.
@@ -234,6 +246,12 @@ func (d *Discovery) active(ctx context.Context, kv jetstream.KeyValue, log *slog
 			log.Info("periodic resync: rebuilding the index from the whole history")
 			t = d.newTerm(kv, log)
 			resyncAt = d.resyncTimer()
+			continue
+		}
+		if errors.Is(err, errFeedGap) {
+			// At once, and the whole history: what the feed lost is
+			// stored, whatever its created_at.
+			t.since, t.gap = nil, nil
 			continue
 		}
 		if live {
@@ -331,6 +349,9 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 			"dropped", feed.dropped.Load()-t.gap.dropped)
 		t.since = nil
 	}
+	// What the feed loses from here on is covered by this session's live
+	// stream only while it lasts (see term.gap).
+	start := d.mark(feed)
 	hconn, err := d.dial(ctx)
 	if err != nil {
 		return time.Time{}, false, err
@@ -369,6 +390,12 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 	t.log.Info("self-subscription connected", "since", t.since)
 
 	historyDone := false
+	// Real time, not d.clock, as the ingester's check of its own feed:
+	// this is no timer of discovery's logic (a fake clock in a test must
+	// neither be made to fire it nor see it armed).
+	var caughtUp time.Time
+	gapCheck := time.NewTicker(feedGapCheck)
+	defer gapCheck.Stop()
 	lostNow := func() time.Time {
 		if historyDone {
 			return d.clock.Now()
@@ -391,8 +418,8 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 				}
 				return time.Time{}, false, fmt.Errorf("history: %w", herr)
 			}
-			historyDone = true
-			t.gap = nil // caught up: the gap is covered
+			historyDone, caughtUp = true, time.Now()
+			t.gap = &start // caught up: the gap before is covered
 			if !t.loaded {
 				if err := d.load(ctx, t); err != nil {
 					t.log.Warn("index bucket not reconciled yet, retrying at the next window", "err", err)
@@ -424,6 +451,19 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 			}
 			if t.loaded && !d.flush(ctx, t) {
 				t.window = d.clock.After(d.cfg.BatchWindow) // retry what failed
+			}
+		case <-gapCheck.C:
+			// The feed lost announcements while the live stream was up.
+			// The own relay may have lost the same ones (it broadcasts
+			// the ingester's events from them), and then nothing would
+			// bring those events (synced roots with old created_at)
+			// before the periodic resync: read the whole history again.
+			if historyDone && time.Since(caughtUp) >= d.cfg.FeedGapMinLive && !d.complete(feed, start) {
+				t.log.Warn("stored-event feed lost announcements while live; reading the whole history again",
+					"dropped", feed.dropped.Load()-start.dropped, "reconnects", d.bus.Conn.Stats().Reconnects-start.reconnects)
+				d.metrics.feedGapRereads.Inc()
+				d.flushIfLoaded(ctx, t)
+				return lostNow(), historyDone, errFeedGap
 			}
 		case reason := <-sub.Closed():
 			d.flushIfLoaded(ctx, t)

@@ -30,10 +30,14 @@ const DefaultStoredQueue = 4096
 // to its live subscribers) counts once.
 //
 // The feed is core NATS: it loses what is published while this process is
-// disconnected from NATS, and drops what does not fit in the queue. Both are
-// harmless while the live self-subscription is up (it brings every stored
-// event); when they happen during a disconnection from the relay, the next
-// session reads the whole history instead of a catch-up (see term.gap).
+// disconnected from NATS, and drops what does not fit in the queue. The live
+// self-subscription does not make up for that on its own: the relay
+// broadcasts the ingester's events from the same announcements (and loses
+// them when its own connection does), and it disconnects a client that
+// stops reading, with what it had not yet sent. So a loss ends a live
+// session (at most one per Config.FeedGapMinLive) and a loss since a lost
+// session's start makes the next one read the whole history instead of a
+// catch-up (term.gap; docs/decisions/0068-discovery-feed-gap-rereads.md).
 type storedFeed struct {
 	events chan *nostr.Event
 	subs   []*nats.Subscription
