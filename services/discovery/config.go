@@ -46,10 +46,10 @@ type Config struct {
 	// planner's propagation buffer (GRASP_PLANNER_SINCE_BUFFER) too.
 	ReconnectBuffer time.Duration `ignored:"true" default:"15m"`
 	// FeedGapMinLive is the shortest a live session lasts, after its
-	// history read, before it is ended because the stored-event feed lost
-	// announcements (and the whole history read again): a feed that loses
-	// announcements under sustained load costs at most one whole-history
-	// read per FeedGapMinLive (docs/decisions/0068-discovery-feed-gap-rereads.md).
+	// history read, before it is ended because NATS reconnected (and the
+	// whole history read again): a connection that keeps reconnecting costs
+	// at most one whole-history read per FeedGapMinLive
+	// (docs/decisions/0068-discovery-feed-gap-rereads.md).
 	FeedGapMinLive time.Duration `ignored:"true" default:"1m"`
 	// BackoffBase and BackoffMax bound the reconnect backoff (doubling from
 	// base up to max; reset once a connection is live).

@@ -173,9 +173,9 @@ func (d *Discovery) markStandby(ctx context.Context) {
 // errResync ends a session so the index is rebuilt from the whole history.
 var errResync = errors.New("periodic resync")
 
-// errFeedGap ends a live session whose stored feed lost announcements, so
-// the next one reads the whole history (docs/decisions/0068-discovery-feed-gap-rereads.md).
-var errFeedGap = errors.New("stored-event feed lost announcements while live")
+// errFeedGap ends a live session during which NATS reconnected, so the next
+// one reads the whole history (docs/decisions/0068-discovery-feed-gap-rereads.md).
+var errFeedGap = errors.New("NATS reconnected while live")
 
 // feedGapCheck is how often a live session looks for a gap in the stored
 // feed (Config.FeedGapMinLive says when one ends the session).
@@ -453,14 +453,18 @@ func (d *Discovery) session(ctx context.Context, t *term, feed *storedFeed, resy
 				t.window = d.clock.After(d.cfg.BatchWindow) // retry what failed
 			}
 		case <-gapCheck.C:
-			// The feed lost announcements while the live stream was up.
-			// The own relay may have lost the same ones (it broadcasts
-			// the ingester's events from them), and then nothing would
-			// bring those events (synced roots with old created_at)
-			// before the periodic resync: read the whole history again.
-			if historyDone && time.Since(caughtUp) >= d.cfg.FeedGapMinLive && !d.complete(feed, start) {
-				t.log.Warn("stored-event feed lost announcements while live; reading the whole history again",
-					"dropped", feed.dropped.Load()-start.dropped, "reconnects", d.bus.Conn.Stats().Reconnects-start.reconnects)
+			// NATS reconnected while the live stream was up: the feed lost
+			// what was announced meanwhile, and the own relay, which
+			// broadcasts the ingester's events from the same
+			// announcements, most likely did too (a NATS restart
+			// disconnects every client). Nothing else would bring those
+			// events (synced roots with old created_at) before the
+			// periodic resync: read the whole history again. Announcements
+			// dropped from a full queue are not reason enough: the live
+			// stream carries them, and a busy sync drops thousands.
+			if historyDone && time.Since(caughtUp) >= d.cfg.FeedGapMinLive && d.reconnected(start) {
+				t.log.Warn("NATS reconnected while live: the stored-event feed lost announcements; reading the whole history again",
+					"reconnects", d.bus.Conn.Stats().Reconnects-start.reconnects)
 				d.metrics.feedGapRereads.Inc()
 				d.flushIfLoaded(ctx, t)
 				return lostNow(), historyDone, errFeedGap

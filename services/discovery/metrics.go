@@ -26,7 +26,7 @@ type metrics struct {
 	// one-second slice completely (see docs/decisions/0021-history-crowded-second.md).
 	historyIncomplete prometheus.Counter
 	// feedGapRereads counts sessions ended to read the whole history
-	// because the stored feed lost announcements while they were live.
+	// because NATS reconnected while they were live.
 	feedGapRereads prometheus.Counter
 	// archived, overLimit and overLimitTotal describe the archive
 	// (GRASP-05): archived repositories in the index, candidates left out
@@ -61,11 +61,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		storedSeen: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_stored_events_total",
 			Help: "Stored-event announcements (grasp.stored.<kind>) received from the writers over NATS."}),
 		storedDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_stored_events_dropped_total",
-			Help: "Stored-event announcements dropped because discovery's queue was full (discovery then reads the whole history again: grasp_discovery_feed_gap_rereads_total)."}),
+			Help: "Stored-event announcements dropped because discovery's queue was full (harmless while the live self-subscription stays up; if it is lost, the next session reads the whole history)."}),
 		historyIncomplete: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_history_incomplete_total",
 			Help: "Self-subscription history reads that left a one-second slice incomplete (more events in one second than the own relay returns per REQ, and no NIP-77): the read is retried after the reconnect backoff and discovery does not report ready."}),
 		feedGapRereads: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_discovery_feed_gap_rereads_total",
-			Help: "Self-subscription sessions ended to read the whole history because the stored-event feed lost announcements while they were live."}),
+			Help: "Self-subscription sessions ended to read the whole history because NATS reconnected while they were live (the stored-event feed, and likely the own relay's broadcast, lost announcements)."}),
 		archived: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_discovery_archived_repos",
 			Help: "Archived repositories in the RepoSyncIndex (GRASP-05: their announcement does not list this service but matches GRASP_ARCHIVE_WHITELIST or GRASP_ARCHIVE_ALL); included in grasp_discovery_repos_indexed."}),
 		overLimit: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grasp_discovery_archive_over_limit",

@@ -34,10 +34,10 @@ const DefaultStoredQueue = 4096
 // self-subscription does not make up for that on its own: the relay
 // broadcasts the ingester's events from the same announcements (and loses
 // them when its own connection does), and it disconnects a client that
-// stops reading, with what it had not yet sent. So a loss ends a live
-// session (at most one per Config.FeedGapMinLive) and a loss since a lost
-// session's start makes the next one read the whole history instead of a
-// catch-up (term.gap; docs/decisions/0068-discovery-feed-gap-rereads.md).
+// stops reading, with what it had not yet sent. So a NATS reconnect ends a
+// live session (at most one per Config.FeedGapMinLive), and any loss since a
+// lost session's start makes the next one read the whole history instead
+// of a catch-up (term.gap; docs/decisions/0068-discovery-feed-gap-rereads.md).
 type storedFeed struct {
 	events chan *nostr.Event
 	subs   []*nats.Subscription
@@ -107,6 +107,12 @@ func (f *storedFeed) stop() {
 // mark returns what the feed may have lost so far.
 func (d *Discovery) mark(f *storedFeed) gapMark {
 	return gapMark{dropped: f.dropped.Load(), reconnects: d.bus.Conn.Stats().Reconnects}
+}
+
+// reconnected reports whether NATS reconnected, or is down, since m was
+// taken.
+func (d *Discovery) reconnected(m gapMark) bool {
+	return d.bus.Conn.Stats().Reconnects != m.reconnects || !d.bus.Conn.IsConnected()
 }
 
 // complete reports whether the feed carried every stored event of discovery's
