@@ -504,7 +504,12 @@ func (d *Discovery) see(ctx context.Context, evts []*nostr.Event) {
 func (d *Discovery) dial(ctx context.Context) (*relayconn.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := relayconn.Dial(dctx, d.cfg.RelayURL, relayconn.Options{})
+	// khatru answers a REQ whose store query failed with a NOTICE and an
+	// EOSE, which a history read cannot tell from the end of what is
+	// stored: the NOTICE is logged so that such a short read shows.
+	c, err := relayconn.Dial(dctx, d.cfg.RelayURL, relayconn.Options{OnNotice: func(msg string) {
+		d.log.Warn("own relay sent a NOTICE", "notice", msg)
+	}})
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", d.cfg.RelayURL, err)
 	}
