@@ -5,6 +5,7 @@
 package history
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -229,6 +230,7 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 		st.Pages++
 		evts, err := r.Page(ctx, pf)
 		if err == nil {
+			evts = Answer(evts, pf.Limit)
 			relayCap.Observe(len(evts))
 		}
 		return evts, err
@@ -305,6 +307,44 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 		return st, &IncompleteError{Slices: st.Incomplete}
 	}
 	return st, nil
+}
+
+// Answer returns the part of a page that can be the relay's answer to a REQ
+// with limit: all of it when it holds at most limit events (or limit is 0),
+// else its limit newest. A relay sends a subscription the events stored
+// while it answers too, before its EOSE (khatru, nostr-rs-relay): events
+// synced from elsewhere carry old created_at values, and one such event
+// older than the answer would move the next page's until below events the
+// read has not seen. The limit newest are at least as new as the answer's
+// oldest, so paging from them skips nothing; the older events left out are
+// stored, and later pages read them (docs/decisions/0069-history-pages-ignore-broadcasts.md).
+// Page order is kept.
+func Answer(page []*nostr.Event, limit int) []*nostr.Event {
+	if limit <= 0 || len(page) <= limit {
+		return page
+	}
+	newest := slices.Clone(page)
+	slices.SortStableFunc(newest, func(a, b *nostr.Event) int { return cmp.Compare(b.CreatedAt, a.CreatedAt) })
+	cut := newest[limit-1].CreatedAt
+	// Every event newer than the limit-th newest, and as many at its
+	// second as fill the limit, in page order.
+	atCut := 0
+	for _, e := range newest[:limit] {
+		if e.CreatedAt == cut {
+			atCut++
+		}
+	}
+	out := make([]*nostr.Event, 0, limit)
+	for _, e := range page {
+		switch {
+		case e.CreatedAt > cut:
+			out = append(out, e)
+		case e.CreatedAt == cut && atCut > 0:
+			out = append(out, e)
+			atCut--
+		}
+	}
+	return out
 }
 
 // onePage is a page whose events all share second at.

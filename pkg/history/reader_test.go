@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"testing"
 
@@ -349,6 +350,94 @@ func TestReaderCrowdedSecondBelowFullWithoutShortPages(t *testing.T) {
 				t.Fatalf("read %d (stats %d) of %d events in %d REQs", len(got), st.Events, tt.want, relay.reqs)
 			}
 			t.Logf("%d events in %d REQs, %d crowded seconds", len(got), st.Pages, st.Seconds)
+		})
+	}
+}
+
+// A relay sends a subscription what is stored while it answers, before its
+// EOSE (khatru and nostr-rs-relay register the subscription's listener with
+// the query). Events synced from elsewhere carry old created_at values: such
+// an event older than the page's answer must not move the next page's until
+// below events not yet read. In make bench-scale's cluster row, discovery's
+// whole-history read mid-sync returned 1,831 of ~30,000 stored events this
+// way (docs/decisions/0069-history-pages-ignore-broadcasts.md).
+func TestReaderPageWithBroadcastOlderEvents(t *testing.T) {
+	tag := vals(1)
+	for _, limit := range []int{500, 100} {
+		t.Run(fmt.Sprint("limit ", limit), func(t *testing.T) {
+			events := sim(distinct(2000, 5000, tag[0]))
+			relay := &simRelay{events: events, cap: limit}
+			pages := 0
+			// Every page also carries the three oldest stored events, as
+			// if they had just been stored and broadcast, ahead of the
+			// answer.
+			oldest := func() []*nostr.Event {
+				out := slices.Clone(events)
+				sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt < out[j].CreatedAt })
+				return out[:3]
+			}()
+			page := func(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) {
+				evts, err := relay.page(ctx, f)
+				pages++
+				// What the relay broadcasts matches the subscription's
+				// filter (its until included), like what it answers.
+				var sent []*nostr.Event
+				for _, e := range oldest {
+					if f.Matches(e) {
+						sent = append(sent, e)
+					}
+				}
+				return append(sent, evts...), err
+			}
+			got := map[string]bool{}
+			rd := &history.Reader{Page: page, Full: 100, MaxPages: 1000}
+			if _, err := rd.Read(context.Background(), nostr.Filter{Tags: nostr.TagMap{"a": tag}, Limit: limit}, func(evts []*nostr.Event) error {
+				for _, e := range evts {
+					got[e.ID] = true
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(events) {
+				t.Fatalf("read %d of %d events in %d REQs", len(got), len(events), pages)
+			}
+		})
+	}
+}
+
+func TestAnswer(t *testing.T) {
+	at := func(ts ...nostr.Timestamp) []*nostr.Event {
+		out := make([]*nostr.Event, len(ts))
+		for i, x := range ts {
+			out[i] = &nostr.Event{ID: fmt.Sprint(i), CreatedAt: x}
+		}
+		return out
+	}
+	times := func(evts []*nostr.Event) []nostr.Timestamp {
+		out := make([]nostr.Timestamp, len(evts))
+		for i, e := range evts {
+			out[i] = e.CreatedAt
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		page  []*nostr.Event
+		limit int
+		want  []nostr.Timestamp
+	}{
+		{"within the limit", at(9, 8, 1), 3, []nostr.Timestamp{9, 8, 1}},
+		{"no limit", at(9, 8, 1, 7), 0, []nostr.Timestamp{9, 8, 1, 7}},
+		{"an older broadcast dropped", at(9, 1, 8, 7), 3, []nostr.Timestamp{9, 8, 7}},
+		{"ties at the cut kept in page order", at(9, 5, 5, 5, 1), 3, []nostr.Timestamp{9, 5, 5}},
+		{"a newer broadcast kept, the answer's oldest dropped", at(20, 9, 8, 7), 3, []nostr.Timestamp{20, 9, 8}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := times(history.Answer(tt.page, tt.limit)); !slices.Equal(got, tt.want) {
+				t.Errorf("Answer = %v, want %v", got, tt.want)
+			}
 		})
 	}
 }
