@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/grasp-sync/grasp-sync/pkg/clock"
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
 )
@@ -34,6 +35,21 @@ func storeUnannounced(t *testing.T, relay *testrelay.Relay, in *instance, evt *n
 	})
 }
 
+// indexedRepoAndGapRoot announces a repository and waits until discovery has
+// indexed it and is live, then stores an issue on it the way
+// storeUnannounced does: what the tests below expect discovery to find.
+func indexedRepoAndGapRoot(t *testing.T, e *env, relay *testrelay.Relay, in *instance) (nip34.RepoRef, *nostr.Event) {
+	t.Helper()
+	owner := testkit.NewKey()
+	ref := refOf(owner, "r")
+	add(t, relay, announce(owner, "r", []string{"wss://a.example"}))
+	eventually(t, 10*time.Second, "entry", func() bool { return entries(t, e.kv)[ref] != nil })
+	eventually(t, 10*time.Second, "ready", func() bool { return in.d.Ready() == nil })
+	issue := owner.Issue(ref.String(), "synced", testkit.At(nostr.Now()-24*3600))
+	storeUnannounced(t, relay, in, issue)
+	return ref, issue
+}
+
 // While the self-subscription stays live, a gap in the stored feed makes
 // discovery read the whole history again: the root reaches the index now,
 // not at the next periodic resync.
@@ -41,14 +57,7 @@ func TestFeedGapWhileLiveReadsWholeHistory(t *testing.T) {
 	relay := testrelay.Start(t, testrelay.Options{})
 	e := newEnv(t)
 	in := e.start(t, Config{RelayURL: relay.URL, BatchWindow: 50 * time.Millisecond, FeedGapMinLive: time.Millisecond}, clock.Real{})
-	owner := testkit.NewKey()
-	ref := refOf(owner, "r")
-	add(t, relay, announce(owner, "r", []string{"wss://a.example"}))
-	eventually(t, 10*time.Second, "entry", func() bool { return entries(t, e.kv)[ref] != nil })
-	eventually(t, 10*time.Second, "ready", func() bool { return in.d.Ready() == nil })
-
-	issue := owner.Issue(ref.String(), "synced", testkit.At(nostr.Now()-24*3600))
-	storeUnannounced(t, relay, in, issue)
+	ref, issue := indexedRepoAndGapRoot(t, e, relay, in)
 	eventually(t, 20*time.Second, "the root stored during the feed's gap indexed", func() bool {
 		return slices.Contains(entries(t, e.kv)[ref].GetRootEventIds(), issue.ID)
 	})
@@ -70,14 +79,7 @@ func TestFeedGapThenRelayLostReadsWholeHistory(t *testing.T) {
 	e := newEnv(t)
 	// Long enough that the live session is not ended for the gap itself.
 	in := e.start(t, Config{RelayURL: "ws://" + p.addr, BatchWindow: 50 * time.Millisecond, FeedGapMinLive: time.Hour}, clock.Real{})
-	owner := testkit.NewKey()
-	ref := refOf(owner, "r")
-	add(t, relay, announce(owner, "r", []string{"wss://a.example"}))
-	eventually(t, 10*time.Second, "entry", func() bool { return entries(t, e.kv)[ref] != nil })
-	eventually(t, 10*time.Second, "ready", func() bool { return in.d.Ready() == nil })
-
-	issue := owner.Issue(ref.String(), "synced", testkit.At(nostr.Now()-24*3600))
-	storeUnannounced(t, relay, in, issue)
+	ref, issue := indexedRepoAndGapRoot(t, e, relay, in)
 	p.down()
 	eventually(t, 10*time.Second, "not ready while disconnected", func() bool { return in.d.Ready() != nil })
 	p.up(t)

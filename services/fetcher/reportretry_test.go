@@ -57,29 +57,7 @@ func TestUnacknowledgedReportIsRetriedOnce(t *testing.T) {
 	e.waitFor("the retry sent", func() bool {
 		return len(e.reportsMatching(r.URL, func(x *graspv1.FetchReport) bool { return x.GetBatchDone().GetBatchId() == "held" })) == 2
 	})
-	stream, err := e.bus.JS.Stream(e.ctx, e.bus.Names.FetchReportStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := stream.OrderedConsumer(e.ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{e.bus.Names.FetchReportSubject(0)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := cons.FetchNoWait(1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored := 0
-	for m := range msgs.Messages() {
-		var rep graspv1.FetchReport
-		if err := bus.Decode(m.Data(), m.Headers(), &rep); err != nil {
-			t.Fatal(err)
-		}
-		if rep.GetBatchDone().GetBatchId() == "held" {
-			stored++
-		}
-	}
-	if stored != 1 {
+	if stored := storedBatchDones(t, e, "held"); stored != 1 {
 		t.Fatalf("%d BatchDone reports for the batch in the stream, want exactly 1", stored)
 	}
 }
@@ -139,33 +117,41 @@ func TestReportWaitsForStreamBack(t *testing.T) {
 	}
 	// The plain subscriber above saw the attempts; the stream must hold
 	// the report once its retry came after the stream was back.
-	stream, err = e.bus.JS.Stream(e.ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var stored int
 	e.waitFor("the BatchDone stored in the recreated stream", func() bool {
-		cons, err := stream.OrderedConsumer(e.ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{e.bus.Names.FetchReportSubject(0)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		msgs, err := cons.FetchNoWait(1000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stored = 0
-		for m := range msgs.Messages() {
-			var rep graspv1.FetchReport
-			if err := bus.Decode(m.Data(), m.Headers(), &rep); err != nil {
-				t.Fatal(err)
-			}
-			if rep.GetBatchDone().GetBatchId() == "held" {
-				stored++
-			}
-		}
+		stored = storedBatchDones(t, e, "held")
 		return stored > 0
 	})
 	if stored != 1 {
 		t.Fatalf("%d BatchDone reports for the batch in the stream, want exactly 1", stored)
 	}
+}
+
+// storedBatchDones counts the BatchDone reports for batch in the reports
+// stream (shard 0), which is what the planner reads.
+func storedBatchDones(t *testing.T, e *env, batch string) int {
+	t.Helper()
+	stream, err := e.bus.JS.Stream(e.ctx, e.bus.Names.FetchReportStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := stream.OrderedConsumer(e.ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{e.bus.Names.FetchReportSubject(0)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.FetchNoWait(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := 0
+	for m := range msgs.Messages() {
+		var rep graspv1.FetchReport
+		if err := bus.Decode(m.Data(), m.Headers(), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if rep.GetBatchDone().GetBatchId() == batch {
+			stored++
+		}
+	}
+	return stored
 }
