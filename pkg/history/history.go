@@ -312,7 +312,7 @@ func (r *Reader) Read(ctx context.Context, f nostr.Filter, fn func([]*nostr.Even
 // Answer returns the part of a page that can be the relay's answer to a REQ
 // with limit: all of it when it holds at most limit events (or limit is 0),
 // else its limit newest. A relay sends a subscription the events stored
-// while it answers too, before its EOSE (khatru, nostr-rs-relay): events
+// while it answers too, before its EOSE (khatru does; NIP-01 does not forbid it): events
 // synced from elsewhere carry old created_at values, and one such event
 // older than the answer would move the next page's until below events the
 // read has not seen. The limit newest are at least as new as the answer's
