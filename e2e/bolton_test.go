@@ -330,13 +330,16 @@ func boltOnGraspRelay(t *testing.T, nip77 bool) {
 	announce(t, app, ann)
 
 	// The target's clock: 3 more events every 3 minutes, a period every
-	// 250 ms here.
+	// second here. (At a period every 250 ms the target allowed 12 events
+	// a second, about what the sync delivers, and in 2 of 3 runs on
+	// 2026-12-05 it never had to hold us back, failing the check below
+	// that the scenario tests the limit at all.)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var backlogSeen, etaSeen atomic.Bool
 	go func() {
 		for ctx.Err() == nil {
-			time.Sleep(250 * time.Millisecond)
+			time.Sleep(time.Second)
 			clk.Advance(3 * time.Minute)
 			if m, err := Metrics(ctx, app); err == nil {
 				if MetricSum(m, "grasp_target_backlog_events") > 0 {
