@@ -199,8 +199,16 @@ func TestGuardedLimitCountsStacks(t *testing.T) {
 	if limit < inUse {
 		t.Errorf("limit %d MiB under the stacks and 1.5 × the live heap, %d MiB (stacks %d MiB)", limit>>20, inUse>>20, ms.StackInuse>>20)
 	}
-	if guarded > 3*unlimited+5 {
-		t.Errorf("guarded limit: %d collections, without a limit %d: the collector runs back to back", guarded, unlimited)
+	// The guard leaves the heap less room than GOGC's 2× (the live heap
+	// grown by half above the stacks), so the guarded run collects more
+	// often than the unlimited one: 9–27 collections against 3–4 here, the
+	// limit moving as the guard samples. The thrash this test was written
+	// for ran 185, a collection every 1.4 MiB of garbage. One collection per
+	// 4 MiB of garbage at most (64) tells the two apart with room for that
+	// spread; a bound of 3× the unlimited run did not (18 against 4 failed
+	// under -race in CI).
+	if guarded > 64 {
+		t.Errorf("guarded limit: %d collections for 256 MiB of garbage, more than one per 4 MiB (without a limit %d): the collector runs back to back", guarded, unlimited)
 	}
 	runtime.KeepAlive(live)
 }
