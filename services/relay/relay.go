@@ -102,6 +102,10 @@ type Config struct {
 	// stall every broadcast, which holds khatru's lock over all
 	// subscriptions while it writes (docs/decisions/0003-khatru-listener-race.md).
 	WriteTimeout time.Duration `ignored:"true" default:"10s"`
+	// FeedGapMinInterval is the least time between two drops of every
+	// client for a gap in the stored-event feed (feedgap.go): a gap within
+	// it is acted on when it has passed, not forgotten.
+	FeedGapMinInterval time.Duration `ignored:"true" default:"10s"`
 	// TrustedAddresses (IPs and CIDR networks, comma-separated) are exempt
 	// from rate and connection limits when they connect directly: our own
 	// services, the operator. A forwarded connection (X-Forwarded-For,
@@ -183,6 +187,12 @@ type Relay struct {
 
 	refused *prometheus.CounterVec
 	stored  prometheus.Counter
+	// feedGapDrops counts the times every client was dropped for a gap in
+	// the stored-event feed.
+	feedGapDrops prometheus.Counter
+
+	// clients are the open client connections (feedgap.go).
+	clients clientConns
 
 	// untrusted remembers peers warned about for forwarding headers.
 	untrusted untrustedForwarders
@@ -216,6 +226,10 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 		}, []string{"reason"}),
 		stored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "grasp_relay_stored_total", Help: "Client events the relay stored.",
+		}),
+		feedGapDrops: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "grasp_relay_feed_gap_drops_total",
+			Help: "Times the relay dropped every client because its stored-event feed from NATS may have missed events (a NATS reconnect or messages dropped as a slow consumer), so that their live subscriptions start again from the store.",
 		}),
 	}
 	// Validate has checked the lists; a Config built in code gets what
@@ -266,7 +280,7 @@ func newRelay(cfg Config, st *store.Store, b *bus.Bus, log *slog.Logger, now fun
 
 // Collectors returns the relay's metrics, for the process registry.
 func (r *Relay) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.refused, r.stored}
+	return []prometheus.Collector{r.refused, r.stored, r.feedGapDrops}
 }
 
 // save stores a client event (khatru's store and replace hooks). A
@@ -436,10 +450,13 @@ func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
 	onRefuse := func(what string) { r.refused.WithLabelValues("guard-" + what).Inc() }
 	wrap := func(c net.Conn) net.Conn {
 		g := frameguard.New(c, lim, subs, eventAllowed, onRefuse)
-		if trusted {
-			return g
-		}
-		return &releasingConn{Conn: g, release: func() { r.conns.release(addr) }}
+		r.clients.add(g)
+		return &releasingConn{Conn: g, release: func() {
+			r.clients.remove(g)
+			if !trusted {
+				r.conns.release(addr)
+			}
+		}}
 	}
 	hijacked := false
 	r.khatru.HandleWebsocket(frameguard.HijackWriter{ResponseWriter: w, Wrap: func(c net.Conn) net.Conn {
@@ -473,8 +490,9 @@ func trackSubscription(ctx context.Context, _ *nostr.Filter) {
 	subs.Add(khatru.GetSubscriptionID(ctx), ctx)
 }
 
-// releasingConn gives back a connection slot when khatru closes the
-// connection (khatru may close it more than once).
+// releasingConn forgets a client connection, and gives back its address's
+// connection slot, when khatru closes it (khatru may close it more than
+// once).
 type releasingConn struct {
 	*frameguard.Conn
 	once    sync.Once
@@ -539,6 +557,13 @@ func (r *Relay) Run(ctx context.Context, ln net.Listener) error {
 			return fmt.Errorf("subscribe %s: %w", r.bus.Names.StoredSubjects(), err)
 		}
 		defer sub.Unsubscribe()
+		wctx, stop := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			r.watchStoredFeed(wctx, sub)
+		}()
+		defer func() { stop(); <-watched }()
 	}
 	// http.Server.Shutdown does not close hijacked (websocket) connections,
 	// and khatru's own Shutdown needs its own server: track them here.

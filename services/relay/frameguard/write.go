@@ -278,3 +278,33 @@ func (c *Conn) writeFrames(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// CloseServiceRestart is the websocket close code (RFC 6455 §7.4.1, 1012
+// "service restart") of a connection the relay ends so that its client
+// subscribes again (Drop).
+const CloseServiceRestart = 1012
+
+// Drop ends the connection from the server side: a NOTICE saying why, then
+// a close frame with code and the same reason, both after what khatru has
+// already written, then the connection is closed. The relay drops its
+// clients when its own live feed may have missed events (a client that
+// subscribes again reads them from the store); nothing else ends a live
+// subscription that way, and a client cannot tell a relay that stopped
+// broadcasting from a quiet one.
+func (c *Conn) Drop(code int, reason string) error {
+	notice, _ := json.Marshal([]string{"NOTICE", reason})
+	// A close frame's payload is at most 125 bytes: the code, then as much
+	// of the reason as fits.
+	payload := []byte{byte(code >> 8), byte(code)}
+	payload = append(payload, reason[:min(len(reason), 123)]...)
+	c.wmu.Lock()
+	// Frames of a message khatru is still writing stay unsent (wbuf): the
+	// client gets no half message, and loses it anyway by being dropped.
+	if c.upgraded && !c.wmsg {
+		c.obuf = appendFrame(c.obuf, opText, true, false, notice)
+		c.obuf = appendFrame(c.obuf, opClose, true, false, payload)
+		_ = c.flush()
+	}
+	c.wmu.Unlock()
+	return c.Close()
+}
