@@ -13,6 +13,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/store"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/delayproxy"
 )
 
 // The multi-process mode of the architecture (one process per service, one
@@ -50,6 +51,10 @@ type DeploymentOptions struct {
 	// production overlay's cluster block) and connects every service as
 	// its own NATS user, as in Kubernetes (natsauth.go).
 	Auth bool
+	// RelayNATSProxy puts a proxy (Deployment.RelayNATS) between the relay
+	// and the first NATS node, so that a test can cut the relay's NATS
+	// connection alone.
+	RelayNATSProxy bool
 	// Profile serves every process's Go profiles: the NATS nodes on a
 	// prof_port of their own, the services on their metrics address
 	// (GRASP_PPROF); Proc.ProfAddr says where.
@@ -70,6 +75,8 @@ type Deployment struct {
 	Ingesters []*Proc
 	// StoreURL is the PostgreSQL database of this deployment.
 	StoreURL string
+	// RelayNATS is the relay's way to NATS with RelayNATSProxy, else nil.
+	RelayNATS *delayproxy.Proxy
 	// Dir holds the logs and the NATS stores.
 	Dir string
 
@@ -139,16 +146,20 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 	svc := func(name, binary string, extra Env) *Proc {
 		port := mustPort(t)
 		e := Env{"GRASP_METRICS_ADDR": "127.0.0.1:" + strconv.Itoa(port)}
+		for k, v := range extra {
+			e[k] = v
+		}
 		if d.auth != nil {
 			// Each binary is its own NATS user, named after it.
-			u, err := d.auth.userURL(natsURL, binary)
+			url := natsURL
+			if u, ok := extra["GRASP_NATS_URL"]; ok {
+				url = u
+			}
+			u, err := d.auth.userURL(url, binary)
 			if err != nil {
 				t.Fatal(err)
 			}
 			e["GRASP_NATS_URL"] = u
-		}
-		for k, v := range extra {
-			e[k] = v
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
 		p := &Proc{Name: name, Log: filepath.Join(d.Dir, name+".log"), HealthURL: "http://" + addr + "/readyz",
@@ -162,7 +173,13 @@ func StartDeployment(t testing.TB, o DeploymentOptions) *Deployment {
 	}
 	// Start order follows the data flow's dependencies: the relay before
 	// discovery (which subscribes to it), consumers before producers.
-	d.Relay = svc("relay", "relay", nil)
+	var relayEnv Env
+	if o.RelayNATSProxy {
+		first, _, _ := strings.Cut(natsURL, ",")
+		d.RelayNATS = delayproxy.Start(t, strings.TrimPrefix(first, "nats://"))
+		relayEnv = Env{"GRASP_NATS_URL": "nats://" + d.RelayNATS.Addr}
+	}
+	d.Relay = svc("relay", "relay", relayEnv)
 	for i := range o.Ingesters {
 		d.Ingesters = append(d.Ingesters, svc(fmt.Sprintf("ingester-%d", i), "ingester", nil))
 	}

@@ -78,6 +78,18 @@ func (p *Proxy) Hold(dir Direction, hold bool) {
 	p.notifyLocked()
 }
 
+// Cut closes every connection through the proxy now and goes on
+// accepting new ones: a network blip between one service and its server,
+// after which the service reconnects through the proxy.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+}
+
 // Close stops the proxy and closes every connection through it.
 func (p *Proxy) Close() {
 	p.mu.Lock()

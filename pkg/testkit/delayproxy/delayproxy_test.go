@@ -63,3 +63,55 @@ func TestDelayProxy(t *testing.T) {
 		t.Fatalf("the answer came after %s, before the 300 ms hold ended", d)
 	}
 }
+
+// Cut ends the connections through the proxy and the proxy goes on
+// accepting new ones.
+func TestDelayProxyCut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c) // echo
+			}()
+		}
+	}()
+	p := Start(t, ln.Addr().String())
+	echo := func(c net.Conn, msg string) error {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return err
+		}
+		buf := make([]byte, len(msg))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.ReadFull(c, buf)
+		return err
+	}
+	before, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer before.Close()
+	if err := echo(before, "up"); err != nil {
+		t.Fatal(err)
+	}
+	p.Cut()
+	if err := echo(before, "cut"); err == nil {
+		t.Fatal("a connection cut still echoes")
+	}
+	after, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer after.Close()
+	if err := echo(after, "again"); err != nil {
+		t.Fatalf("a connection after the cut: %v", err)
+	}
+}
