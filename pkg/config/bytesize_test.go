@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -264,4 +265,63 @@ func TestNextBoost(t *testing.T) {
 			t.Errorf("NextBoost(%v, %v) = %v, want %v", tc.boost, tc.share, got, tc.want)
 		}
 	}
+}
+
+// gcPercent is the collector's goal in force (GOGC), read without changing
+// it.
+func gcPercent() int64 {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
+}
+
+// TestGuardRestsWithLowerGCPercent: once the process has been quiet for the
+// rest period, the guard lowers the collector's goal to RestingGCPercent;
+// the first busy moment restores the process's own; and when the guard
+// stops, the process's own is in force.
+func TestGuardRestsWithLowerGCPercent(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	t.Cleanup(config.SetIdleTrimAfter(200 * time.Millisecond))
+	own := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(own) })
+	live := make([][]byte, 32)
+	for i := range live {
+		live[i] = make([]byte, 1<<20)
+	}
+	runtime.GC()
+	debug.SetMemoryLimit(1 << 20)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { config.GuardMemoryLimit(ctx, 1<<20, 10*time.Millisecond); close(done) }()
+
+	// until waits, doing work while busy is set, for the collector's goal
+	// to become want, at most 5 s.
+	until := func(want int64, busy bool) int64 {
+		deadline := time.Now().Add(5 * time.Second)
+		for gcPercent() != want && time.Now().Before(deadline) {
+			if busy {
+				for range 64 {
+					garbageSink = make([]byte, 64<<10)
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return gcPercent()
+	}
+	if got := until(config.RestingGCPercent, false); got != config.RestingGCPercent {
+		t.Fatalf("at rest: GOGC %d, want %d", got, config.RestingGCPercent)
+	}
+	if got := until(100, true); got != 100 {
+		t.Fatalf("busy again: GOGC %d, want the process's own 100", got)
+	}
+	if got := until(config.RestingGCPercent, false); got != config.RestingGCPercent {
+		t.Fatalf("at rest again: GOGC %d, want %d", got, config.RestingGCPercent)
+	}
+	cancel()
+	<-done
+	if got := gcPercent(); got != 100 {
+		t.Errorf("after the guard stopped: GOGC %d, want the process's own 100", got)
+	}
+	runtime.KeepAlive(live)
 }

@@ -40,41 +40,83 @@ type MemorySample struct {
 }
 
 // IdleTrim decides when a process that went quiet returns its free heap to
-// the system (debug.FreeOSMemory): once per quiet spell, after Quiet
-// without allocating more than 1/32 of the live heap a second. Between
-// collections the heap holds up to the collector's goal (about twice the
-// live heap), and the runtime keeps that memory while nothing allocates, so
-// an idle graspd held ~60 MB of garbage at the design's target world
-// (docs/measurements/2026-12-04-design-scale-memory.md). One
-// collection per quiet spell costs nothing measurable.
+// the system (debug.FreeOSMemory): once per quiet spell, once it has
+// allocated no more than 1/32 of its live heap a second on average over the
+// last Quiet. Between collections the heap holds up to the collector's goal
+// (about twice the live heap), and the runtime keeps that memory while
+// nothing allocates, so an idle graspd held ~60 MB of garbage at the
+// design's target world (docs/measurements/2026-12-04-design-scale-memory.md).
+// One collection per quiet spell costs nothing measurable. The average, not
+// each second: a graspd at rest allocates ~0.85 MB a second in bursts (a
+// /metrics scrape is one), and a rule that every second be quiet was seldom
+// met for 10 s in a row (docs/measurements/2026-12-06-issue32-idle-memory.md).
 type IdleTrim struct {
 	// Quiet is how long the process must be quiet first.
 	Quiet time.Duration
 
-	quietSince time.Time
-	trimmed    bool
+	first   time.Time    // the first Observe
+	window  []allocation // the allocations of the last Quiet, oldest first
+	quiet   bool         // as of the last Observe
+	trimmed bool         // in this quiet spell
 }
+
+// allocation is what was allocated in the interval that ended at at.
+type allocation struct {
+	at    time.Time
+	bytes uint64
+}
+
+// maxWindow bounds IdleTrim's window whatever the sampling interval.
+const maxWindow = 1024
 
 // Observe takes what was allocated over the last interval (and the live
 // heap) at now, and reports whether to trim now.
 func (t *IdleTrim) Observe(now time.Time, allocated uint64, interval time.Duration, live int64) bool {
-	if float64(allocated) > float64(live)/32*interval.Seconds() {
-		t.quietSince, t.trimmed = time.Time{}, false
+	if t.first.IsZero() {
+		t.first = now.Add(-interval)
+	}
+	t.window = append(t.window, allocation{now, allocated})
+	drop := 0
+	for drop < len(t.window) && (!t.window[drop].at.After(now.Add(-t.Quiet)) || len(t.window)-drop > maxWindow) {
+		drop++
+	}
+	t.window = append(t.window[:0], t.window[drop:]...)
+	var sum float64
+	for _, a := range t.window {
+		sum += float64(a.bytes)
+	}
+	t.quiet = now.Sub(t.first) >= t.Quiet && sum <= float64(live)/32*t.Quiet.Seconds()
+	if !t.quiet {
+		t.trimmed = false
 		return false
 	}
-	if t.quietSince.IsZero() {
-		t.quietSince = now
-	}
-	if !t.trimmed && now.Sub(t.quietSince) >= t.Quiet {
+	if !t.trimmed {
 		t.trimmed = true
 		return true
 	}
 	return false
 }
 
+// Resting reports whether the process was quiet (see IdleTrim) as of the
+// last Observe.
+func (t *IdleTrim) Resting() bool { return t.quiet }
+
+// RestingGCPercent is the collector's goal (GOGC) GuardMemoryLimit keeps
+// while the process rests (IdleTrim.Resting): garbage of half the live heap
+// between collections instead of as much again. At rest graspd's heap goal
+// was GOGC=100's, about twice the live heap (111 MiB for ~55 MiB live in
+// the target world), and the runtime keeps a tenth more than the goal in
+// pages: ~139 MiB of Go heap resident for ~63 MB live
+// (docs/measurements/2026-12-06-issue32-idle-memory.md). A lower soft limit
+// at rest did not lower the goal (the limit counts ~80 MiB besides heap
+// objects) and cost more collector CPU for 8 MB. At rest graspd allocates
+// ~0.85 MB a second, so half the live heap lasts ~30 s between collections.
+const RestingGCPercent = 50
+
 // idleTrimAfter is how long graspd must be quiet before its free heap is
-// returned (IdleTrim).
-const idleTrimAfter = 10 * time.Second
+// returned (IdleTrim) and RestingGCPercent applies.
+// (A variable so that tests need not wait 10 s.)
+var idleTrimAfter = 10 * time.Second
 
 // GuardedMemoryLimit is the soft limit GuardMemoryLimit keeps for a base
 // limit: the base, or, when more, the memory besides heap objects plus
@@ -163,8 +205,10 @@ func readGuardMetrics(samples []metrics.Sample) (s MemorySample, gcCPU, allCPU f
 
 // GuardMemoryLimit keeps the runtime's soft limit at GuardedMemoryLimit,
 // reading the runtime's memory and the collector's CPU every interval until
-// ctx is done, and returns the free heap to the system once the process has
-// been quiet for a while (IdleTrim).
+// ctx is done. Once the process has been quiet for a while (IdleTrim) it
+// returns the free heap to the system and lowers the collector's goal to
+// RestingGCPercent until the process is busy again (an explicit GOGC below
+// it, or off, is left as it is).
 func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 	samples := make([]metrics.Sample, len(guardMetrics))
 	for i, n := range guardMetrics {
@@ -176,6 +220,16 @@ func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 		return // a runtime without the metrics: keep the base
 	}
 	trim := IdleTrim{Quiet: idleTrimAfter}
+	// The collector's goal as the process set it (GOGC); off (negative)
+	// is left alone.
+	gcPercent := debug.SetGCPercent(100)
+	debug.SetGCPercent(gcPercent)
+	inForce := gcPercent
+	defer func() {
+		if inForce != gcPercent {
+			debug.SetGCPercent(gcPercent)
+		}
+	}()
 	allocated := s0.Allocated
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -190,7 +244,21 @@ func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 			boost = NextBoost(boost, (gc1-gc0)/(all1-all0))
 		}
 		gc0, all0 = gc1, all1
-		if trim.Observe(time.Now(), s.Allocated-allocated, interval, s.Live) {
+		now := time.Now()
+		doTrim := trim.Observe(now, s.Allocated-allocated, interval, s.Live)
+		if gcPercent > 0 {
+			// At rest the collector's goal, not the limit, decides what
+			// the heap keeps: see RestingGCPercent.
+			want := gcPercent
+			if trim.Resting() {
+				want = min(gcPercent, RestingGCPercent)
+			}
+			if want != inForce {
+				debug.SetGCPercent(want)
+				inForce = want
+			}
+		}
+		if doTrim {
 			debug.FreeOSMemory()
 		}
 		allocated = s.Allocated
