@@ -10,24 +10,7 @@ import (
 // The proxy delivers late by the delay set, holds bytes while held and
 // delivers them in order when released.
 func TestDelayProxy(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c) // echo
-			}()
-		}
-	}()
-	p := Start(t, ln.Addr().String())
+	p := Start(t, startEcho(t))
 	c, err := net.Dial("tcp", p.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -67,24 +50,7 @@ func TestDelayProxy(t *testing.T) {
 // Cut ends the connections through the proxy and the proxy goes on
 // accepting new ones.
 func TestDelayProxyCut(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c) // echo
-			}()
-		}
-	}()
-	p := Start(t, ln.Addr().String())
+	p := Start(t, startEcho(t))
 	echo := func(c net.Conn, msg string) error {
 		if _, err := c.Write([]byte(msg)); err != nil {
 			return err
@@ -114,4 +80,28 @@ func TestDelayProxyCut(t *testing.T) {
 	if err := echo(after, "again"); err != nil {
 		t.Fatalf("a connection after the cut: %v", err)
 	}
+}
+
+// startEcho starts a TCP server that echoes what it reads, until the test
+// ends, and returns its address.
+func startEcho(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
