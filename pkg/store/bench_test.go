@@ -378,6 +378,8 @@ func procStatus(field string) string {
 // runs the query mix. The corpus is regenerated (it is deterministic) to
 // have roots, repositories and ids to ask for; its memory is the
 // benchmark's own and is printed before the store opens.
+// GRASP_STORE_BENCH_MEMORY_MIB sets the store's memory budget (default:
+// graspd's, DefaultKVMemory), to weigh a smaller budget's read cost.
 //
 //	GRASP_STORE_BENCH_1M=1 GRASP_STORE_BENCH_DIR=/var/tmp/kv1m go test -run '^$' \
 //	  -bench 'BenchmarkStore1M/kv\+pebble$' -benchtime 1x -timeout 1h ./store/
@@ -401,12 +403,20 @@ func BenchmarkStoreSteady(b *testing.B) {
 	runtime.GC()
 	debug.FreeOSMemory()
 	fmt.Printf("storesteady kv: before opening: RSS %s (the regenerated corpus)\n", procStatus("VmRSS"))
-	s, err := store.Open("kv://" + dir)
+	budget := store.DefaultKVMemory
+	if v := os.Getenv("GRASP_STORE_BENCH_MEMORY_MIB"); v != "" {
+		mib, err := strconv.Atoi(v)
+		if err != nil || mib <= 0 {
+			b.Fatalf("GRASP_STORE_BENCH_MEMORY_MIB=%q: want a whole number of MiB", v)
+		}
+		budget = int64(mib) << 20
+	}
+	s, err := store.Open("kv://"+dir, store.WithKVMemory(budget))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	fmt.Printf("storesteady kv: opened %s\n", s.Backend())
+	fmt.Printf("storesteady kv: opened %s, memory budget %d MiB\n", s.Backend(), budget>>20)
 	ctx := context.Background()
 	for _, q := range queryKinds(c, sample) {
 		ops, start := 0, time.Now()
