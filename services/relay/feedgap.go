@@ -2,12 +2,9 @@ package relay
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/grasp-sync/grasp-sync/services/relay/frameguard"
 )
 
 // The relay's live subscriptions learn of events other writers store (the
@@ -71,47 +68,4 @@ func (r *Relay) watchStoredFeed(ctx context.Context, sub *nats.Subscription) {
 			"reconnects", now.Reconnects-last.Reconnects, "dropped_announcements", now.Dropped-last.Dropped, "clients", n)
 		last, dropped = now, time.Now()
 	}
-}
-
-// clientConns are the relay's open client connections.
-type clientConns struct {
-	mu sync.Mutex
-	m  map[*frameguard.Conn]struct{}
-}
-
-func (c *clientConns) add(g *frameguard.Conn) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[*frameguard.Conn]struct{}{}
-	}
-	c.m[g] = struct{}{}
-}
-
-func (c *clientConns) remove(g *frameguard.Conn) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.m, g)
-}
-
-// dropAll drops every open connection with reason and says how many.
-func (c *clientConns) dropAll(reason string) int {
-	c.mu.Lock()
-	all := make([]*frameguard.Conn, 0, len(c.m))
-	for g := range c.m {
-		all = append(all, g)
-	}
-	c.mu.Unlock()
-	// Each at once: one client that does not read holds its own write for
-	// up to the write timeout, not everyone's drop.
-	var wg sync.WaitGroup
-	for _, g := range all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = g.Drop(frameguard.CloseServiceRestart, reason)
-		}()
-	}
-	wg.Wait()
-	return len(all)
 }

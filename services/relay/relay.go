@@ -21,7 +21,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fiatjaf/eventstore"
@@ -191,7 +190,7 @@ type Relay struct {
 	// the stored-event feed.
 	feedGapDrops prometheus.Counter
 
-	// clients are the open client connections (feedgap.go).
+	// clients are the open client connections (conns.go).
 	clients clientConns
 
 	// untrusted remembers peers warned about for forwarding headers.
@@ -409,103 +408,6 @@ func (r *Relay) Handler() http.Handler {
 	})
 }
 
-// serveWebsocket applies the per-address connection limits, then hands the
-// connection to khatru behind the guard.
-func (r *Relay) serveWebsocket(w http.ResponseWriter, req *http.Request) {
-	from := resolveClient(req, r.proxies)
-	if from.forwarded && from.peer.IsValid() && !r.proxies.contains(from.peer) {
-		r.untrusted.warn(r.log, from.peer)
-	}
-	addr, trusted := from.addr, from.exempt(r.trusted)
-	if !trusted {
-		if !r.connects.allow(addr) {
-			r.refused.WithLabelValues("connect-rate").Inc()
-			r.log.Info("connection refused: rate limited", "addr", addr.String())
-			http.Error(w, "rate-limited: too many connections from your address", http.StatusTooManyRequests)
-			return
-		}
-		if !r.conns.acquire(addr) {
-			r.refused.WithLabelValues("connections").Inc()
-			r.log.Info("connection refused: too many open", "addr", addr.String())
-			http.Error(w, "rate-limited: too many open connections from your address", http.StatusTooManyRequests)
-			return
-		}
-	}
-	// The guard orders the connection's messages; it learns from the
-	// filter hook (trackSubscription), through the request khatru keeps,
-	// when a CLOSE has taken effect.
-	subs := frameguard.NewSubscriptions()
-	req = req.WithContext(context.WithValue(req.Context(), subscriptionsKey{}, subs))
-	lim := frameguard.Limits{
-		MaxMessage:   int(r.cfg.MaxMessageBytes),
-		MaxFilters:   r.cfg.MaxFilters,
-		MaxSubs:      r.cfg.MaxSubscriptions,
-		MaxSubIDLen:  64,
-		WriteTimeout: r.cfg.WriteTimeout,
-	}
-	var eventAllowed func() bool
-	if !trusted {
-		eventAllowed = func() bool { return r.events.allow(addr) }
-	}
-	onRefuse := func(what string) { r.refused.WithLabelValues("guard-" + what).Inc() }
-	wrap := func(c net.Conn) net.Conn {
-		g := frameguard.New(c, lim, subs, eventAllowed, onRefuse)
-		r.clients.add(g)
-		return &releasingConn{Conn: g, release: func() {
-			r.clients.remove(g)
-			if !trusted {
-				r.conns.release(addr)
-			}
-		}}
-	}
-	hijacked := false
-	r.khatru.HandleWebsocket(frameguard.HijackWriter{ResponseWriter: w, Wrap: func(c net.Conn) net.Conn {
-		hijacked = true
-		return wrap(c)
-	}}, req)
-	if !hijacked && !trusted {
-		r.conns.release(addr) // the upgrade failed before taking the connection
-	}
-}
-
-// subscriptionsKey carries a connection's frameguard.Subscriptions in the
-// context of the HTTP request khatru keeps with the connection.
-type subscriptionsKey struct{}
-
-// trackSubscription is the OverwriteFilter hook that hands the guard of the
-// filter's connection the filter's context. Negentropy sessions, which also
-// pass through OverwriteFilter, are not subscriptions.
-func trackSubscription(ctx context.Context, _ *nostr.Filter) {
-	if eventstore.IsNegentropySession(ctx) {
-		return
-	}
-	conn := khatru.GetConnection(ctx)
-	if conn == nil || conn.Request == nil {
-		return
-	}
-	subs, _ := conn.Request.Context().Value(subscriptionsKey{}).(*frameguard.Subscriptions)
-	if subs == nil {
-		return
-	}
-	subs.Add(khatru.GetSubscriptionID(ctx), ctx)
-}
-
-// releasingConn forgets a client connection, and gives back its address's
-// connection slot, when khatru closes it (khatru may close it more than
-// once).
-type releasingConn struct {
-	*frameguard.Conn
-	once    sync.Once
-	release func()
-}
-
-// Close closes the connection and releases its slot once.
-func (c *releasingConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
-}
-
 // InfoDocument is the relay's NIP-11 document: the standard fields plus
 // GRASP's supported_grasps.
 type InfoDocument struct {
@@ -565,20 +467,9 @@ func (r *Relay) Run(ctx context.Context, ln net.Listener) error {
 		}()
 		defer func() { stop(); <-watched }()
 	}
-	// http.Server.Shutdown does not close hijacked (websocket) connections,
-	// and khatru's own Shutdown needs its own server: track them here.
-	var conns sync.Map
 	srv := &http.Server{
 		Handler:           r.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
-		ConnState: func(c net.Conn, s http.ConnState) {
-			switch s {
-			case http.StateHijacked:
-				conns.Store(c, struct{}{})
-			case http.StateClosed:
-				conns.Delete(c)
-			}
-		},
 	}
 	r.logClientAddressing()
 	r.log.Info("relay listening", "addr", ln.Addr().String(), "public_url", r.cfg.PublicURL)
@@ -592,10 +483,9 @@ func (r *Relay) Run(ctx context.Context, ln net.Listener) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutdown)
-	conns.Range(func(c, _ any) bool {
-		_ = c.(net.Conn).Close()
-		return true
-	})
+	// http.Server.Shutdown does not close hijacked (websocket) connections,
+	// and khatru's own Shutdown needs its own server.
+	r.clients.closeAll()
 	<-errc
 	return nil
 }
