@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,6 +49,9 @@ type server struct {
 	store *store.Store
 	relay *Relay
 	bus   *bus.Bus
+	// stop ends Run and returns its error (at most once; the test's
+	// cleanup stops a server not stopped yet).
+	stop func() error
 }
 
 type serverOpts struct {
@@ -82,13 +86,16 @@ func startServer(t *testing.T, o serverOpts) *server {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx, ln) }()
-	t.Cleanup(func() {
+	stop := sync.OnceValue(func() error {
 		cancel()
-		if err := <-done; err != nil {
+		return <-done
+	})
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
 			t.Errorf("relay: %v", err)
 		}
 	})
-	return &server{url: "ws://" + cfg.Addr, http: "http://" + cfg.Addr, store: st, relay: r, bus: o.bus}
+	return &server{url: "ws://" + cfg.Addr, http: "http://" + cfg.Addr, store: st, relay: r, bus: o.bus, stop: stop}
 }
 
 // client is one websocket connection speaking raw protocol.
