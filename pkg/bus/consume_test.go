@@ -3,6 +3,7 @@ package bus
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"sync"
@@ -176,5 +177,107 @@ func TestEnsureConsumerKeepsExistingStorage(t *testing.T) {
 		if got := c.CachedInfo().Config.MemoryStorage; got != existing {
 			t.Errorf("consumer %s: MemoryStorage %v after EnsureConsumer, want the existing %v", name, got, existing)
 		}
+	}
+}
+
+// ConsumeBatches hands the handler what had arrived together, up to its
+// maximum, in the stream's order; a batch whose handler fails is redelivered
+// whole, and every message ends acknowledged exactly once.
+func TestConsumeBatchesGathersWhatWaits(t *testing.T) {
+	srv := natstest.Start(t)
+	names := Names{Prefix: "batches"}
+	b, err := ConnectInProcess(srv.Server, "batches-test", names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	opts := DefaultOptions()
+	opts.Storage = jetstream.MemoryStorage
+	if err := Setup(ctx, b.JS, names, opts); err != nil {
+		t.Fatal(err)
+	}
+	const total, maxBatch = 100, 16
+	for i := range total {
+		if err := b.Publish(ctx, names.FetchReportSubject(0), &graspv1.FetchReport{RelayUrl: strconv.Itoa(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var calls, failed int
+	var sizes []int
+	handled := map[int]int{}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- b.ConsumeBatches(cctx, ConsumeConfig{Stream: names.FetchReportStream(), RetryDelay: 50 * time.Millisecond,
+			Consumer: jetstream.ConsumerConfig{Durable: "reports", FilterSubject: names.FetchReportSubjects()}}, maxBatch,
+			func(ctx context.Context, msgs []jetstream.Msg) error {
+				calls++
+				sizes = append(sizes, len(msgs))
+				var nums []int
+				for _, m := range msgs {
+					var r graspv1.FetchReport
+					if err := Decode(m.Data(), m.Headers(), &r); err != nil {
+						return err
+					}
+					n, _ := strconv.Atoi(r.GetRelayUrl())
+					nums = append(nums, n)
+				}
+				if calls == 2 {
+					failed = len(nums) // redelivered later, whole
+					return errors.New("not now")
+				}
+				for j, n := range nums {
+					if j > 0 && n <= nums[j-1] {
+						t.Errorf("batch %v out of the stream's order", nums)
+					}
+					handled[n]++
+				}
+				if len(handled) == total {
+					stop()
+				}
+				return nil
+			})
+	}()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("ConsumeBatches returned %v, want the cancelled context", err)
+	}
+	for i := range total {
+		if handled[i] != 1 {
+			t.Errorf("message %d handled %d times, want once", i, handled[i])
+		}
+	}
+	if failed == 0 {
+		t.Error("the failing batch was empty")
+	}
+	for _, n := range sizes {
+		if n > maxBatch {
+			t.Errorf("a batch of %d, above the maximum %d", n, maxBatch)
+		}
+	}
+	// 100 waiting messages, at most 16 a call: 7 calls at best, plus the
+	// failed one; one call per message would be 100.
+	if calls > total/4 {
+		t.Errorf("%d calls for %d waiting messages (batches %v): not gathered", calls, total, sizes)
+	}
+	cons, err := b.JS.Consumer(ctx, names.FetchReportStream(), "reports")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAcked := time.Now().Add(5 * time.Second)
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending == 0 && info.NumPending == 0 {
+			break
+		}
+		if time.Now().After(waitAcked) {
+			t.Fatalf("consumer left with %d unacknowledged and %d undelivered", info.NumAckPending, info.NumPending)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

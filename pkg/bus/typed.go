@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -102,6 +103,27 @@ const PullHeartbeat = 2 * time.Second
 // ConsumeRestarting. It never returns nil while ctx is alive, so a caller
 // cannot mistake a dead consumer for a finished one.
 func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) error {
+	return b.ConsumeBatches(ctx, cfg, 1, func(ctx context.Context, msgs []jetstream.Msg) error {
+		return handle(ctx, msgs[0])
+	})
+}
+
+// BatchHandler processes messages that were waiting together, in the
+// stream's order. Returning nil acks them all; an error wrapping
+// ErrPermanent terminates them all; any other error naks them all for
+// redelivery later.
+type BatchHandler func(ctx context.Context, msgs []jetstream.Msg) error
+
+// ConsumeBatches is Consume for a handler whose cost is per call rather
+// than per message: each call gets the message the consumer delivered next
+// and whatever else had already arrived behind it, up to maxBatch, so a
+// backlog is handled in a few calls and a lone message is not held back
+// waiting for company. The planner handles its reports this way: one flush
+// of commands and relay records per batch of reports, where each flush is a
+// round trip to every replica of a replicated stream
+// (docs/decisions/0072-planner-reports-in-batches.md).
+func (b *Bus) ConsumeBatches(ctx context.Context, cfg ConsumeConfig, maxBatch int, handle BatchHandler) error {
+	maxBatch = max(maxBatch, 1)
 	cc := cfg.Consumer
 	cc.AckPolicy = jetstream.AckExplicitPolicy
 	cons, err := EnsureConsumer(ctx, b.JS, cfg.Stream, cc)
@@ -132,15 +154,73 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) er
 	if err != nil {
 		return fmt.Errorf("consume %s on %s: %w", cc.Durable, cfg.Stream, err)
 	}
+	// The iterator's Next blocks, so a reader owned by this call hands its
+	// results over a channel; what is already in the channel is what "had
+	// arrived" means for a batch. The channel holds at most maxBatch, on top
+	// of the iterator's own pull.
+	type next struct {
+		msg jetstream.Msg
+		err error
+	}
+	results := make(chan next, maxBatch)
+	quit := make(chan struct{})
+	var reader sync.WaitGroup
+	reader.Add(1)
+	go func() {
+		defer reader.Done()
+		for {
+			msg, err := it.Next()
+			select {
+			case results <- next{msg, err}:
+			case <-quit:
+				if msg != nil {
+					_ = msg.Nak()
+				}
+				return
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return
+			}
+		}
+	}()
 	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	defer it.Stop()
+	defer func() {
+		stop()
+		it.Stop()
+		close(quit)
+		reader.Wait()
+		// Delivered to us and never handled: back to the stream now rather
+		// than after the ack wait.
+		for {
+			select {
+			case r := <-results:
+				if r.msg != nil {
+					_ = r.msg.Nak()
+				}
+			default:
+				return
+			}
+		}
+	}()
+
+	var held *next // an error met while gathering a batch, handled next
+	batch := make([]jetstream.Msg, 0, maxBatch)
 	for {
-		msg, err := it.Next()
-		if err != nil {
+		var r next
+		if held != nil {
+			r, held = *held, nil
+		} else {
+			select {
+			case r = <-results:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if r.err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			err := r.err
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
 				errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrBadRequest) {
 				return fmt.Errorf("consumer %s on %s stopped: %w", cc.Durable, cfg.Stream, err)
@@ -159,21 +239,43 @@ func (b *Bus) Consume(ctx context.Context, cfg ConsumeConfig, handle Handler) er
 			log.Warn("consumer fetch failed", "stream", cfg.Stream, "consumer", cc.Durable, "err", err)
 			continue
 		}
-		if err := handle(ctx, msg); err != nil {
+		batch = append(batch[:0], r.msg)
+	gather:
+		for len(batch) < maxBatch {
+			select {
+			case more := <-results:
+				if more.err != nil {
+					held = &more
+					break gather
+				}
+				batch = append(batch, more.msg)
+			default:
+				break gather
+			}
+		}
+		if err := handle(ctx, batch); err != nil {
 			if errors.Is(err, ErrPermanent) {
-				log.Warn("message terminated", "subject", msg.Subject(), "err", err)
-				_ = msg.Term()
+				log.Warn("messages terminated", "subject", batch[0].Subject(), "messages", len(batch), "err", err)
+				for _, m := range batch {
+					_ = m.Term()
+				}
 				continue
 			}
 			if ctx.Err() != nil {
-				_ = msg.Nak()
+				for _, m := range batch {
+					_ = m.Nak()
+				}
 				return ctx.Err()
 			}
-			log.Warn("message will be redelivered", "subject", msg.Subject(), "err", err)
-			_ = msg.NakWithDelay(delay)
+			log.Warn("messages will be redelivered", "subject", batch[0].Subject(), "messages", len(batch), "err", err)
+			for _, m := range batch {
+				_ = m.NakWithDelay(delay)
+			}
 			continue
 		}
-		_ = msg.Ack()
+		for _, m := range batch {
+			_ = m.Ack()
+		}
 	}
 }
 

@@ -23,6 +23,8 @@ type Metrics struct {
 	resyncMissed  prometheus.Counter
 	relays        *prometheus.GaugeVec
 	recompute     prometheus.Histogram
+	reportBatch   prometheus.Histogram
+	flush         prometheus.Histogram
 	indexUpdates  prometheus.Counter
 	leader        prometheus.Gauge
 	epoch         prometheus.Gauge
@@ -75,6 +77,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "grasp_planner_recompute_duration_seconds", Help: "Duration of one compute_actions run including command building.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}),
+		reportBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "grasp_planner_report_batch_size", Help: "Fetch reports handled together before one flush (those that were waiting when the first arrived).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 8),
+		}),
+		flush: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "grasp_planner_flush_duration_seconds", Help: "Time one flush waited for its commands' and relay records' acknowledgements.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
 		indexUpdates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "grasp_planner_index_updates_total", Help: "Index (KV) updates applied by the active planner; over the recompute count, how many updates a recompute coalesces.",
 		}),
@@ -87,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.commands, m.status, m.repos, m.roots, m.batches, m.incomplete, m.batchDuration,
-			m.consolidation, m.deferred, m.reconnects, m.resyncMissed, m.relays, m.recompute, m.indexUpdates, m.leader, m.epoch)
+			m.consolidation, m.deferred, m.reconnects, m.resyncMissed, m.relays, m.recompute, m.reportBatch, m.flush, m.indexUpdates, m.leader, m.epoch)
 	}
 	return m
 }

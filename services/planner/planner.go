@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
@@ -131,10 +132,20 @@ func (p *Planner) Run(ctx context.Context) error {
 	}
 }
 
-type report struct {
-	r    *graspv1.FetchReport
+// reports is a batch of fetch reports that were waiting together, handed
+// from the consumer to the term; done receives the flush's outcome, and the
+// batch is acknowledged only after it.
+type reports struct {
+	rs   []*graspv1.FetchReport
 	done chan error
 }
+
+// reportBatch is the most reports handled before one flush. A backlog of
+// reports is what a slow flush leaves behind (each flush waits for its
+// commands' and records' acknowledgements, a quorum round trip in a cluster),
+// so handling the backlog together keeps the planner's pace with the fetchers
+// (docs/decisions/0072-planner-reports-in-batches.md).
+const reportBatch = 128
 
 // term is one leadership term's I/O around a fresh Machine.
 type term struct {
@@ -208,12 +219,12 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 		return err
 	}
 
-	reports := make(chan report)
+	batches := make(chan reports)
 	consumeErr := make(chan error, 1)
 	cctx, cancelConsume := context.WithCancel(ctx)
 	defer cancelConsume()
 	go func() {
-		consumeErr <- p.bus.Consume(cctx, bus.ConsumeConfig{
+		consumeErr <- p.bus.ConsumeBatches(cctx, bus.ConsumeConfig{
 			Stream: p.bus.Names.FetchReportStream(),
 			Consumer: jetstream.ConsumerConfig{
 				Durable:       p.cfg.Consumer,
@@ -221,14 +232,23 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 				DeliverPolicy: jetstream.DeliverNewPolicy,
 			},
 			Log: log,
-		}, func(ctx context.Context, msg jetstream.Msg) error {
-			var r graspv1.FetchReport
-			if err := bus.Decode(msg.Data(), msg.Headers(), &r); err != nil {
-				return fmt.Errorf("%w: %v", bus.ErrPermanent, err)
+		}, reportBatch, func(ctx context.Context, msgs []jetstream.Msg) error {
+			rs := make([]*graspv1.FetchReport, 0, len(msgs))
+			for _, msg := range msgs {
+				var r graspv1.FetchReport
+				if err := bus.Decode(msg.Data(), msg.Headers(), &r); err != nil {
+					// Retrying cannot fix it; the rest of the batch is good.
+					log.Warn("undecodable report dropped", "subject", msg.Subject(), "err", err)
+					continue
+				}
+				rs = append(rs, &r)
+			}
+			if len(rs) == 0 {
+				return nil
 			}
 			done := make(chan error, 1)
 			select {
-			case reports <- report{r: &r, done: done}:
+			case batches <- reports{rs: rs, done: done}:
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -305,10 +325,14 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 			if err := t.flush(ctx); err != nil {
 				return err
 			}
-		case rep := <-reports:
-			t.m.HandleReport(p.clock.Now(), rep.r)
+		case batch := <-batches:
+			now := p.clock.Now()
+			for _, r := range batch.rs {
+				t.m.HandleReport(now, r)
+			}
+			p.metrics.reportBatch.Observe(float64(len(batch.rs)))
 			err := t.flush(ctx)
-			rep.done <- err
+			batch.done <- err
 			if err != nil {
 				return err
 			}
@@ -381,15 +405,48 @@ func (t *term) loadStates(ctx context.Context) ([]*graspv1.RelayState, error) {
 	return out, nil
 }
 
-// flush sends the machine's commands in order, then persists the relay
-// records that changed. Commands first: a record never claims more than
-// what was asked of the fetchers.
+// flush sends the machine's commands, then persists the relay records that
+// changed. Commands first: a record never claims more than what was asked of
+// the fetchers.
+//
+// A fetcher sees the commands of one relay in the order the machine made
+// them, because a relay's commands all go to its shard's subject and each
+// shard's commands are published one after another, each waiting for its
+// acknowledgement; different shards' commands, which no fetcher orders
+// against each other, are published side by side, and the records are
+// written side by side (each relay's once), so a flush waits for about as
+// many round trips as its busiest shard has commands rather than for one per
+// command and one per record (docs/decisions/0072-planner-reports-in-batches.md).
 func (t *term) flush(ctx context.Context) error {
-	for _, cmd := range t.m.Drain() {
+	start := time.Now()
+	defer func() { t.p.metrics.flush.Observe(time.Since(start).Seconds()) }()
+	cmds := t.m.Drain()
+	var shards []string
+	byShard := map[string][]*nats.Msg{}
+	for _, cmd := range cmds {
 		subject := t.p.bus.Names.FetchCmdSubject(bus.ShardOf(cmd.GetRelayUrl(), t.p.cfg.Shards))
-		if err := t.publish(ctx, subject, cmd); err != nil {
-			return fmt.Errorf("send command to %s: %w", cmd.GetRelayUrl(), err)
+		msg, err := bus.NewMsg(subject, cmd)
+		if err != nil {
+			return fmt.Errorf("encode command to %s: %w", cmd.GetRelayUrl(), err)
 		}
+		t.sent++
+		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("planner-%d-%d", t.epoch, t.sent))
+		if _, ok := byShard[subject]; !ok {
+			shards = append(shards, subject)
+		}
+		byShard[subject] = append(byShard[subject], msg)
+	}
+	if err := t.eachConcurrently(ctx, len(shards), func(ctx context.Context, i int) error {
+		for _, msg := range byShard[shards[i]] {
+			if err := t.publish(ctx, msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, cmd := range cmds {
 		name := commandName(cmd)
 		t.p.metrics.commands.WithLabelValues(name).Inc()
 		attrs := []any{"relay", cmd.GetRelayUrl(), "session", cmd.GetSessionId(), "command", name}
@@ -405,20 +462,34 @@ func (t *term) flush(ctx context.Context) error {
 	t.p.metrics.queue(t.m)
 	changed, dropped := t.m.TakeDirty()
 	now := t.p.clock.Now()
-	for _, s := range changed {
+	records := make([][]byte, len(changed))
+	for i, s := range changed {
 		data, err := proto.Marshal(t.m.Snapshot(s, now))
 		if err != nil {
 			return fmt.Errorf("encode relay state %s: %w", s.URL, err)
 		}
-		if _, err := t.stateKV.Put(ctx, bus.RelayStateKey(s.URL), data); err != nil {
-			return fmt.Errorf("persist relay state %s: %w", s.URL, err)
+		records[i] = data
+	}
+	if err := t.eachConcurrently(ctx, len(changed), func(ctx context.Context, i int) error {
+		if _, err := t.stateKV.Put(ctx, bus.RelayStateKey(changed[i].URL), records[i]); err != nil {
+			return fmt.Errorf("persist relay state %s: %w", changed[i].URL, err)
 		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, s := range changed {
 		t.p.metrics.relayChanged(s)
 	}
-	for _, url := range dropped {
-		if err := t.stateKV.Delete(ctx, bus.RelayStateKey(url)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return fmt.Errorf("delete relay state %s: %w", url, err)
+	if err := t.eachConcurrently(ctx, len(dropped), func(ctx context.Context, i int) error {
+		if err := t.stateKV.Delete(ctx, bus.RelayStateKey(dropped[i])); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("delete relay state %s: %w", dropped[i], err)
 		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, url := range dropped {
 		t.p.metrics.relayDropped(url)
 		t.log.Info("relay dropped", "relay", url)
 	}
@@ -426,6 +497,24 @@ func (t *term) flush(ctx context.Context) error {
 		t.p.metrics.totals(t.m.Relays())
 	}
 	return nil
+}
+
+// flushConcurrency is the most publishes or record writes one flush has
+// waiting for their acknowledgements at once.
+const flushConcurrency = 32
+
+// eachConcurrently runs do for 0..n-1, at most flushConcurrency at once,
+// and returns the first error; the others' context is cancelled by it.
+func (t *term) eachConcurrently(ctx context.Context, n int, do func(ctx context.Context, i int) error) error {
+	if n == 1 {
+		return do(ctx, 0)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(flushConcurrency)
+	for i := range n {
+		g.Go(func() error { return do(gctx, i) })
+	}
+	return g.Wait()
 }
 
 // Retries of a command the stream did not acknowledge: waits of 100 ms
@@ -443,13 +532,7 @@ const (
 // carries a Nats-Msg-Id unique to the term (epoch, sequence): when a publish
 // was stored but its acknowledgement lost, the retry is a duplicate the
 // stream drops, so a fetcher never runs a command twice.
-func (t *term) publish(ctx context.Context, subject string, cmd *graspv1.FetchCommand) error {
-	msg, err := bus.NewMsg(subject, cmd)
-	if err != nil {
-		return err
-	}
-	t.sent++
-	msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("planner-%d-%d", t.epoch, t.sent))
+func (t *term) publish(ctx context.Context, msg *nats.Msg) error {
 	wait := commandRetryFirstWait
 	for attempt := 1; ; attempt++ {
 		_, err := t.p.bus.JS.PublishMsg(ctx, msg)
@@ -457,9 +540,9 @@ func (t *term) publish(ctx context.Context, subject string, cmd *graspv1.FetchCo
 			return nil
 		}
 		if ctx.Err() != nil || !bus.Transient(err) || attempt == commandPublishAttempts {
-			return fmt.Errorf("publish to %s (attempt %d): %w", subject, attempt, err)
+			return fmt.Errorf("publish to %s (attempt %d): %w", msg.Subject, attempt, err)
 		}
-		t.log.Warn("command not acknowledged; retrying", "relay", cmd.GetRelayUrl(), "attempt", attempt, "wait", wait, "err", err)
+		t.log.Warn("command not acknowledged; retrying", "subject", msg.Subject, "attempt", attempt, "wait", wait, "err", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
