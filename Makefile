@@ -258,8 +258,8 @@ bench: build
 ## bench-scale: graspd (make build, its defaults) at the design's scale against a relay farm in its own process (issue 23)
 # Every world by default (about an hour and a half on 2 cores); GRASP_BENCH_SCALE_WORLDS=target,upper,g1000x100,…
 # or RxN:roots:comments picks some, GRASP_BENCH_SCALE_IDLE=10s shortens the idle window, GRASP_BENCH_SCALE_MULTIPROC=0
-# skips the multi-process rows (PostgreSQL at GRASP_TEST_POSTGRES_URL; GRASP_BENCH_SCALE_MULTIPROC_ROWS=single-node,cluster,faults
-# picks some: one NATS node; 3 NATS nodes with 2 fetchers and 2 ingesters; the same with a NATS node and a fetcher
+# skips the multi-process rows (PostgreSQL at GRASP_TEST_POSTGRES_URL; GRASP_BENCH_SCALE_MULTIPROC_ROWS=single-node,replicas,cluster,faults
+# picks some: one NATS node; the same with 2 fetchers and 2 ingesters; 3 NATS nodes with 2 fetchers and 2 ingesters; the same with a NATS node and a fetcher
 # killed mid-sync), GRASP_BENCH_SCALE_LIMITS=1 runs each world again
 # against relays enforcing strfry's limits (issue 30; e.g. GRASP_BENCH_SCALE_WORLDS=target,upper). Prints "bench row:"
 # lines; the growth table and each world's results and logs go to bin/bench-scale (docs/performance.md, "Design scale").

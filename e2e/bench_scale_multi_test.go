@@ -23,6 +23,9 @@ import (
 // shipped auth.conf, as
 //
 //   - single-node (mode "multi"): one NATS node, one fetcher, one ingester;
+//   - replicas: one NATS node with 2 fetchers and 2 ingesters, so what a
+//     second replica of each costs per event is measured apart from what
+//     a replicated cluster costs;
 //   - cluster: a 3-node NATS cluster (R3 streams and buckets, the production
 //     overlay's cluster block, natsauth.go) with 2 fetchers and 2 ingesters;
 //   - faults: the cluster again, and when a third of the events are stored
@@ -32,7 +35,8 @@ import (
 //     one's shards over once their leases expire (GRASP_FETCHER_LEASE_TTL).
 //
 // GRASP_BENCH_SCALE_MULTIPROC=0 skips all three; GRASP_BENCH_SCALE_MULTIPROC_ROWS
-// picks some (comma-separated: single-node, cluster, faults; default all).
+// picks some (comma-separated: single-node, replicas, cluster, faults;
+// default all).
 // Every row also reports each process's CPU-seconds per 1,000 events
 // ("bench cpu:"), PostgreSQL's backends of the deployment's database among
 // them.
@@ -46,7 +50,7 @@ type multiRun struct {
 }
 
 // multiRowNames are GRASP_BENCH_SCALE_MULTIPROC_ROWS's names, in run order.
-var multiRowNames = []string{"single-node", "cluster", "faults"}
+var multiRowNames = []string{"single-node", "replicas", "cluster", "faults"}
 
 // pickMultiRuns parses GRASP_BENCH_SCALE_MULTIPROC_ROWS (empty or "all":
 // every row) into the runs on PostgreSQL at pg, in multiRowNames' order.
@@ -71,6 +75,8 @@ func pickMultiRuns(t *testing.T, v, pg string) []multiRun {
 		switch n {
 		case "single-node":
 			out = append(out, multiRun{Mode: "multi", Opts: DeploymentOptions{PostgresURL: pg, Auth: true}})
+		case "replicas":
+			out = append(out, multiRun{Mode: "replicas", Opts: DeploymentOptions{PostgresURL: pg, Auth: true, Fetchers: 2, Ingesters: 2}})
 		case "cluster":
 			out = append(out, multiRun{Mode: "cluster", Opts: cluster})
 		case "faults":
@@ -427,17 +433,20 @@ func printMultiRows(r scaleResult, all []scaleResult, row func(what, measured, t
 			base = &all[i]
 		}
 	}
-	if r.Mode == "cluster" {
+	if r.Mode == "cluster" || r.Mode == "replicas" {
+		growth := "CPU per 1,000 events per service, 1 → 2 replicas"
+		if r.Mode == "cluster" {
+			growth += " (and 1 → 3 NATS nodes)"
+		}
 		if base != nil {
 			row("events/s vs the single-node multi-process row", fmt.Sprintf("%.0f vs %.0f = %.2f×", r.EventsPS, base.EventsPS, r.EventsPS/base.EventsPS),
 				"≥ 0.8×", r.Complete && r.EventsPS >= 0.8*base.EventsPS)
 			bf, bi, cf, ci := perK(*base, "fetcher"), perK(*base, "ingester"), perK(r, "fetcher"), perK(r, "ingester")
-			row("CPU per 1,000 events per service, 1 → 2 replicas",
-				fmt.Sprintf("fetcher %.3f → %.3f s (%+.0f %%), ingester %.3f → %.3f s (%+.0f %%)", bf, cf, 100*(cf/bf-1), bi, ci, 100*(ci/bi-1)),
+			row(growth, fmt.Sprintf("fetcher %.3f → %.3f s (%+.0f %%), ingester %.3f → %.3f s (%+.0f %%)", bf, cf, 100*(cf/bf-1), bi, ci, 100*(ci/bi-1)),
 				"growth ≤ 10 %", r.Complete && cf <= 1.1*bf && ci <= 1.1*bi)
 		} else {
 			row("events/s", fmt.Sprintf("%.0f", r.EventsPS), "≥ 0.8× the single-node multi-process row (not complete in this invocation)", false)
-			row("CPU per 1,000 events per service, 1 → 2 replicas", fmt.Sprintf("fetcher %.3f s, ingester %.3f s", perK(r, "fetcher"), perK(r, "ingester")),
+			row(growth, fmt.Sprintf("fetcher %.3f s, ingester %.3f s", perK(r, "fetcher"), perK(r, "ingester")),
 				"growth ≤ 10 % from the single-node row (not complete in this invocation)", false)
 		}
 		return

@@ -47,7 +47,7 @@ import (
 // (comma-separated names of scaleWorlds, or RxN:roots:comments; default
 // all); GRASP_BENCH_SCALE_MULTIPROC=0 skips the multi-process rows and
 // GRASP_BENCH_SCALE_MULTIPROC_ROWS picks some of them (single-node,
-// cluster, faults: bench_scale_multi_test.go);
+// replicas, cluster, faults: bench_scale_multi_test.go);
 // GRASP_BENCH_SCALE_IDLE (default 1m) is the idle window,
 // GRASP_BENCH_SCALE_TIMEOUT (default 30m) a world's sync deadline,
 // GRASP_BENCH_SCALE_STALL (default 12m) how long without progress ends it,
@@ -127,8 +127,9 @@ func pickWorlds(t *testing.T, v string) []scaleWorld {
 type scaleResult struct {
 	World string `json:"world"`
 	// Mode is "single" (graspd), "multi" (five services on PostgreSQL, one
-	// NATS node), "cluster" (3 NATS nodes, 2 fetchers, 2 ingesters) or
-	// "faults" (the cluster with a NATS node and a fetcher killed).
+	// NATS node), "replicas" (one NATS node, 2 fetchers, 2 ingesters),
+	// "cluster" (3 NATS nodes, 2 fetchers, 2 ingesters) or "faults" (the
+	// cluster with a NATS node and a fetcher killed).
 	Mode string `json:"mode"`
 	// Limited: the farm's relays enforced scaleLimits. GivenUp counts the
 	// relays the fetcher held dead (health state 3) when the sync ended.
@@ -1269,7 +1270,7 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		s := r.Sync
 		row("limit refusals", fmt.Sprintf("%d oversized, %d REQs and %d NEG-OPENs over 20 subscriptions, %d REQs over 20 filters (at most %d subscriptions and %d NIP-77 sessions open, largest message %d bytes)",
 			s.TooBig, s.REQsRefused, s.NegsRefused, s.FiltersRefused, s.MaxOpenSubs, s.MaxOpenNegs, s.LargestMessage), "0", s.TooBig+s.REQsRefused+s.NegsRefused+s.FiltersRefused == 0)
-	case r.Mode == "cluster" || r.Mode == "faults":
+	case r.Mode == "cluster" || r.Mode == "replicas" || r.Mode == "faults":
 		printMultiRows(r, all, row)
 	case r.Mode == "multi":
 		if s := single(r.World); s != nil {

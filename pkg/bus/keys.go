@@ -32,6 +32,9 @@ func RelayLimitsKey(url string) string {
 	return RelayLimitsKeyPrefix + base64.RawURLEncoding.EncodeToString([]byte(url))
 }
 
+// FetcherShardKeys matches every FetcherShardKey (a KV key filter).
+const FetcherShardKeys = "s.*"
+
 // FetcherShardKey is the FetcherLeaseBucket key of one shard's lease.
 func FetcherShardKey(shard int) string { return "s." + strconv.Itoa(shard) }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -110,7 +111,11 @@ type shardLeases struct {
 	member string
 
 	held map[int]*holder // run's goroutine only
-	gone chan int        // a holder's shard when its holder has ended
+	// seen and want are the last round's view (run's goroutine only):
+	// the replicas seen and the shards this one should hold.
+	seen []string
+	want []int
+	gone chan int // a holder's shard when its holder has ended
 }
 
 // holder is run's handle on one shard's holder goroutine.
@@ -135,7 +140,15 @@ func newShardLeases(kv jetstream.KeyValue, id string, cfg ShardLeaseConfig, log 
 
 // run keeps the leases until ctx ends, then releases them so another
 // replica takes over at once (a killed replica's leases expire instead).
+//
+// A round runs every TTL/3, and at once when the bucket shows a change the
+// split depends on: a replica that was not a member (it joined: hand its
+// shards over) or a member key deleted (it left), or the lease of a shard we
+// want and do not hold deleted (its holder handed it over: claim it). A
+// hand-over then takes the time the old holder needs to close its
+// connections, not up to two rounds (docs/decisions/0073-shard-hand-over-on-change.md).
 func (l *shardLeases) run(ctx context.Context) {
+	changes := l.watch(ctx)
 	for {
 		l.step(ctx)
 		next := l.clock.After(l.cfg.TTL / 3)
@@ -147,11 +160,54 @@ func (l *shardLeases) run(ctx context.Context) {
 				return
 			case s := <-l.gone:
 				delete(l.held, s)
+			case e, ok := <-changes:
+				if !ok {
+					changes = nil // rounds on the timer alone
+					continue
+				}
+				if l.changeMatters(e) {
+					break wait
+				}
 			case <-next:
 				break wait
 			}
 		}
 	}
+}
+
+// watch returns the changes to member and shard keys from now on, or nil
+// (rounds on the timer alone) when the bucket cannot be watched. The watch
+// ends with ctx.
+func (l *shardLeases) watch(ctx context.Context) <-chan jetstream.KeyValueEntry {
+	w, err := l.kv.WatchFiltered(ctx, []string{bus.FetcherMemberKeys, bus.FetcherShardKeys}, jetstream.UpdatesOnly())
+	if err != nil {
+		l.log.Warn("fetcher leases not watched; shards move on the round's timer alone", "err", err)
+		return nil
+	}
+	return w.Updates()
+}
+
+// changeMatters reports whether a change to the lease bucket can change
+// what this replica should hold or can claim now.
+func (l *shardLeases) changeMatters(e jetstream.KeyValueEntry) bool {
+	if e == nil {
+		return false
+	}
+	deleted := e.Operation() != jetstream.KeyValuePut
+	if strings.HasPrefix(e.Key(), strings.TrimSuffix(bus.FetcherMemberKeys, "*")) {
+		// Members renew their keys every round: only a new one or one
+		// leaving changes the split.
+		return len(l.cfg.Fixed) == 0 && (deleted || !slices.Contains(l.seen, string(e.Value())))
+	}
+	if !deleted {
+		return false
+	}
+	for _, s := range l.want {
+		if _, held := l.held[s]; !held && e.Key() == bus.FetcherShardKey(s) {
+			return true
+		}
+	}
+	return false
 }
 
 // step is one round: announce ourselves, hand over what moved to another
@@ -179,8 +235,10 @@ func (l *shardLeases) step(ctx context.Context) {
 		if !slices.Contains(members, l.id) {
 			members = append(members, l.id)
 		}
+		l.seen = members
 		want = RendezvousShards(members, l.id, l.cfg.Shards)
 	}
+	l.want = want
 	for s, h := range l.held {
 		if !slices.Contains(want, s) && !h.releasing {
 			// Stop serving first, then free the lease for the new owner (hold).

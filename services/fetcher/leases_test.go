@@ -418,3 +418,42 @@ func TestShardReleaseLabels(t *testing.T) {
 		seen[l] = true
 	}
 }
+
+// A replica that joins gets its shards as soon as the holder has handed
+// them over, not at the rounds' pace: the holder sees the new member key and
+// hands over at once, and the newcomer sees each lease it wants deleted and
+// claims it (docs/decisions/0073-shard-hand-over-on-change.md). The TTL is a
+// minute, so a round is every 20 s: the test's 10 s would not see the move
+// if either waited for its next round.
+func TestJoiningReplicaTakesShardsOnChange(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const ttl, shards = time.Minute, 8
+	kv := leaseBucket(t, ctx, ttl)
+	a, b := newLeaseEvents(), newLeaseEvents()
+	runLeases(t, ctx, newShardLeases(kv, "a", ShardLeaseConfig{TTL: ttl, Shards: shards}, quietLog(), a.gain, a.lose))
+	waitUntil(t, ctx, "a holding every shard", func() bool { return a.gained() == shards })
+
+	bs := RendezvousShards([]string{"a", "b"}, "b", shards)
+	if len(bs) == 0 {
+		t.Fatal("the split gives b nothing; pick another shard count")
+	}
+	runLeases(t, ctx, newShardLeases(kv, "b", ShardLeaseConfig{TTL: ttl, Shards: shards}, quietLog(), b.gain, b.lose))
+	waitUntil(t, ctx, "b holding its shards", func() bool { return b.gained() == len(bs) })
+	var moved []int
+	for _, l := range a.losses() {
+		if l.reason != releaseRebalanced {
+			t.Errorf("a lost shard %d: %s, want a hand-over", l.shard, l.reason)
+		}
+		moved = append(moved, l.shard)
+	}
+	slices.Sort(moved)
+	if !slices.Equal(moved, bs) {
+		t.Errorf("a handed over %v, want b's share %v", moved, bs)
+	}
+	for _, s := range bs {
+		if e, err := kv.Get(ctx, bus.FetcherShardKey(s)); err != nil || string(e.Value()) != "b" {
+			t.Errorf("shard %d's lease: %v %v, want b's", s, e, err)
+		}
+	}
+}

@@ -81,7 +81,9 @@ func TestWaitingReportsShareOneFlush(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	pctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- planner.New(cfg, connect("planner"), clock.Real{}, obs.NewLogger(io.Discard, "error"), reg).Run(pctx) }()
+	go func() {
+		done <- planner.New(cfg, connect("planner"), clock.Real{}, obs.NewLogger(io.Discard, "error"), reg).Run(pctx)
+	}()
 	defer func() { stop(); <-done }()
 
 	// Each relay: EnsureConnected (the term's start), then the layer-1
