@@ -15,7 +15,7 @@ func TestKVBadgerOptionsFollowTheBudget(t *testing.T) {
 		budget                           int64
 		memtable, blockCache, indexCache int64
 	}{
-		{budget: 0, memtable: 12 << 20, blockCache: 24 << 20, indexCache: 12 << 20}, // DefaultKVMemory
+		{budget: 0, memtable: 8 << 20, blockCache: 12 << 20, indexCache: 6 << 20}, // DefaultKVMemory
 		{budget: 96 << 20, memtable: 12 << 20, blockCache: 24 << 20, indexCache: 12 << 20},
 		{budget: 16 << 20, memtable: 8 << 20, blockCache: 4 << 20, indexCache: 2 << 20},
 		{budget: 1 << 30, memtable: 64 << 20, blockCache: 256 << 20, indexCache: 128 << 20},
@@ -69,8 +69,8 @@ func TestKVPebbleOptionsFollowTheBudget(t *testing.T) {
 		budget          int64
 		memtable, cache int64
 	}{
-		{budget: 0, memtable: 12 << 20, cache: 48 << 20}, // DefaultKVMemory
-		{budget: 96 << 20, memtable: 12 << 20, cache: 48 << 20},
+		{budget: 0, memtable: 12 << 20, cache: 24 << 20}, // DefaultKVMemory
+		{budget: 96 << 20, memtable: 24 << 20, cache: 48 << 20},
 		{budget: 16 << 20, memtable: 4 << 20, cache: 8 << 20},
 		{budget: 1 << 30, memtable: 64 << 20, cache: 512 << 20},
 	}
@@ -85,7 +85,7 @@ func TestKVPebbleOptionsFollowTheBudget(t *testing.T) {
 		if _, hi := o.CompactionConcurrencyRange(); hi > 2 {
 			t.Errorf("budget %d: up to %d compactions, want at most 2", tt.budget, hi)
 		}
-		if worst := 2*int64(o.MemTableSize) + o.Cache.MaxSize(); tt.budget >= 64<<20 && worst > max(tt.budget, DefaultKVMemory) {
+		if worst := 2*int64(o.MemTableSize) + o.Cache.MaxSize(); (tt.budget == 0 || tt.budget >= 64<<20) && worst > max(tt.budget, DefaultKVMemory) {
 			t.Errorf("budget %d: memtables and cache add up to %d", tt.budget, worst)
 		}
 		o.Cache.Unref()

@@ -63,9 +63,9 @@ type Config struct {
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 	// LogFormat is text or json; unset: text when stderr is a terminal, JSON otherwise.
 	LogFormat string `envconfig:"LOG_FORMAT"`
-	// StoreMemory is the embedded kv store's memory budget for its memtables and block and index caches (0: 96MiB); more makes reads of a large store faster. PostgreSQL ignores it.
+	// StoreMemory is the embedded kv store's memory budget for its memtables and block and index caches (0: 48MiB); more makes reads of a large store faster. PostgreSQL ignores it.
 	StoreMemory config.ByteSize `envconfig:"STORE_MEMORY"`
-	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set (GOMEMLIMIT=off: no limit), else 256MiB minus the embedded store's budget (STORE_MEMORY, which lies outside the Go heap), at least 128MiB, so graspd fits in about 256 MB; that default rises with the live heap instead of making the collector thrash (docs/decisions/0039-default-soft-memory-limit.md). With more memory to spare, set it to about three quarters of what graspd may use.
+	// MemoryLimit is the Go runtime's soft memory limit (GOMEMLIMIT), such as 256MiB or 1GiB: past it the garbage collector works harder to stay under it. Unset: GOMEMLIMIT if set (GOMEMLIMIT=off: no limit), else 256MiB minus what lies outside the Go heap (the embedded store's budget, STORE_MEMORY, and 48MiB for the program's code and the runtime), at least 128MiB, so graspd fits in about 256 MB; that default rises with the live heap instead of making the collector thrash (docs/decisions/0039-default-soft-memory-limit.md). With more memory to spare, set it to about three quarters of what graspd may use.
 	MemoryLimit config.ByteSize `envconfig:"MEMORY_LIMIT"`
 	// Services lists the services to run (all by default).
 	Services []string `envconfig:"SERVICES" default:"relay,discovery,planner,fetcher,ingester"`
@@ -75,10 +75,16 @@ type Config struct {
 // VPS of issue 17 (docs/decisions/0039-default-soft-memory-limit.md).
 const MemoryTotal = 256 << 20
 
+// outsideGoHeap is what graspd keeps resident outside both the Go heap and
+// the embedded store's budget: the program's mapped code and data (~36 MB)
+// and the runtime's own. The soft limit counts neither, so it leaves them
+// room (docs/decisions/0074-store-budget-48mib.md).
+const outsideGoHeap = 48 << 20
+
 // DefaultMemoryLimit is the soft memory limit graspd applies when none is
 // configured: MemoryTotal less the embedded store's budget, which pebble
-// allocates outside the Go heap (cgo builds), and at least 128 MiB.
-// PostgreSQL leaves it all to the Go heap.
+// allocates outside the Go heap (cgo builds), and less outsideGoHeap, and at
+// least 128 MiB. PostgreSQL has no budget in the process.
 func DefaultMemoryLimit(c Config) config.ByteSize {
 	budget := int64(0)
 	if !strings.HasPrefix(c.StoreURL, "postgres://") && !strings.HasPrefix(c.StoreURL, "postgresql://") {
@@ -87,7 +93,7 @@ func DefaultMemoryLimit(c Config) config.ByteSize {
 			budget = store.DefaultKVMemory
 		}
 	}
-	return config.ByteSize(max(MemoryTotal-budget, 128<<20))
+	return config.ByteSize(max(MemoryTotal-budget-outsideGoHeap, 128<<20))
 }
 
 // Validate checks the service list and addresses.

@@ -150,18 +150,20 @@ func TestNIP11(t *testing.T) {
 }
 
 // TestDefaultMemoryLimit: graspd's default soft limit leaves the embedded
-// store's budget, which lies outside the Go heap, out of the 256 MiB it is
-// sized for (docs/decisions/0039-default-soft-memory-limit.md).
+// store's budget and 48 MiB for the program's code and the runtime, which lie
+// outside the Go heap, out of the 256 MiB it is sized for
+// (docs/decisions/0039-default-soft-memory-limit.md, 0074).
 func TestDefaultMemoryLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		c    graspd.Config
 		want config.ByteSize
 	}{
-		{"embedded store, default budget", graspd.Config{}, 160 << 20},
-		{"embedded store, smaller budget", graspd.Config{StoreURL: "kv+pebble:///data", StoreMemory: 48 << 20}, 208 << 20},
+		{"embedded store, default budget (48 MiB)", graspd.Config{}, 160 << 20},
+		{"embedded store, smaller budget", graspd.Config{StoreURL: "kv+pebble:///data", StoreMemory: 32 << 20}, 176 << 20},
+		{"embedded store, the old default budget", graspd.Config{StoreMemory: 96 << 20}, 128 << 20},
 		{"embedded store, large budget", graspd.Config{StoreMemory: 1 << 30}, 128 << 20},
-		{"postgres", graspd.Config{StoreURL: "postgres://u@h/db", StoreMemory: 48 << 20}, 256 << 20},
+		{"postgres", graspd.Config{StoreURL: "postgres://u@h/db", StoreMemory: 48 << 20}, 208 << 20},
 	} {
 		if got := graspd.DefaultMemoryLimit(tc.c); got != tc.want {
 			t.Errorf("%s: DefaultMemoryLimit = %s, want %s", tc.name, got, tc.want)
