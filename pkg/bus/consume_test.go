@@ -36,13 +36,7 @@ func TestConsumeRenewsALostPull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	opts := DefaultOptions()
-	opts.Storage = jetstream.MemoryStorage
-	if err := Setup(ctx, b.JS, names, opts); err != nil {
-		t.Fatal(err)
-	}
+	ctx := setupInMemory(t, b, names)
 	got := make(chan string, 1)
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -191,13 +185,7 @@ func TestConsumeBatchesGathersWhatWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	opts := DefaultOptions()
-	opts.Storage = jetstream.MemoryStorage
-	if err := Setup(ctx, b.JS, names, opts); err != nil {
-		t.Fatal(err)
-	}
+	ctx := setupInMemory(t, b, names)
 	const total, maxBatch = 100, 16
 	for i := range total {
 		if err := b.Publish(ctx, names.FetchReportSubject(0), &graspv1.FetchReport{RelayUrl: strconv.Itoa(i)}); err != nil {
@@ -280,4 +268,18 @@ func TestConsumeBatchesGathersWhatWaits(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// setupInMemory creates the contract's streams and buckets in memory for
+// b and returns a context that ends with the test (at most 20 s).
+func setupInMemory(t *testing.T, b *Bus, names Names) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	opts := DefaultOptions()
+	opts.Storage = jetstream.MemoryStorage
+	if err := Setup(ctx, b.JS, names, opts); err != nil {
+		t.Fatal(err)
+	}
+	return ctx
 }
