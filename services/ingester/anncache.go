@@ -161,6 +161,15 @@ func (i *Ingester) AnnouncementNotices() int64 {
 	return i.anns.notices
 }
 
+// WatchingStoredNotices reports whether Run has subscribed to the stored
+// notices and turned the lookup caches on: a notice published before that
+// is not taken, so tests that count notices wait for this first.
+func (i *Ingester) WatchingStoredNotices() bool {
+	i.anns.mu.Lock()
+	defer i.anns.mu.Unlock()
+	return i.anns.enabled
+}
+
 // noticeLossCheck is how often watchAnnouncements looks for notices NATS
 // dropped on their way here.
 const noticeLossCheck = time.Second

@@ -73,6 +73,9 @@ func startPipelineWith(t *testing.T, setup func(*ingester.Ingester) *ingester.In
 			t.Errorf("ingester: %v", err)
 		}
 	})
+	// Notices published before the ingester subscribed are not taken:
+	// tests that count them start once it has.
+	waitUntil(t, "the ingester watching stored notices", ing.WatchingStoredNotices)
 	lot, err := parking.Open(ctx, b, parking.Config{}, clock.Real{}, logger, nil)
 	if err != nil {
 		t.Fatal(err)
