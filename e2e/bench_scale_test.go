@@ -1301,6 +1301,9 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		if s := single("target"); s != nil {
 			row("events/s vs the target world", fmt.Sprintf("%.0f vs %.0f", r.EventsPS, s.EventsPS), "within 2×", r.EventsPS*2 >= s.EventsPS)
 		}
+	case r.World == "g20000x1000":
+		row("complete", fmt.Sprintf("%d of %d in %.0fs", r.Stored, r.Events, r.AllSecs), "complete", r.Complete)
+		row("peak RSS", fmt.Sprintf("%d MB", r.PeakRSS>>20), "≤ 768 MB", r.PeakRSS <= 768<<20)
 	}
 	if r.IdleSecs > 0 {
 		pct := 100 * r.IdleCPU / r.IdleSecs
@@ -1311,7 +1314,14 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 			share := 100 * r.IdleGCCPU / r.IdleCPU
 			row("collector's share of idle CPU", fmt.Sprintf("%.1f%% (%.2f CPU-s, %.2f of it idle mark workers)", share, r.IdleGCCPU, r.IdleGCIdle), "≤ 10 %", share <= 10)
 		}
-		row("idle RSS", fmt.Sprintf("%d MB", r.IdleRSS>>20), "≤ 200 MB", r.IdleRSS <= 200<<20)
+		// Issue 32 sets an idle RSS for two worlds: 200 MB for the
+		// target, 256 MB for the upper; the growth table shows the others'.
+		switch idle := fmt.Sprintf("%d MB", r.IdleRSS>>20); r.World {
+		case "target":
+			row("idle RSS", idle, "≤ 200 MB", r.IdleRSS <= 200<<20)
+		case "upper":
+			row("idle RSS", idle, "≤ 256 MB", r.IdleRSS <= 256<<20)
+		}
 		if r.Goroutines > 0 && r.Relays > 0 {
 			// The process's go_goroutines at the end of the idle window, over
 			// the world's relays (issue 32): a goroutine per live
