@@ -63,9 +63,7 @@ func (a *App) startOps(ctx context.Context, goFn func(func() error), ing *atomic
 			return 0
 		}
 		return runProgress(ctx, a.clock, a.log.With("service", "graspd"), stored,
-			func(ctx context.Context) (*syncstatus.Snapshot, error) {
-				return syncstatus.ReadRelays(ctx, b.JS, b.Names)
-			})
+			syncstatus.NewRelayReader(b.JS, b.Names).Read)
 	})
 	return nil
 }
