@@ -11,6 +11,7 @@ import (
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/filters"
 	"github.com/grasp-sync/grasp-sync/pkg/history"
 	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
@@ -47,12 +48,33 @@ type batchRun struct {
 
 // batchSpec is one AddFilters' historic part as runBatch needs it.
 type batchSpec struct {
-	id            string
-	hist, refetch []nostr.Filter
-	since         *nostr.Timestamp
-	resync        bool
+	id string
+	// hist is kept compact while the batch waits for its turn (see
+	// batchSpecOf); refetch lists few ids and is kept as it came.
+	hist    liveFilters
+	refetch []nostr.Filter
+	since   *nostr.Timestamp
+	resync  bool
 	// layer1 marks the relay's layer-1 batch (AddFilters.layer1).
 	layer1 bool
+}
+
+// batchSpecOf is the batch an AddFilters command with a batch asks for.
+// Until its turn (runBatch) a batch keeps its history filters as a live
+// subscription does, ids as 32 bytes and each id list once: the planner
+// names a chunk of roots under #e, #E and #q, and at the target world's
+// peak some 370 batches waited with their decoded commands, 42 MB of the
+// live heap (docs/performance.md, "Design scale"). Nothing of c is kept.
+func batchSpecOf(c *graspv1.AddFilters) batchSpec {
+	spec := batchSpec{id: c.GetBatchId(), hist: compactFilters(filters.FromProtos(c.GetHistoricFilters()), hexShare{}),
+		refetch: filters.FromProtos(c.GetRefetchFilters()), resync: c.GetResync(), layer1: c.GetLayer1()}
+	// since is applied per part (batchRun.part): REQ reads obey it, a
+	// NIP-77 reconciliation covers the whole filter.
+	if c.Since != nil {
+		ts := nostr.Timestamp(c.GetSince())
+		spec.since = &ts
+	}
+	return spec
 }
 
 // kind is the batch's kind as grasp_fetcher_reqs_total names it: what the
@@ -96,7 +118,7 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 		w.f.m.batchesWaiting.Dec()
 		return
 	}
-	batch, hist, refetch := spec.id, spec.hist, spec.refetch
+	batch, hist, refetch := spec.id, spec.hist.filters(), spec.refetch
 	b := &batchRun{w: w, s: s, id: batch, kind: spec.kind(), pub: w.f.newWindowPublisher(), since: spec.since,
 		countMissed: spec.resync && w.f.local != nil && w.f.localHoldsStore}
 	var err error

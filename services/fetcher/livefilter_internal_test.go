@@ -8,6 +8,8 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
 	"github.com/grasp-sync/grasp-sync/pkg/filters"
 )
 
@@ -120,4 +122,54 @@ func sortedCopy(vs []string) []string {
 	out := slices.Clone(vs)
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// A batch waiting for its turn holds its history filters compact, each
+// chunk of roots once however many tag letters name it (decoded, the
+// planner's command named each root under #e, #E and #q), and runs the
+// filters it was sent.
+func TestWaitingBatchHoldsEachIDListOnce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	ids := make([]string, 250)
+	for i := range ids {
+		b := make([]byte, 32)
+		for j := range b {
+			b[j] = byte(rng.IntN(256))
+		}
+		ids[i] = fmt.Sprintf("%x", b)
+	}
+	hist := filters.Layer3(ids)
+	since := int64(1234)
+	spec := batchSpecOf(&graspv1.AddFilters{BatchId: "b1", HistoricFilters: filters.ToProtos(hist), Since: &since, Resync: true})
+	if spec.id != "b1" || spec.since == nil || *spec.since != 1234 || !spec.resync || spec.layer1 {
+		t.Fatalf("spec %+v", spec)
+	}
+	lists := map[*[32]byte]bool{}
+	n := 0
+	for _, lf := range spec.hist {
+		for _, tag := range lf.tags {
+			lists[&tag.hexes[0]] = true
+			n += len(tag.hexes)
+		}
+	}
+	if n != 3*len(ids) {
+		t.Fatalf("%d ids in the waiting batch's filters, want %d (each under e, E and q)", n, 3*len(ids))
+	}
+	if want := (len(ids) + filters.ChunkSize - 1) / filters.ChunkSize; len(lists) != want {
+		t.Errorf("%d id lists held for %d filters, want %d (one per chunk)", len(lists), len(hist), want)
+	}
+	back := spec.hist.filters()
+	if len(back) != len(hist) {
+		t.Fatalf("%d filters run, %d sent", len(back), len(hist))
+	}
+	for i := range hist {
+		if !slices.Equal(back[i].Kinds, hist[i].Kinds) || len(back[i].Tags) != len(hist[i].Tags) {
+			t.Fatalf("filter %d run as %v, sent %v", i, back[i], hist[i])
+		}
+		for name, vs := range hist[i].Tags {
+			if !slices.Equal(back[i].Tags[name], sortedCopy(vs)) {
+				t.Fatalf("filter %d: #%s run as %v, sent %v", i, name, back[i].Tags[name], vs)
+			}
+		}
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nbd-wtf/go-nostr"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
@@ -439,14 +438,7 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	if c.GetBatchId() == "" {
 		return
 	}
-	hist := filters.FromProtos(c.GetHistoricFilters())
-	// since is applied per part (batchRun.part): REQ reads obey it, a
-	// NIP-77 reconciliation covers the whole filter.
-	var since *nostr.Timestamp
-	if c.Since != nil {
-		ts := nostr.Timestamp(c.GetSince())
-		since = &ts
-	}
+	spec := batchSpecOf(c)
 	s := w.sess
 	select {
 	case s.pending <- struct{}{}:
@@ -460,8 +452,7 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	go func() {
 		defer w.tasks.Done()
 		defer func() { <-s.pending }()
-		w.runBatch(s, batchSpec{id: c.GetBatchId(), hist: hist, refetch: filters.FromProtos(c.GetRefetchFilters()),
-			since: since, resync: c.GetResync(), layer1: c.GetLayer1()})
+		w.runBatch(s, spec)
 	}()
 }
 

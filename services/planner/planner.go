@@ -421,23 +421,32 @@ func (t *term) flush(ctx context.Context) error {
 	start := time.Now()
 	defer func() { t.p.metrics.flush.Observe(time.Since(start).Seconds()) }()
 	cmds := t.m.Drain()
+	// Commands are encoded as their turn to be published comes, not all
+	// before the first is sent: a flush during an initial sync carries
+	// hundreds of batches, and their encoded copies were 16–24 MB of
+	// graspd's live heap at the target world's peak (docs/performance.md,
+	// "Design scale"). Message ids are numbered in the order drained.
+	type pending struct {
+		cmd *graspv1.FetchCommand
+		seq uint64
+	}
 	var shards []string
-	byShard := map[string][]*nats.Msg{}
+	byShard := map[string][]pending{}
 	for _, cmd := range cmds {
 		subject := t.p.bus.Names.FetchCmdSubject(bus.ShardOf(cmd.GetRelayUrl(), t.p.cfg.Shards))
-		msg, err := bus.NewMsg(subject, cmd)
-		if err != nil {
-			return fmt.Errorf("encode command to %s: %w", cmd.GetRelayUrl(), err)
-		}
 		t.sent++
-		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("planner-%d-%d", t.epoch, t.sent))
 		if _, ok := byShard[subject]; !ok {
 			shards = append(shards, subject)
 		}
-		byShard[subject] = append(byShard[subject], msg)
+		byShard[subject] = append(byShard[subject], pending{cmd, t.sent})
 	}
 	if err := t.eachConcurrently(ctx, len(shards), func(ctx context.Context, i int) error {
-		for _, msg := range byShard[shards[i]] {
+		for _, c := range byShard[shards[i]] {
+			msg, err := bus.NewMsg(shards[i], c.cmd)
+			if err != nil {
+				return fmt.Errorf("encode command to %s: %w", c.cmd.GetRelayUrl(), err)
+			}
+			msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("planner-%d-%d", t.epoch, c.seq))
 			if err := t.publish(ctx, msg); err != nil {
 				return err
 			}
