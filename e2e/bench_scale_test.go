@@ -1306,8 +1306,12 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		row("peak RSS", fmt.Sprintf("%d MB", r.PeakRSS>>20), "≤ 768 MB", r.PeakRSS <= 768<<20)
 	}
 	if r.IdleSecs > 0 {
+		// Issue 32's idle CPU and RSS are graspd's; a multi-process
+		// row's (every process summed) are in the growth table.
 		pct := 100 * r.IdleCPU / r.IdleSecs
-		row("idle CPU", fmt.Sprintf("%.1f%% of a core over %.0fs", pct, r.IdleSecs), "≤ 2 %", pct <= 2)
+		if r.Mode == "single" {
+			row("idle CPU", fmt.Sprintf("%.1f%% of a core over %.0fs", pct, r.IdleSecs), "≤ 2 %", pct <= 2)
+		}
 		if r.IdleCPU > 0 {
 			// Issue 32: the memory guard keeps the collector under 10 % of
 			// the process's CPU at rest (idle mark workers included).
@@ -1316,10 +1320,11 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		}
 		// Issue 32 sets an idle RSS for two worlds: 200 MB for the
 		// target, 256 MB for the upper; the growth table shows the others'.
-		switch idle := fmt.Sprintf("%d MB", r.IdleRSS>>20); r.World {
-		case "target":
+		switch idle := fmt.Sprintf("%d MB", r.IdleRSS>>20); {
+		case r.Mode != "single":
+		case r.World == "target":
 			row("idle RSS", idle, "≤ 200 MB", r.IdleRSS <= 200<<20)
-		case "upper":
+		case r.World == "upper":
 			row("idle RSS", idle, "≤ 256 MB", r.IdleRSS <= 256<<20)
 		}
 		if r.Goroutines > 0 && r.Relays > 0 {

@@ -37,9 +37,9 @@ func TestRelayReaderRereadsOnlyChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put := func(url string, status graspv1.RelayStatus) {
+	put := func(url string, status graspv1.RelayStatus, pendingRoots uint32) {
 		t.Helper()
-		data, _ := proto.Marshal(&graspv1.RelayState{RelayUrl: url, Status: status})
+		data, _ := proto.Marshal(&graspv1.RelayState{RelayUrl: url, Status: status, PendingRoots: pendingRoots})
 		if _, err := kv.Put(ctx, bus.RelayStateKey(url), data); err != nil {
 			t.Fatal(err)
 		}
@@ -69,14 +69,16 @@ func TestRelayReaderRereadsOnlyChanges(t *testing.T) {
 	if again := read(); again != empty {
 		t.Error("an unchanged empty bucket was read again")
 	}
-	put(r1, graspv1.RelayStatus_RELAY_STATUS_SYNCING)
+	put(r1, graspv1.RelayStatus_RELAY_STATUS_SYNCING, 5)
 	first := read(r1 + " Syncing")
 	if again := read(r1 + " Syncing"); again != first {
 		t.Error("an unchanged bucket was read again")
 	}
-	put(r1, graspv1.RelayStatus_RELAY_STATUS_CONNECTED)
-	put(r2, graspv1.RelayStatus_RELAY_STATUS_SYNCING)
-	read(r1+" Connected", r2+" Syncing")
+	put(r1, graspv1.RelayStatus_RELAY_STATUS_CONNECTED, 0)
+	put(r2, graspv1.RelayStatus_RELAY_STATUS_SYNCING, 3)
+	if p := read(r1+" Connected", r2+" Syncing").Progress(); p != (syncstatus.Progress{Relays: 2, Connected: 1, Syncing: 1, PendingRoots: 3}) {
+		t.Errorf("progress %+v", p)
+	}
 	if err := kv.Delete(ctx, bus.RelayStateKey(r2)); err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,8 @@ type batchSpec struct {
 // subscription does, ids as 32 bytes and each id list once: the planner
 // names a chunk of roots under #e, #E and #q, and at the target world's
 // peak some 370 batches waited with their decoded commands, 42 MB of the
-// live heap (docs/performance.md, "Design scale"). Nothing of c is kept.
+// live heap (docs/decisions/0075-what-waits-is-kept-small.md). Nothing of c
+// is kept.
 func batchSpecOf(c *graspv1.AddFilters) batchSpec {
 	spec := batchSpec{id: c.GetBatchId(), hist: compactFilters(filters.FromProtos(c.GetHistoricFilters()), hexShare{}),
 		refetch: filters.FromProtos(c.GetRefetchFilters()), resync: c.GetResync(), layer1: c.GetLayer1()}

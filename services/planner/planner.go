@@ -424,8 +424,9 @@ func (t *term) flush(ctx context.Context) error {
 	// Commands are encoded as their turn to be published comes, not all
 	// before the first is sent: a flush during an initial sync carries
 	// hundreds of batches, and their encoded copies were 16–24 MB of
-	// graspd's live heap at the target world's peak (docs/performance.md,
-	// "Design scale"). Message ids are numbered in the order drained.
+	// graspd's live heap at the target world's peak
+	// (docs/decisions/0075-what-waits-is-kept-small.md). Message ids are
+	// numbered in the order drained.
 	type pending struct {
 		cmd *graspv1.FetchCommand
 		seq uint64
