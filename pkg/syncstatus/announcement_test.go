@@ -12,7 +12,6 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 func TestClassifyAnnouncement(t *testing.T) {
@@ -84,11 +83,7 @@ func collect(t *testing.T, c prometheus.Collector) map[string]float64 {
 
 func TestNATSCollector(t *testing.T) {
 	ctx := context.Background()
-	n := natstest.Start(t)
-	js, err := jetstream.New(n.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := startJetStream(t)
 	names := bus.DefaultNames()
 	c := syncstatus.NewNATSCollector(js, names)
 	// Before setup: no stream yet is not a failure.

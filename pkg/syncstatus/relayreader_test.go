@@ -5,14 +5,12 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
 	"github.com/grasp-sync/grasp-sync/pkg/bus"
 	"github.com/grasp-sync/grasp-sync/pkg/syncstatus"
-	"github.com/grasp-sync/grasp-sync/pkg/testkit/natstest"
 )
 
 // TestRelayReaderRereadsOnlyChanges: a RelayReader returns the snapshot it
@@ -20,11 +18,7 @@ import (
 // purge.
 func TestRelayReaderRereadsOnlyChanges(t *testing.T) {
 	ctx := context.Background()
-	n := natstest.Start(t)
-	js, err := jetstream.New(n.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := startJetStream(t)
 	names := bus.DefaultNames()
 	r := syncstatus.NewRelayReader(js, names)
 	if _, err := r.Read(ctx); !errors.Is(err, syncstatus.ErrBucketMissing) {

@@ -51,12 +51,7 @@ func TestFromRelayState(t *testing.T) {
 func snapshotOf(t *testing.T, states []*graspv1.RelayState, needs []*graspv1.RepoSyncNeeds) *syncstatus.Snapshot {
 	t.Helper()
 	ctx := context.Background()
-	n := natstest.Start(t)
-	nc := n.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := startJetStream(t)
 	names := bus.DefaultNames()
 	if _, err := syncstatus.Read(ctx, js, names); !errors.Is(err, syncstatus.ErrBucketMissing) {
 		t.Fatalf("Read before setup: %v, want ErrBucketMissing", err)
@@ -162,4 +157,15 @@ func TestReadAndExplain(t *testing.T) {
 	if got := snap.ReposOfRelay(r2); len(got) != 1 || got[0].Ref != repo {
 		t.Errorf("ReposOfRelay(%s) = %+v", r2, got)
 	}
+}
+
+// startJetStream starts an embedded NATS server for the test and returns
+// a JetStream context on it.
+func startJetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(natstest.Start(t).Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

@@ -17,13 +17,7 @@ import (
 // made from matches, and builds the same filter again (values as sets).
 func TestLiveFilterIsTheFilter(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	hexID := func() string {
-		b := make([]byte, 32)
-		for i := range b {
-			b[i] = byte(rng.IntN(256))
-		}
-		return fmt.Sprintf("%x", b)
-	}
+	hexID := func() string { return randomHexIDs(rng, 1)[0] }
 	pool := []string{"30617:" + hexID() + ":repo", "not-hex", "ABCDEF" + hexID()[6:], hexID()[:63]}
 	for range 20 {
 		pool = append(pool, hexID())
@@ -86,15 +80,7 @@ func TestLiveFilterIsTheFilter(t *testing.T) {
 // name it: layer 3 asks for each chunk of roots under #e, #E and #q, and a
 // relay's live filters name every root it serves.
 func TestLiveFiltersShareEqualIDLists(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	ids := make([]string, 250)
-	for i := range ids {
-		b := make([]byte, 32)
-		for j := range b {
-			b[j] = byte(rng.IntN(256))
-		}
-		ids[i] = fmt.Sprintf("%x", b)
-	}
+	ids := randomHexIDs(rand.New(rand.NewPCG(3, 4)), 250)
 	fs := filters.Live(filters.Layer3(ids))
 	lfs := compactFilters(fs, hexShare{})
 	lists := map[*[32]byte]int{}
@@ -129,15 +115,7 @@ func sortedCopy(vs []string) []string {
 // planner's command named each root under #e, #E and #q), and runs the
 // filters it was sent.
 func TestWaitingBatchHoldsEachIDListOnce(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	ids := make([]string, 250)
-	for i := range ids {
-		b := make([]byte, 32)
-		for j := range b {
-			b[j] = byte(rng.IntN(256))
-		}
-		ids[i] = fmt.Sprintf("%x", b)
-	}
+	ids := randomHexIDs(rand.New(rand.NewPCG(5, 6)), 250)
 	hist := filters.Layer3(ids)
 	since := int64(1234)
 	spec := batchSpecOf(&graspv1.AddFilters{BatchId: "b1", HistoricFilters: filters.ToProtos(hist), Since: &since, Resync: true})
@@ -172,4 +150,17 @@ func TestWaitingBatchHoldsEachIDListOnce(t *testing.T) {
 			}
 		}
 	}
+}
+
+// randomHexIDs returns n ids of 64 lowercase hex digits drawn from rng.
+func randomHexIDs(rng *rand.Rand, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		b := make([]byte, 32)
+		for j := range b {
+			b[j] = byte(rng.IntN(256))
+		}
+		ids[i] = fmt.Sprintf("%x", b)
+	}
+	return ids
 }
