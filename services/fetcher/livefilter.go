@@ -15,7 +15,8 @@ import (
 // decoded strings (80 bytes each plus the slices naming them). A relay's
 // live filters name every root of every repository it serves, so at the
 // design's scale this is most of the fetcher's state (docs/decisions/0041-live-filters-compact.md). The REQ is built from it again when the
-// subscription is (re)opened.
+// subscription is (re)opened. A batch waiting for its turn keeps its
+// history filters the same way (batchSpecOf).
 type liveFilter struct {
 	// base is the filter without its tags.
 	base nostr.Filter
