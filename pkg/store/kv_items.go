@@ -234,16 +234,26 @@ func (c *kvItemCheck) match(raw []byte) (Item, bool, error) {
 		return Item{ID: evt.ID, CreatedAt: evt.CreatedAt}, c.f.Matches(evt), nil
 	}
 	// The fields as nostr.Event's decoder reads them: null leaves the zero
-	// value, a repeated key the last one.
+	// value. The read stops once it has every field the check needs:
+	// kvPrepare wrote raw with go-nostr's encoder, which writes each key
+	// once, kind, id, pubkey and created_at first, then tags, content and
+	// sig. Skipping content and sig (easyjson validates what it skips) was
+	// half the CPU of the NIP-77 local set at 500 relays
+	// (docs/measurements/2026-12-06-issue32-local-set-reads.md).
 	var (
 		id, pubkey string
 		ts         int64
 		kind       int
 		met        uint64
+		seen       uint8
 	)
+	need := uint8(itemFieldID | itemFieldPubkey | itemFieldCreatedAt | itemFieldKind)
+	if len(c.tags) > 0 {
+		need |= itemFieldTags
+	}
 	in := jlexer.Lexer{Data: raw}
 	in.Delim('{')
-	for !in.IsDelim('}') {
+	for seen&need != need && !in.IsDelim('}') {
 		key := in.UnsafeFieldName(true)
 		in.WantColon()
 		if in.IsNull() {
@@ -253,26 +263,28 @@ func (c *kvItemCheck) match(raw []byte) (Item, bool, error) {
 		}
 		switch key {
 		case "id":
-			id = in.UnsafeString()
+			id, seen = in.UnsafeString(), seen|itemFieldID
 		case "pubkey":
-			pubkey = in.UnsafeString()
+			pubkey, seen = in.UnsafeString(), seen|itemFieldPubkey
 		case "created_at":
-			ts = in.Int64()
+			ts, seen = in.Int64(), seen|itemFieldCreatedAt
 		case "kind":
-			kind = in.Int()
+			kind, seen = in.Int(), seen|itemFieldKind
 		case "tags":
 			if len(c.tags) == 0 {
 				in.SkipRecursive()
 			} else {
-				met = c.readTags(&in)
+				met, seen = c.readTags(&in), seen|itemFieldTags
 			}
 		default:
 			in.SkipRecursive()
 		}
 		in.WantComma()
 	}
-	in.Delim('}')
-	in.Consumed()
+	if seen&need != need {
+		in.Delim('}')
+		in.Consumed()
+	}
 	if err := in.Error(); err != nil {
 		return Item{}, false, err
 	}
@@ -288,6 +300,15 @@ func (c *kvItemCheck) match(raw []byte) (Item, bool, error) {
 	}
 	return Item{ID: strings.Clone(id), CreatedAt: nostr.Timestamp(ts)}, true, nil
 }
+
+// The fields kvItemCheck.match reads, as bits of what it has seen.
+const (
+	itemFieldID = 1 << iota
+	itemFieldPubkey
+	itemFieldCreatedAt
+	itemFieldKind
+	itemFieldTags
+)
 
 // readTags reads a tags array and returns the bit set of the conditions
 // some tag satisfies (Tags.ContainsAny: name and first value; tags shorter
