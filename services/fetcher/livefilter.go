@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
+	"unique"
 
 	"github.com/nbd-wtf/go-nostr"
 )
@@ -26,9 +27,16 @@ type liveFilter struct {
 // liveTag is one tag condition: an event matches when it has a tag named
 // name whose value is one of hexes or others.
 type liveTag struct {
-	name   string
-	hexes  [][32]byte // sorted
-	others []string
+	name  string
+	hexes [][32]byte // sorted
+	// others are the values that are not ids or keys (#a coordinates, #d
+	// names), each kept once for the whole fetcher: a repository's
+	// coordinate is named under #a and #A, by its live filters and its
+	// waiting batches, on every relay that lists it, and the decoded
+	// command's own strings kept a copy each time (16 MB of the upper
+	// world's heap at rest; docs/measurements/2026-12-06-issue32-local-set-reads.md).
+	// unique drops a value once no filter holds it.
+	others []unique.Handle[string]
 }
 
 // hexShare holds the sorted id lists of the live filters compacted
@@ -80,13 +88,13 @@ func compactFilter(f nostr.Filter, share hexShare) liveFilter {
 		}
 		t := liveTag{name: name, hexes: make([][32]byte, 0, nhex)}
 		if n := len(f.Tags[name]) - nhex; n > 0 {
-			t.others = make([]string, 0, n)
+			t.others = make([]unique.Handle[string], 0, n)
 		}
 		for _, v := range f.Tags[name] {
 			if b, ok := hex32(v); ok {
 				t.hexes = append(t.hexes, b)
 			} else {
-				t.others = append(t.others, v)
+				t.others = append(t.others, unique.Make(v))
 			}
 		}
 		slices.SortFunc(t.hexes, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
@@ -123,7 +131,10 @@ func (lf liveFilter) filter() nostr.Filter {
 			for _, h := range t.hexes {
 				vs = append(vs, hex.EncodeToString(h[:]))
 			}
-			f.Tags[t.name] = append(vs, t.others...)
+			for _, o := range t.others {
+				vs = append(vs, o.Value())
+			}
+			f.Tags[t.name] = vs
 		}
 	}
 	return f
@@ -153,8 +164,10 @@ func (t liveTag) matches(tags nostr.Tags) bool {
 			}
 			continue
 		}
-		if slices.Contains(t.others, tag[1]) {
-			return true
+		for _, o := range t.others {
+			if o.Value() == tag[1] {
+				return true
+			}
 		}
 	}
 	return false

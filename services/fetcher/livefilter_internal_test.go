@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/nbd-wtf/go-nostr"
 
@@ -148,6 +150,41 @@ func TestWaitingBatchHoldsEachIDListOnce(t *testing.T) {
 			if !slices.Equal(back[i].Tags[name], sortedCopy(vs)) {
 				t.Fatalf("filter %d: #%s run as %v, sent %v", i, name, back[i].Tags[name], vs)
 			}
+		}
+	}
+}
+
+// A value that is not an id, a repository's coordinate, named by several
+// filters decoded from different commands (under #a and #A, for several
+// relays) is held once, and the filters built again and their matching are
+// those of the filters they were made from.
+func TestOtherValuesHeldOnce(t *testing.T) {
+	coord := "30617:" + strings.Repeat("ab", 32) + ":repo"
+	decoded := func() nostr.Filter { // each value a string of its own, as decoding makes them
+		return nostr.Filter{Kinds: []int{1621}, Tags: nostr.TagMap{"a": {strings.Clone(coord)}, "A": {strings.Clone(coord)}}}
+	}
+	relays := []liveFilter{compactFilter(decoded(), nil), compactFilter(decoded(), hexShare{})}
+	held := map[*byte]bool{}
+	for _, lf := range relays {
+		for _, tag := range lf.tags {
+			for _, o := range tag.others {
+				held[unsafe.StringData(o.Value())] = true
+			}
+		}
+	}
+	if len(held) != 1 {
+		t.Errorf("one coordinate under #a and #A of two filters is held %d times, want once", len(held))
+	}
+	for _, lf := range relays {
+		f := lf.filter()
+		if !slices.Equal(f.Tags["a"], []string{coord}) || !slices.Equal(f.Tags["A"], []string{coord}) {
+			t.Errorf("filter built again: %v", f)
+		}
+		if !lf.matches(&nostr.Event{Kind: 1621, Tags: nostr.Tags{{"A", coord}, {"a", coord}}}) {
+			t.Error("an event naming the coordinate does not match")
+		}
+		if lf.matches(&nostr.Event{Kind: 1621, Tags: nostr.Tags{{"A", coord}, {"a", coord + "x"}}}) {
+			t.Error("an event naming another coordinate under #a matches")
 		}
 	}
 }
