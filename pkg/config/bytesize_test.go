@@ -252,8 +252,9 @@ func TestGuardedMemoryLimit(t *testing.T) {
 
 func TestNextBoost(t *testing.T) {
 	tests := []struct{ boost, share, want float64 }{
-		{1, 0.60, 2},
-		{4, 0.30, 8},
+		{1, 0.60, 1.25},
+		{4, 0.30, 5},
+		{7, 0.30, 8},
 		{8, 0.50, 8},
 		{1, 0.15, 1}, // a busy sync's collector is not thrash
 		{8, 0.01, 4},

@@ -145,18 +145,24 @@ const (
 	gcBackOffShare = 0.25
 	gcRelaxShare   = 0.05
 	maxBoost       = 8
+	boostStep      = 1.25
 )
 
 // NextBoost is the guard's boost after an interval in which the collector
-// used gcShare of the CPU available: doubled (up to 8) when the collector
-// took more than 25 %, halved (down to 1) when it took less than 5 %, so a
-// limit that still makes the collector run back to back (memory besides the
-// heap grew faster than measured) is lifted within seconds, and returns
-// when quiet.
+// used gcShare of the CPU available: a quarter more (up to 8) when the
+// collector took more than 25 %, halved (down to 1) when it took less than
+// 5 %, so a limit that still makes the collector run back to back (memory
+// besides the heap grew faster than measured) is lifted within seconds, and
+// returns when quiet. A quarter, not double: one such second comes with
+// the live heap's growth at the start of a sync, and doubling then lifted
+// the target world's peak from ~350 to 460–490 MB
+// (docs/measurements/2026-12-06-issue32-local-set-reads.md); a collector
+// that keeps running back to back has its limit doubled within four
+// seconds.
 func NextBoost(boost, gcShare float64) float64 {
 	switch {
 	case gcShare > gcBackOffShare:
-		return min(max(boost, 1)*2, maxBoost)
+		return min(max(boost, 1)*boostStep, maxBoost)
 	case gcShare < gcRelaxShare:
 		return max(boost/2, 1)
 	}
