@@ -133,6 +133,10 @@ type Store interface {
 	// SaveBatch stores several events as Save would each, in order.
 	SaveBatch(ctx context.Context, evts []*nostr.Event) []store.SaveResult
 	Delete(ctx context.Context, evt *nostr.Event) error
+	// Held returns those of ids whose events are stored, without reading
+	// the events where the backend can (store.Store.Held): the duplicate
+	// pre-check of every batch.
+	Held(ctx context.Context, ids []string) ([]string, error)
 }
 
 // Ingester consumes grasp.events.* and stores what the policy accepts.

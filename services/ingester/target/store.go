@@ -20,6 +20,7 @@ type Mirror interface {
 	Save(ctx context.Context, evt *nostr.Event) (stored bool, err error)
 	SaveBatch(ctx context.Context, evts []*nostr.Event) []store.SaveResult
 	Delete(ctx context.Context, evt *nostr.Event) error
+	Held(ctx context.Context, ids []string) ([]string, error)
 }
 
 // Store is the ingester's store in bolt-on mode: reads go to the mirror;
