@@ -251,19 +251,20 @@ func TestGuardedMemoryLimit(t *testing.T) {
 }
 
 func TestNextBoost(t *testing.T) {
-	tests := []struct{ boost, share, want float64 }{
-		{1, 0.60, 1.25},
-		{4, 0.30, 5},
-		{7, 0.30, 8},
-		{8, 0.50, 8},
-		{1, 0.15, 1}, // a busy sync's collector is not thrash
-		{8, 0.01, 4},
-		{1, 0.01, 1},
-		{4, 0.10, 4},
+	tests := []struct{ boost, share, prev, want float64 }{
+		{1, 0.60, 0.30, 1.25},
+		{1, 0.60, 0.10, 1}, // one second of it comes with a sync's growth
+		{4, 0.30, 0.30, 5},
+		{7, 0.30, 0.40, 8},
+		{8, 0.50, 0.50, 8},
+		{1, 0.15, 0.30, 1}, // a busy sync's collector is not thrash
+		{8, 0.01, 0.30, 4},
+		{1, 0.01, 0.01, 1},
+		{4, 0.10, 0.30, 4},
 	}
 	for _, tc := range tests {
-		if got := config.NextBoost(tc.boost, tc.share); got != tc.want {
-			t.Errorf("NextBoost(%v, %v) = %v, want %v", tc.boost, tc.share, got, tc.want)
+		if got := config.NextBoost(tc.boost, tc.share, tc.prev); got != tc.want {
+			t.Errorf("NextBoost(%v, %v, %v) = %v, want %v", tc.boost, tc.share, tc.prev, got, tc.want)
 		}
 	}
 }

@@ -149,19 +149,20 @@ const (
 )
 
 // NextBoost is the guard's boost after an interval in which the collector
-// used gcShare of the CPU available: a quarter more (up to 8) when the
-// collector took more than 25 %, halved (down to 1) when it took less than
-// 5 %, so a limit that still makes the collector run back to back (memory
-// besides the heap grew faster than measured) is lifted within seconds, and
-// returns when quiet. A quarter, not double: one such second comes with
-// the live heap's growth at the start of a sync, and doubling then lifted
-// the target world's peak from ~350 to 460–490 MB
+// used gcShare of the CPU available, the interval before it prevShare: a
+// quarter more (up to 8) when the collector took more than 25 % in both,
+// halved (down to 1) when it took less than 5 %, so a limit that still
+// makes the collector run back to back (memory besides the heap grew faster
+// than measured) is lifted within seconds, and returns when quiet. Two
+// seconds, and a quarter, not one second and double: one such second comes
+// with the live heap's growth at the start of a sync, and doubling then
+// lifted the target world's peak from ~350 to 460–490 MB
 // (docs/measurements/2026-12-06-issue32-local-set-reads.md); a collector
-// that keeps running back to back has its limit doubled within four
+// that keeps running back to back has its limit doubled within five
 // seconds.
-func NextBoost(boost, gcShare float64) float64 {
+func NextBoost(boost, gcShare, prevShare float64) float64 {
 	switch {
-	case gcShare > gcBackOffShare:
+	case gcShare > gcBackOffShare && prevShare > gcBackOffShare:
 		return min(max(boost, 1)*boostStep, maxBoost)
 	case gcShare < gcRelaxShare:
 		return max(boost/2, 1)
@@ -220,7 +221,7 @@ func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 	for i, n := range guardMetrics {
 		samples[i].Name = n
 	}
-	cur, boost := base, 1.0
+	cur, boost, prevShare := base, 1.0, 0.0
 	s0, gc0, all0, ok := readGuardMetrics(samples)
 	if !ok {
 		return // a runtime without the metrics: keep the base
@@ -247,7 +248,9 @@ func GuardMemoryLimit(ctx context.Context, base int64, interval time.Duration) {
 		}
 		s, gc1, all1, _ := readGuardMetrics(samples)
 		if all1 > all0 {
-			boost = NextBoost(boost, (gc1-gc0)/(all1-all0))
+			share := (gc1 - gc0) / (all1 - all0)
+			boost = NextBoost(boost, share, prevShare)
+			prevShare = share
 		}
 		gc0, all0 = gc1, all1
 		now := time.Now()
