@@ -638,8 +638,6 @@ func (x *RepoSyncIndex) tombstone(id, author string) {
 	}
 }
 
-// newer orders versions of one addressable event the way NIP-01 does: the
-// later created_at wins, and on a tie the lower id.
 // slimAnnouncement is what the index keeps of an announcement: what newer,
 // deleted, Entry and maintainersOf read of it (id, author, time, kind, its
 // identifier and maintainers). Its relays are read once, when it is
@@ -666,6 +664,8 @@ func slimAnnouncement(evt *nostr.Event) *nostr.Event {
 	return slim
 }
 
+// newer orders versions of one addressable event the way NIP-01 does: the
+// later created_at wins, and on a tie the lower id.
 func newer(a, b *nostr.Event) bool {
 	return a.CreatedAt > b.CreatedAt || (a.CreatedAt == b.CreatedAt && a.ID < b.ID)
 }
