@@ -196,6 +196,19 @@ func HealthName(h graspv1.HealthState) string {
 	return ""
 }
 
+// confirmedRepos counts the repositories whose own history a record says
+// was fetched: confirmed[].repo_confirmed, or, in a record of a planner
+// before 2026-12-06, the confirmed_repo_refs that repeated them.
+func confirmedRepos(st *graspv1.RelayState) int {
+	n := 0
+	for _, c := range st.GetConfirmed() {
+		if c.GetRepoConfirmed() {
+			n++
+		}
+	}
+	return max(n, len(st.GetConfirmedRepoRefs()))
+}
+
 // FromRelayState turns a planner record into a Relay (health fields empty).
 func FromRelayState(st *graspv1.RelayState) Relay {
 	code := int(st.GetStatus()) - 1
@@ -207,7 +220,7 @@ func FromRelayState(st *graspv1.RelayState) Relay {
 		Status:           StatusName(st.GetStatus()),
 		StatusCode:       code,
 		Bootstrap:        st.GetBootstrap(),
-		ConfirmedRepos:   len(st.GetConfirmedRepoRefs()),
+		ConfirmedRepos:   confirmedRepos(st),
 		PendingRepos:     int(st.GetPendingRepos()),
 		ConfirmedRoots:   int(st.GetConfirmedRoots()),
 		PendingRoots:     int(st.GetPendingRoots()),

@@ -45,6 +45,13 @@ func TestFromRelayState(t *testing.T) {
 			t.Errorf("%v: counts %+v", tc.status, r)
 		}
 	}
+	// Since 2026-12-06 a record names its confirmed repositories once, in
+	// confirmed; the count is the same.
+	r := syncstatus.FromRelayState(&graspv1.RelayState{RelayUrl: r1, Status: graspv1.RelayStatus_RELAY_STATUS_CONNECTED,
+		Confirmed: []*graspv1.ConfirmedRepo{{RepoRef: repo, RepoConfirmed: true, AllRoots: true, RootCount: 2}, {RepoRef: "30617:bb:other", RootPrefixes: make([]byte, 8)}}})
+	if r.ConfirmedRepos != 1 {
+		t.Errorf("a record naming its repositories in confirmed only: %d confirmed repositories, want 1", r.ConfirmedRepos)
+	}
 }
 
 // snapshotOf builds a snapshot the way Read does, through KV.

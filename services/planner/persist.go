@@ -83,9 +83,6 @@ func (m *Machine) Snapshot(s *RelayState, now time.Time) *graspv1.RelayState {
 			}
 			c.RootPrefixes = buf
 		}
-		if p.RepoConfirmed {
-			st.ConfirmedRepoRefs = append(st.ConfirmedRepoRefs, repo.Ref)
-		}
 		st.Confirmed = append(st.Confirmed, c)
 	}
 	return st

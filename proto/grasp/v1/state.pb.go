@@ -94,10 +94,12 @@ type RelayState struct {
 	Status    RelayStatus            `protobuf:"varint,2,opt,name=status,proto3,enum=grasp.v1.RelayStatus" json:"status,omitempty"`
 	SessionId string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Bootstrap bool                   `protobuf:"varint,4,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
-	// confirmed_repo_refs are the repositories whose layer-2 history has been
-	// fetched from this relay. confirmed_root_event_ids is left empty by the
-	// planner: at design scale a relay confirms hundreds of thousands of roots,
-	// more than one KV value holds; the compact per-repository form in
+	// confirmed_repo_refs and confirmed_root_event_ids are left empty by the
+	// planner: which repositories' layer-2 history has been fetched from this
+	// relay is `confirmed`'s repo_confirmed (planners before 2026-12-06 also
+	// listed them here, repeating ~40 % of a record that is rewritten at every
+	// change), and at design scale a relay confirms hundreds of thousands of
+	// roots, more than one KV value holds; the compact per-repository form in
 	// `confirmed` carries them.
 	ConfirmedRepoRefs     []string `protobuf:"bytes,5,rep,name=confirmed_repo_refs,json=confirmedRepoRefs,proto3" json:"confirmed_repo_refs,omitempty"`
 	ConfirmedRootEventIds []string `protobuf:"bytes,6,rep,name=confirmed_root_event_ids,json=confirmedRootEventIds,proto3" json:"confirmed_root_event_ids,omitempty"`
