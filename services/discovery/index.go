@@ -2,7 +2,6 @@ package discovery
 
 import (
 	"encoding/hex"
-	"errors"
 	"slices"
 	"sort"
 	"strings"
@@ -13,101 +12,7 @@ import (
 
 	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 	"github.com/grasp-sync/grasp-sync/pkg/policy"
-	"github.com/grasp-sync/grasp-sync/pkg/relayurl"
 )
-
-// Reasons a relay URL of an announcement is refused, the label values of
-// the refused-URL metric.
-const (
-	RefusedScheme      = "scheme"          // not ws:// or wss://
-	RefusedCredentials = "credentials"     // user:password@ in the URL
-	RefusedTooLong     = "too_long"        // longer than relayurl.MaxLength
-	RefusedMalformed   = "malformed"       // not a URL, or a bad host
-	RefusedInternal    = "private_address" // loopback, private, link-local, CGNAT, metadata…
-	RefusedTooMany     = "too_many"        // beyond the per-announcement bound
-)
-
-// refusalReason maps a relayurl error to its metric label.
-func refusalReason(err error) string {
-	switch {
-	case errors.Is(err, relayurl.ErrScheme):
-		return RefusedScheme
-	case errors.Is(err, relayurl.ErrCredentials):
-		return RefusedCredentials
-	case errors.Is(err, relayurl.ErrTooLong):
-		return RefusedTooLong
-	case errors.Is(err, relayurl.ErrPrivateAddress):
-		return RefusedInternal
-	default:
-		return RefusedMalformed
-	}
-}
-
-// RelayRules decides which relay URLs of an announcement sync may dial.
-type RelayRules struct {
-	// ServiceURL is this service's public relay URL, excluded as a target.
-	ServiceURL string
-	// Guard refuses internal addresses unless allowlisted.
-	Guard relayurl.Guard
-	// MaxPerAnnouncement bounds how many relays one announcement contributes.
-	MaxPerAnnouncement int
-	// ListsService reports whether an announcement lists this service in
-	// both clone and relays (the policy's rule).
-	ListsService func(*nostr.Event) bool
-	// Archive names the repositories synced although their announcements
-	// do not list us (GRASP-05, the policy's settings); the zero value
-	// archives nothing.
-	Archive policy.Archive
-	// MaxArchived bounds the archived repositories matched only by an
-	// identifier entry or GRASP_ARCHIVE_ALL (policy.ArchiveOpen), which
-	// anyone can publish; 0: none of them. Those matched by an npub entry
-	// are not counted.
-	MaxArchived int
-}
-
-// Relays returns the normalised relay targets of an announcement: its
-// relays values plus the relay of each GRASP-style clone URL, without this
-// service and without refused URLs, sorted. refused counts what was dropped,
-// by reason (the Refused* constants). Clone URLs that are not GRASP-style
-// (github.com …) are not relays and are not counted as refused.
-func (r RelayRules) Relays(a nip34.Announcement) (relays []string, refused map[string]int) {
-	refused = map[string]int{}
-	seen := map[string]bool{}
-	add := func(raw string) {
-		u, err := relayurl.Normalize(raw)
-		if err != nil {
-			refused[refusalReason(err)]++
-			return
-		}
-		if seen[u] || relayurl.SameService(u, r.ServiceURL) {
-			return
-		}
-		if err := r.Guard.CheckURL(u); err != nil {
-			refused[refusalReason(err)]++
-			return
-		}
-		if r.MaxPerAnnouncement > 0 && len(relays) >= r.MaxPerAnnouncement {
-			refused[RefusedTooMany]++
-			return
-		}
-		seen[u] = true
-		relays = append(relays, u)
-	}
-	for _, raw := range a.Relays {
-		add(raw)
-	}
-	for _, raw := range a.Clone {
-		if u, ok := relayurl.FromCloneURL(raw); ok {
-			add(u)
-		}
-	}
-	sort.Strings(relays)
-	return relays, refused
-}
-
-// DefaultMaxTombstones bounds the deletions an index remembers for events it
-// has not seen (yet).
-const DefaultMaxTombstones = 100_000
 
 // RepoSyncIndex is discovery's view of what to sync: each hosted repository
 // with its relays and root events. It is pure state; Apply folds events in
@@ -224,76 +129,6 @@ func NewRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
 		x.whitelisted[pk] = true
 	}
 	return x
-}
-
-// listKey names one replaceable list: its kind and author.
-type listKey struct {
-	kind   int
-	pubkey string
-}
-
-// applyGraspList keeps the newest user grasp list and relay list of each
-// whitelisted pubkey and reports whether ArchiveRelays may have changed.
-func (x *RepoSyncIndex) applyGraspList(evt *nostr.Event) bool {
-	if !x.whitelisted[evt.PubKey] {
-		return false
-	}
-	k := listKey{evt.Kind, evt.PubKey}
-	if cur := x.graspLists[k]; cur != nil && !newer(evt, cur) {
-		return false
-	}
-	x.graspLists[k] = evt
-	return true
-}
-
-// listsRelay reports whether tag names a relay where the list's author
-// publishes: a "g" tag of a user grasp list (the GRASP server's URL is its
-// relay), an "r" tag of a relay list without a marker or marked "write"
-// (NIP-65).
-func listsRelay(kind int, tag nostr.Tag) bool {
-	if len(tag) < 2 {
-		return false
-	}
-	if kind == nip34.KindUserGraspList {
-		return tag[0] == "g"
-	}
-	return tag[0] == "r" && (len(tag) < 3 || tag[2] == "" || tag[2] == "write")
-}
-
-// ArchiveRelays returns the relays the whitelisted maintainers publish to,
-// from their user grasp lists (10317) and relay lists (10002), normalised,
-// guarded like announcement relays, at most MaxPerAnnouncement per list,
-// without this service, sorted: discovery publishes them with the bootstrap
-// relays, so their layer 1 is read and the maintainers' announcements that
-// do not list us are found there.
-func (x *RepoSyncIndex) ArchiveRelays() []string {
-	seen := map[string]bool{}
-	var out []string
-	for k, evt := range x.graspLists {
-		if x.tombstoned(evt.ID, evt.PubKey) {
-			continue
-		}
-		n := 0
-		for _, tag := range evt.Tags {
-			if !listsRelay(k.kind, tag) {
-				continue
-			}
-			if x.rules.MaxPerAnnouncement > 0 && n >= x.rules.MaxPerAnnouncement {
-				break
-			}
-			u, err := relayurl.Normalize(tag[1])
-			if err != nil || relayurl.SameService(u, x.rules.ServiceURL) || x.rules.Guard.CheckURL(u) != nil {
-				continue
-			}
-			n++
-			if !seen[u] {
-				seen[u] = true
-				out = append(out, u)
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 func newRepoSyncIndex(rules RelayRules) *RepoSyncIndex {
@@ -487,52 +322,6 @@ func (x *RepoSyncIndex) applyRoot(evt *nostr.Event) []nip34.RepoRef {
 	return changed
 }
 
-// applyDeletion applies a NIP-09 deletion: only events (e) and coordinates
-// (a) of its own author are affected.
-func (x *RepoSyncIndex) applyDeletion(evt *nostr.Event) []nip34.RepoRef {
-	var changed []nip34.RepoRef
-	for _, tag := range evt.Tags {
-		if len(tag) < 2 {
-			continue
-		}
-		switch tag[0] {
-		case "e":
-			if !nip34.IsEventID(tag[1]) {
-				continue
-			}
-			x.tombstone(tag[1], evt.PubKey)
-			id, _ := keyOf(tag[1])
-			author, _ := keyOf(evt.PubKey)
-			if info, ok := x.rootRefs[id]; ok && info.author == author {
-				delete(x.rootRefs, id)
-				for _, set := range append([]*rootSet{info.set}, x.moreRefs[id]...) {
-					delete(set.ids, id)
-					if len(set.ids) == 0 {
-						delete(x.roots, set.ref)
-					}
-					changed = append(changed, set.ref)
-				}
-				delete(x.moreRefs, id)
-			}
-			if ref, ok := x.current[tag[1]]; ok && x.announcements[ref].PubKey == evt.PubKey {
-				x.update(ref)
-				changed = append(changed, ref)
-			}
-		case "a":
-			ref, ok := nip34.ParseRepoRef(tag[1])
-			if !ok || ref.PubKey != evt.PubKey {
-				continue
-			}
-			if evt.CreatedAt > x.deletedUntil[ref] {
-				x.deletedUntil[ref] = evt.CreatedAt
-				x.update(ref)
-				changed = append(changed, ref)
-			}
-		}
-	}
-	return changed
-}
-
 // update recomputes whether a repository has an entry: hosted (its
 // announcement lists us) or archived (it matches the archive settings, is
 // not a maintainer's coordinate of a hosted repository with its identifier,
@@ -607,35 +396,6 @@ func (x *RepoSyncIndex) maintainsHosted(ref nip34.RepoRef) bool {
 		}
 	}
 	return false
-}
-
-func (x *RepoSyncIndex) deleted(ref nip34.RepoRef, evt *nostr.Event) bool {
-	if until, ok := x.deletedUntil[ref]; ok && evt.CreatedAt <= until {
-		return true
-	}
-	return x.tombstoned(evt.ID, evt.PubKey)
-}
-
-func (x *RepoSyncIndex) tombstoned(id, author string) bool {
-	_, ok := x.tombs[id+":"+author]
-	return ok
-}
-
-func (x *RepoSyncIndex) tombstone(id, author string) {
-	key := id + ":" + author
-	if _, ok := x.tombs[key]; ok {
-		return
-	}
-	x.tombs[key] = struct{}{}
-	x.tombOrder = append(x.tombOrder, key)
-	limit := x.MaxTombstones
-	if limit <= 0 {
-		limit = DefaultMaxTombstones
-	}
-	for len(x.tombOrder) > limit {
-		delete(x.tombs, x.tombOrder[0])
-		x.tombOrder = x.tombOrder[1:]
-	}
 }
 
 // slimAnnouncement is what the index keeps of an announcement: what newer,
