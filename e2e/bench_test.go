@@ -529,7 +529,7 @@ func renderBench(r benchResult) string {
 		fmt.Fprintf(&b, "Quirk note: plain khatru v0.19.1 + eventstore badger relays (no `StrictTags`) answer the "+
 			"`#A`/`#q` (and `#E`/`#q`) negentropy sessions with the `a`-tagged (`e`-tagged) events, which our local set "+
 			"for that filter rightly lacks; the fetcher drops needed ids the local set already holds before fetching them "+
-			"(services/fetcher/batch.go, dropHeld). The sync against such relays is measured with "+
+			"(services/fetcher/batch_nip77.go, dropHeld). The sync against such relays is measured with "+
 			"GRASP_BENCH_KHATRU_QUIRK=1 (make bench's plain khatru rows).\n\n")
 	}
 	fmt.Fprintf(&b, "Even against tag-correct relays, REQ+EOSE moves each comment twice per relay: layer 3 asks `#e`, `#E` and "+
