@@ -191,6 +191,8 @@ type kvItemCheck struct {
 	// full: more tag conditions than the bit set holds; decode the event
 	// and use Filter.Matches.
 	full bool
+	// need is the itemField bits of what match must read before it stops.
+	need uint8
 }
 
 // kvTagCheck is one tag condition: a tag named name whose first value is
@@ -219,6 +221,10 @@ func newKVItemCheck(f nostr.Filter) *kvItemCheck {
 		c.tags = append(c.tags, t)
 	}
 	c.full = len(c.tags) > 64
+	c.need = itemFieldID | itemFieldPubkey | itemFieldCreatedAt | itemFieldKind
+	if len(c.tags) > 0 {
+		c.need |= itemFieldTags
+	}
 	return c
 }
 
@@ -247,10 +253,7 @@ func (c *kvItemCheck) match(raw []byte) (Item, bool, error) {
 		met        uint64
 		seen       uint8
 	)
-	need := uint8(itemFieldID | itemFieldPubkey | itemFieldCreatedAt | itemFieldKind)
-	if len(c.tags) > 0 {
-		need |= itemFieldTags
-	}
+	need := c.need
 	in := jlexer.Lexer{Data: raw}
 	in.Delim('{')
 	for seen&need != need && !in.IsDelim('}') {
