@@ -149,14 +149,13 @@ const reportBatch = 128
 
 // term is one leadership term's I/O around a fresh Machine.
 type term struct {
-	p        *Planner
-	m        *Machine
-	epoch    uint64
-	log      *slog.Logger
-	stateKV  jetstream.KeyValue
-	bootKV   []string
-	lastSave map[string]time.Time
-	sent     uint64 // commands published this term, for their Nats-Msg-Id
+	p       *Planner
+	m       *Machine
+	epoch   uint64
+	log     *slog.Logger
+	stateKV jetstream.KeyValue
+	bootKV  []string
+	sent    uint64 // commands published this term, for their Nats-Msg-Id
 }
 
 // lead plans for one leadership term. The machine starts from the persisted
@@ -181,7 +180,7 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 	}
 	defer func() { _ = w.Stop() }()
 
-	t := &term{p: p, epoch: epoch, log: log, stateKV: stateKV, lastSave: map[string]time.Time{}}
+	t := &term{p: p, epoch: epoch, log: log, stateKV: stateKV}
 	t.m = NewMachine(p.cfg.Rules, NewIndex(), epoch, rand.Float64, p.metrics)
 	t.m.SetArchiveAuthors(p.cfg.Archive.Whitelist.Pubkeys())
 
