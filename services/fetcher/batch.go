@@ -53,6 +53,9 @@ type batchSpec struct {
 	resync  bool
 	// layer1 marks the relay's layer-1 batch (AddFilters.layer1).
 	layer1 bool
+	// combined is the batch's live group when it carries the history
+	// (combined.go), waiting for the batch's turn to be opened.
+	combined *liveGroup
 }
 
 // batchSpecOf is the batch an AddFilters command with a batch asks for.
@@ -103,7 +106,7 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 	case s.histSem <- struct{}{}:
 		defer func() { <-s.histSem }()
 	case <-s.ctx.Done():
-		return
+		return // the session's end ends a waiting live group too
 	}
 	// Then a turn among all relays' batches (Config.MaxRunningBatches).
 	w.f.m.batchesWaiting.Inc()
@@ -118,9 +121,22 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 	batch, hist, refetch := spec.id, spec.hist.filters(), spec.refetch
 	b := &batchRun{w: w, s: s, id: batch, kind: spec.kind(), pub: w.f.newWindowPublisher(), since: spec.since,
 		countMissed: spec.resync && w.f.local != nil && w.f.localHoldsStore}
+	var answered [][]*nostr.Event
+	var whole []bool
+	if spec.combined != nil {
+		answered, whole = b.combinedHistory(spec.combined, hist)
+	}
 	var err error
 	var incomplete []*history.IncompleteError
-	for _, f := range hist {
+	for i, f := range hist {
+		if whole != nil && whole[i] {
+			// The live REQ's answer was the whole history of f.
+			b.usedReq = true
+			if err = b.deliver(f, answered[i]); err != nil {
+				break
+			}
+			continue
+		}
 		err = b.part(f)
 		var inc *history.IncompleteError
 		if errors.As(err, &inc) {

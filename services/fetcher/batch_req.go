@@ -43,24 +43,7 @@ func (b *batchRun) req(f nostr.Filter) error {
 		ShortPageEnds: true,
 		Cap:           &b.s.relayCap,
 	}
-	st, err := rd.Read(b.s.ctx, f, func(evts []*nostr.Event) error {
-		var lacked map[string]bool
-		if b.countMissed && !b.refetching {
-			var err error
-			if lacked, err = b.lacked(evts); err != nil {
-				return err
-			}
-		}
-		for _, evt := range evts {
-			if !b.s.looseTags.Load() && !matchesIgnoringLimit(nostr.Filters{f}, evt) {
-				b.s.looseTags.Store(true)
-			}
-			if err := b.emit(evt, reqFilters{f}, lacked[evt.ID]); err != nil {
-				return err
-			}
-		}
-		return b.pub.send(b.s.ctx) // a page travels together
-	})
+	st, err := rd.Read(b.s.ctx, f, func(evts []*nostr.Event) error { return b.deliver(f, evts) })
 	w.f.m.crowdedSeconds.Add(float64(st.Seconds))
 	if errors.Is(err, history.ErrTooDeep) {
 		return fmt.Errorf("%s: %w", w.url, err)
@@ -69,6 +52,29 @@ func (b *batchRun) req(f nostr.Filter) error {
 		w.log.Warn("history slice cannot be read completely with REQ", "session", b.s.id, "batch", b.id, "err", err)
 	}
 	return err
+}
+
+// deliver publishes a page of f's history: together, as one message.
+func (b *batchRun) deliver(f nostr.Filter, evts []*nostr.Event) error {
+	if len(evts) == 0 {
+		return nil
+	}
+	var lacked map[string]bool
+	if b.countMissed && !b.refetching {
+		var err error
+		if lacked, err = b.lacked(evts); err != nil {
+			return err
+		}
+	}
+	for _, evt := range evts {
+		if !b.s.looseTags.Load() && !matchesIgnoringLimit(nostr.Filters{f}, evt) {
+			b.s.looseTags.Store(true)
+		}
+		if err := b.emit(evt, reqFilters{f}, lacked[evt.ID]); err != nil {
+			return err
+		}
+	}
+	return b.pub.send(b.s.ctx) // a page travels together
 }
 
 // lacked returns the ids of a REQ page's events that a resync batch counts

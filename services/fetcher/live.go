@@ -69,6 +69,15 @@ type liveGroup struct {
 	mu          sync.Mutex
 	stop        func() bool
 	closedEarly *string
+
+	// A group that also reads its batch's history (combined.go): ctx is
+	// its context; waiting is set until the batch's turn opens it (or its
+	// cancellation ends it unopened); first collects what the relay sends
+	// before the first open's EOSE, asked with limit firstLimit.
+	ctx        context.Context
+	waiting    bool
+	first      *firstPage
+	firstLimit int
 }
 
 func (g *liveGroup) markLive()    { g.liveOnce.Do(func() { close(g.live) }) }
@@ -84,8 +93,15 @@ const liveReopenMax = 10 * time.Minute
 // at most LiveFiltersPerREQ filters; relaylimits.Pack). purpose says why
 // (liveGroup.purpose).
 func (w *relayWorker) openLive(fs []nostr.Filter, id, purpose string) {
+	w.openLiveGroups(fs, id, purpose, false)
+}
+
+// openLiveGroups is openLive; with deferred, a set that fits one REQ is
+// not opened but returned, waiting for its batch's turn (combined.go).
+// Otherwise it returns nil.
+func (w *relayWorker) openLiveGroups(fs []nostr.Filter, id, purpose string, deferred bool) *liveGroup {
 	if w.sess == nil || len(fs) == 0 {
-		return
+		return nil
 	}
 	lim := w.lims.effective()
 	lim.MaxFilters = min(lim.MaxFilters, w.f.cfg.LiveFiltersPerREQ)
@@ -96,11 +112,28 @@ func (w *relayWorker) openLive(fs []nostr.Filter, id, purpose string) {
 		live[i] = f
 	}
 	share := hexShare{}
-	for _, chunk := range relaylimits.Pack(live, lim) {
+	chunks := relaylimits.Pack(live, lim)
+	deferred = deferred && len(chunks) == 1
+	for _, chunk := range chunks {
 		ctx, cancel := context.WithCancel(w.sess.ctx)
 		g := &liveGroup{id: id, purpose: purpose, filters: compactFilters(chunk, share), cancel: cancel, done: make(chan struct{}),
-			live: make(chan struct{}), starved: make(chan struct{}), pub: w.f.newWindowPublisher()}
+			live: make(chan struct{}), starved: make(chan struct{}), pub: w.f.newWindowPublisher(), ctx: ctx}
 		w.live[g] = struct{}{}
+		if deferred {
+			g.waiting = true
+			// Cancelled before its turn (closed by name, replaced, the
+			// session's end): it ends unopened.
+			context.AfterFunc(ctx, func() {
+				g.mu.Lock()
+				unopened := g.waiting
+				g.waiting = false
+				g.mu.Unlock()
+				if unopened {
+					w.endLive(g)
+				}
+			})
+			return g
+		}
 		s := w.sess
 		w.tasks.Add(1)
 		go func() {
@@ -108,6 +141,7 @@ func (w *relayWorker) openLive(fs []nostr.Filter, id, purpose string) {
 			w.runLive(ctx, s, g, nil)
 		}()
 	}
+	return nil
 }
 
 // replaceLive opens the new live groups before closing the old ones (make
@@ -217,16 +251,36 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup, clo
 		// unopened counts the subscription out of the gauge once, when
 		// the relay closes it or the group ends.
 		unopened := sync.OnceFunc(func() { w.f.m.liveSubs.WithLabelValues(w.url).Dec() })
+		fs := g.filters.filters()
+		// The first open of a combined group asks for the batch's history
+		// too; a reopen asks for what is new only.
+		var first *firstPage
+		if !g.opened && g.first != nil {
+			first = g.first
+			for i := range fs {
+				fs[i].Limit, fs[i].LimitZero = g.firstLimit, false
+			}
+		}
 		h := &relayconn.Handler{
-			Event:  func(evt *nostr.Event, more bool) { w.liveEvent(ctx, s, g, evt, more) },
-			EOSE:   g.markLive,
+			Event: func(evt *nostr.Event, more bool) {
+				if first != nil && first.add(evt) {
+					return
+				}
+				w.liveEvent(ctx, s, g, evt, more)
+			},
+			EOSE: func() {
+				if first != nil {
+					first.eose()
+				}
+				g.markLive()
+			},
 			Closed: func(reason string) { unopened(); w.liveClosedBy(ctx, s, g, reason) },
 		}
 		purpose := g.purpose
 		if g.opened {
 			purpose = "live_reopen"
 		}
-		sub, err := s.conn.SubscribeLive(relayconn.WithPurpose(ctx, purpose), g.filters.filters(), func() {
+		sub, err := s.conn.SubscribeLive(relayconn.WithPurpose(ctx, purpose), fs, func() {
 			g.markStarved()
 			w.askFitLive()
 		}, h)

@@ -434,15 +434,23 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	if c.GetBatchId() == "" {
 		purpose = "live_merge"
 	}
-	w.openLive(filters.FromProtos(c.GetLiveFilters()), c.GetLiveId(), purpose)
+	live := filters.FromProtos(c.GetLiveFilters())
+	// On a relay read with REQ, the live REQ carries the batch's history
+	// and waits for its turn (combined.go).
+	combine := w.combinable(c, filters.FromProtos(c.GetHistoricFilters()), live)
+	waiting := w.openLiveGroups(live, c.GetLiveId(), purpose, combine)
 	if c.GetBatchId() == "" {
 		return
 	}
 	spec := batchSpecOf(c)
+	spec.combined = waiting
 	s := w.sess
 	select {
 	case s.pending <- struct{}{}:
 	default:
+		if waiting != nil {
+			w.openWaiting(s, waiting, nil, 0)
+		}
 		w.log.Warn("too many pending batches; batch failed", "session", s.id, "batch", c.GetBatchId())
 		w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_BatchDone{BatchDone: &graspv1.BatchDone{
 			BatchId: c.GetBatchId(), Outcome: graspv1.BatchOutcome_BATCH_OUTCOME_FAILED, Error: "too many pending batches on this relay"}}})

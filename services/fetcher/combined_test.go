@@ -1,0 +1,90 @@
+package fetcher_test
+
+import (
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/bus"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/faultrelay"
+	"github.com/grasp-sync/grasp-sync/pkg/testkit/testrelay"
+)
+
+// On a relay read with REQ, an items batch's live REQ carries its history:
+// the relay gets one REQ for both, every stored event is published as the
+// batch's history, the batch reports it, and the REQ stays open for new
+// events (docs/decisions/0076-history-in-the-live-req.md). Issue 32.
+func TestLiveREQCarriesHistory(t *testing.T) {
+	e := newEnv(t)
+	r := faultrelay.Start(t, testrelay.Options{})
+	k := testkit.NewKey()
+	old := notes(k, 30, 1, 1000)
+	r.Add(t, old...)
+	cfg := baseConfig("a")
+	cfg.DisableNegentropy = true
+	e.start(cfg, nil)
+	s := e.connectRelay(r.URL)
+	before := r.REQs()
+	e.addFilters(0, r.URL, s, "b1", kind1, kind1)
+	done := e.batchDone(r.URL, "b1")
+	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ ||
+		done.GetEventsReceived() != uint64(len(old)) || done.GetPages() != 1 {
+		t.Fatalf("batch done %v, want OK by REQ with %d events in 1 page", done, len(old))
+	}
+	e.waitEvents(old)
+	for _, evt := range old {
+		if h := e.header(evt.ID); h.Get(bus.HeaderBatch) != "b1" || h.Get(bus.HeaderMode) != "historic" {
+			t.Fatalf("history event published with batch %q, mode %q", h.Get(bus.HeaderBatch), h.Get(bus.HeaderMode))
+		}
+	}
+	if n := r.REQs() - before; n != 1 {
+		t.Fatalf("%d REQs for the batch's history and live set, want 1", n)
+	}
+	fresh := k.Note("after the batch", testkit.At(5000))
+	if err := testrelay.Publish(e.ctx, r.Relay.URL, fresh); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEvents([]*nostr.Event{fresh})
+	if h := e.header(fresh.ID); h.Get(bus.HeaderMode) != "live" {
+		t.Fatalf("new event published in mode %q, want live", h.Get(bus.HeaderMode))
+	}
+	if n := r.REQs() - before; n != 1 {
+		t.Fatalf("%d REQs after a live event, want the one", n)
+	}
+}
+
+// A history as long as the smallest cap relays are assumed to keep
+// (RelayMinCap, 40 here) may have been cut by one: it is read again filter
+// by filter, and nothing is missed; the live REQ stays open.
+func TestLongHistoryReadApartFromLiveREQ(t *testing.T) {
+	e := newEnv(t)
+	r := faultrelay.Start(t, testrelay.Options{})
+	k := testkit.NewKey()
+	old := notes(k, 130, 1, 1000)
+	r.Add(t, old...)
+	cfg := baseConfig("a")
+	cfg.DisableNegentropy = true
+	cfg.RelayMinCap = 40
+	e.start(cfg, nil)
+	s := e.connectRelay(r.URL)
+	before := r.REQs()
+	e.addFilters(0, r.URL, s, "b1", kind1, kind1)
+	done := e.batchDone(r.URL, "b1")
+	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetEventsReceived() < uint64(len(old)) {
+		t.Fatalf("batch done %v, want OK with all %d events", done, len(old))
+	}
+	e.waitEvents(old)
+	// The live REQ asked for 39 (below the assumed cap) and got 39: the
+	// history is read apart, with at least one more REQ.
+	if n := r.REQs() - before; n < 2 {
+		t.Fatalf("%d REQs for 130 events: the live REQ's answer of 39 was taken for the whole history", n)
+	}
+	fresh := k.Note("after the batch", testkit.At(5000))
+	if err := testrelay.Publish(e.ctx, r.Relay.URL, fresh); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEvents([]*nostr.Event{fresh})
+}
