@@ -40,6 +40,10 @@ type batchRun struct {
 	// refused counts parts the relay refused to serve (remembered, asked
 	// again a day later).
 	refused int
+	// local is the local set of the part being read, when it was read
+	// already (hasLocal: combinedHistory).
+	local    []negsync.Item
+	hasLocal bool
 }
 
 // batchSpec is one AddFilters' historic part as runBatch needs it.
@@ -123,12 +127,16 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 		countMissed: spec.resync && w.f.local != nil && w.f.localHoldsStore}
 	var answered [][]*nostr.Event
 	var whole []bool
-	if spec.combined != nil {
-		answered, whole = b.combinedHistory(spec.combined, hist)
-	}
+	var locals [][]negsync.Item
 	var err error
+	if spec.combined != nil {
+		answered, whole, locals, err = b.combinedHistory(spec.combined, hist)
+	}
 	var incomplete []*history.IncompleteError
 	for i, f := range hist {
+		if err != nil {
+			break
+		}
 		if whole != nil && whole[i] {
 			// The live REQ's answer was the whole history of f.
 			b.usedReq = true
@@ -137,7 +145,11 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 			}
 			continue
 		}
+		if locals != nil {
+			b.local, b.hasLocal = locals[i], true
+		}
 		err = b.part(f)
+		b.local, b.hasLocal = nil, false
 		var inc *history.IncompleteError
 		if errors.As(err, &inc) {
 			// Read what can be read; the batch is reported incomplete.
@@ -238,7 +250,10 @@ func (b *batchRun) partRead(f nostr.Filter) error {
 		if !w.f.localHoldsStore {
 			f = reqF
 		}
-		local, err := b.localSet(f)
+		local, err := b.local, error(nil)
+		if !b.hasLocal {
+			local, err = b.localSet(f)
+		}
 		if err != nil {
 			return err
 		}

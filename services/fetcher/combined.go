@@ -6,14 +6,17 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
+
+	"github.com/grasp-sync/grasp-sync/pkg/negsync"
 )
 
 // History carried by the live REQ (docs/decisions/0076-history-in-the-live-req.md).
 //
 // An items batch asks a relay for the same filters twice: its history, one
-// REQ per filter until EOSE, and its live set, one REQ with every filter
-// and limit 0. On a relay read with REQ (no NIP-77) the live REQ can carry
-// the history instead: asked with a limit, a REQ returns the stored events
+// REQ per filter until EOSE (or a NIP-77 reconciliation, when the local set
+// holds something for it), and its live set, one REQ with every filter and
+// limit 0. Where the history is read with REQ the live REQ can carry it
+// instead: asked with a limit, a REQ returns the stored events
 // before its EOSE and stays open for new ones. What it returns is the
 // history when it is short of the smallest cap relays are assumed to keep
 // (Config.RelayMinCap): then no cap, per filter or per REQ, can have cut
@@ -31,7 +34,17 @@ type firstPage struct {
 	// answer is read again filter by filter anyway.
 	max                int
 	eosed, taken, over bool
+	// ended is closed at the first open's EOSE, or when that open failed
+	// (the relay closed or refused it, it could not be sent).
+	ended   chan struct{}
+	endOnce sync.Once
 }
+
+func newFirstPage(max int) *firstPage { return &firstPage{max: max, ended: make(chan struct{})} }
+
+// fail ends the collection without an answer: the first open did not
+// reach its EOSE.
+func (p *firstPage) fail() { p.endOnce.Do(func() { close(p.ended) }) }
 
 // add keeps evt as history; false once the history is over (EOSE) or the
 // batch stopped waiting for it, so evt is a live event.
@@ -51,10 +64,11 @@ func (p *firstPage) add(evt *nostr.Event) bool {
 
 func (p *firstPage) eose() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if !p.taken {
 		p.eosed = true
 	}
+	p.mu.Unlock()
+	p.fail() // ended, with the answer
 }
 
 // take ends the collection: the events, and whether they are the relay's
@@ -70,21 +84,19 @@ func (p *firstPage) take() ([]*nostr.Event, bool) {
 
 // combinable reports whether an items batch's live set can carry its
 // history: a plain items batch (no since, no resync, not layer 1) whose
-// live filters are its history filters, on a session that reads history
-// with REQ and has not seen the relay match tags loosely, with no kind
-// the relay refused to serve.
+// live filters are its history filters, on a session that has not seen the
+// relay match tags loosely, with no kind the relay refused to serve. Which
+// filters' history it carries is decided at the batch's turn
+// (combinedHistory).
 func (w *relayWorker) combinable(c *graspv1.AddFilters, hist, live []nostr.Filter) bool {
 	s := w.sess
 	if s == nil || c.GetBatchId() == "" || c.Since != nil || c.GetResync() || c.GetLayer1() || len(hist) == 0 || len(hist) != len(live) {
 		return false
 	}
-	now := w.f.clock.Now()
-	if !w.f.cfg.DisableNegentropy && s.useNegentropy() && w.nip77.refusal(now) == "" {
-		return false // history is reconciled: the live REQ's answer would be read twice
-	}
 	if s.looseTags.Load() {
 		return false
 	}
+	now := w.f.clock.Now()
 	for i := range hist {
 		a, b := hist[i], live[i]
 		a.Limit, a.LimitZero, b.Limit, b.LimitZero = 0, false, 0, false
@@ -95,36 +107,71 @@ func (w *relayWorker) combinable(c *graspv1.AddFilters, hist, live []nostr.Filte
 	return true
 }
 
-// combinedHistory opens the batch's waiting live group with its history
-// (at the batch's turn) and returns, per history filter, the events the
-// relay answered for it and whether they are its whole history: fewer than
-// the limit each filter was asked with, which is set so that all of them
-// together stay below the smallest cap relays are assumed to keep
-// (RelayMinCap), so no cap, per filter or per REQ, can have cut them. A
-// filter that reached its limit is read apart. Every filter is read apart
-// (nil) when the group was closed before its turn, the relay closed or
-// refused the REQ, did not answer within PageTimeout, or sent an event
-// matching none of the filters.
-func (b *batchRun) combinedHistory(g *liveGroup, hist []nostr.Filter) (pages [][]*nostr.Event, whole []bool) {
+// combinedHistory opens the batch's waiting live group (at the batch's
+// turn), asking it for the history of the filters that would be read with
+// REQ: all of them on a session without NIP-77, those whose local set is
+// empty otherwise (docs/decisions/0037-initial-sync-req-when-local-set-empty.md;
+// the others' local sets are kept in locals for their reconciliation). It
+// returns, per filter, the events the relay answered for it and whether
+// they are its whole history: fewer than the limit the filter was asked
+// with, which is set so that all the limits together stay below the
+// smallest cap relays are assumed to keep (RelayMinCap), so no cap, per
+// filter or per REQ, can have cut them. A filter that reached its limit,
+// or whose history was not asked, is read apart. All are (whole nil) when
+// the group was closed before its turn, the relay closed or refused the
+// REQ, did not answer within PageTimeout, or sent an event matching none of
+// the filters.
+func (b *batchRun) combinedHistory(g *liveGroup, hist []nostr.Filter) (pages [][]*nostr.Event, whole []bool, locals [][]negsync.Item, err error) {
 	w, s := b.w, b.s
-	full := min(w.f.cfg.PageSize, w.lims.effective().MaxLimit, w.f.cfg.RelayMinCap)
-	per := (full - 1) / max(len(hist), 1)
-	if per < 1 {
-		w.openWaiting(s, g, nil, 0)
-		return nil, nil
+	now := w.f.clock.Now()
+	asked := make([]bool, len(hist))
+	n := 0
+	if w.f.cfg.DisableNegentropy || !s.useNegentropy() || w.nip77.refusal(now) != "" {
+		for i := range asked {
+			asked[i] = true
+		}
+		n = len(hist)
+	} else {
+		locals = make([][]negsync.Item, len(hist))
+		for i, f := range hist {
+			if locals[i], err = b.localSet(f); err != nil {
+				w.openWaiting(s, g, nil, nil)
+				return nil, nil, nil, err
+			}
+			if len(locals[i]) == 0 {
+				asked[i] = true
+				n++
+			}
+		}
 	}
-	first := &firstPage{max: per * len(hist)}
-	if !w.openWaiting(s, g, first, per) {
-		return nil, nil // closed before its turn
+	full := min(w.f.cfg.PageSize, w.lims.effective().MaxLimit, w.f.cfg.RelayMinCap)
+	per := (full - 1) / max(n, 1)
+	if n == 0 || per < 1 {
+		w.openWaiting(s, g, nil, nil)
+		return nil, nil, locals, nil
+	}
+	limits := make([]int, len(hist))
+	for i := range hist {
+		if asked[i] {
+			limits[i] = per
+		}
+	}
+	first := newFirstPage(per * n)
+	if !w.openWaiting(s, g, first, limits) {
+		return nil, nil, locals, nil // closed before its turn
 	}
 	select {
-	case <-g.live:
+	case <-first.ended:
+	case <-g.starved:
+		// No live slot free at the relay: the filters are read apart in
+		// the slots kept for reads, and the group opens when it gets one.
+	case <-g.done:
 	case <-w.f.clock.After(w.f.cfg.PageTimeout):
 	case <-s.ctx.Done():
 	}
 	evts, ok := first.take()
 	if !ok {
-		return nil, nil
+		return nil, nil, locals, nil
 	}
 	b.pages++
 	pages, whole = make([][]*nostr.Event, len(hist)), make([]bool, len(hist))
@@ -138,26 +185,26 @@ func (b *batchRun) combinedHistory(g *liveGroup, hist []nostr.Filter) (pages [][
 		}
 		if !matched {
 			s.looseTags.Store(true)
-			return nil, nil
+			return nil, nil, locals, nil
 		}
 	}
 	for i := range hist {
-		whole[i] = len(pages[i]) < per
+		whole[i] = asked[i] && len(pages[i]) < per
 	}
-	return pages, whole
+	return pages, whole, locals, nil
 }
 
-// openWaiting opens a group that waited for its batch's turn, asking with
-// limit for the history first collects (first nil: what is new only). It
-// is false when the group was closed meanwhile.
-func (w *relayWorker) openWaiting(s *session, g *liveGroup, first *firstPage, limit int) bool {
+// openWaiting opens a group that waited for its batch's turn, asking each
+// filter with its limit in limits for the history first collects (first
+// nil: what is new only). It is false when the group was closed meanwhile.
+func (w *relayWorker) openWaiting(s *session, g *liveGroup, first *firstPage, limits []int) bool {
 	g.mu.Lock()
 	if !g.waiting {
 		g.mu.Unlock()
 		return false
 	}
 	g.waiting = false
-	g.first, g.firstLimit = first, limit
+	g.first, g.firstLimits = first, limits
 	g.mu.Unlock()
 	w.tasks.Add(1)
 	go func() {

@@ -37,7 +37,7 @@ func TestFirstPage(t *testing.T) {
 		"no EOSE":          {true},
 	}
 	for _, c := range cases {
-		p := &firstPage{max: 2}
+		p := newFirstPage(2)
 		got := c.run(p)
 		evts, whole := p.take()
 		if len(evts) != c.wantN || whole != c.wantWhole {

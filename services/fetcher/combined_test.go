@@ -88,3 +88,38 @@ func TestLongHistoryReadApartFromLiveREQ(t *testing.T) {
 	}
 	e.waitEvents([]*nostr.Event{fresh})
 }
+
+// On a NIP-77 session the live REQ carries the history of the filters whose
+// local set is empty (those an initial sync reads with REQ, decision 0037);
+// a filter whose local set holds something is reconciled as before.
+func TestLiveREQCarriesHistoryOfEmptyLocalSets(t *testing.T) {
+	e := newEnv(t)
+	r := faultrelay.Start(t, testrelay.Options{Negentropy: true})
+	held, fresh := testkit.NewKey(), testkit.NewKey()
+	heldNotes, freshNotes := notes(held, 20, 1, 1000), notes(fresh, 10, 1, 2000)
+	r.Add(t, heldNotes...)
+	r.Add(t, freshNotes...)
+	e.start(baseConfig("a"), localStore(t, heldNotes[:1]))
+	s := e.connectRelay(r.URL)
+	fs := []nostr.Filter{{Kinds: []int{1}, Authors: []string{held.PubKey}}, {Kinds: []int{1}, Authors: []string{fresh.PubKey}}}
+	before := r.REQs()
+	e.addFilters(0, r.URL, s, "b1", fs, fs)
+	done := e.batchDone(r.URL, "b1")
+	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+		t.Fatalf("batch done %v", done)
+	}
+	e.waitEvents(append(heldNotes[1:], freshNotes...))
+	for _, evt := range freshNotes {
+		if h := e.header(evt.ID); h.Get(bus.HeaderBatch) != "b1" {
+			t.Fatalf("history event published with batch %q", h.Get(bus.HeaderBatch))
+		}
+	}
+	if n := r.NegOpens(); n != 1 {
+		t.Fatalf("%d NEG-OPENs, want 1: the filter whose local set holds an event", n)
+	}
+	// The live REQ with the empty local set's history, and the id fetch
+	// after the reconciliation: no REQ of its own for the second filter.
+	if n := r.REQs() - before; n != 2 {
+		t.Fatalf("%d REQs, want 2 (the live REQ carrying a history, one id fetch)", n)
+	}
+}

@@ -73,11 +73,12 @@ type liveGroup struct {
 	// A group that also reads its batch's history (combined.go): ctx is
 	// its context; waiting is set until the batch's turn opens it (or its
 	// cancellation ends it unopened); first collects what the relay sends
-	// before the first open's EOSE, asked with limit firstLimit.
-	ctx        context.Context
-	waiting    bool
-	first      *firstPage
-	firstLimit int
+	// before the first open's EOSE, each filter asked with its limit in
+	// firstLimits (0: none of its history).
+	ctx         context.Context
+	waiting     bool
+	first       *firstPage
+	firstLimits []int
 }
 
 func (g *liveGroup) markLive()    { g.liveOnce.Do(func() { close(g.live) }) }
@@ -258,7 +259,7 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup, clo
 		if !g.opened && g.first != nil {
 			first = g.first
 			for i := range fs {
-				fs[i].Limit, fs[i].LimitZero = g.firstLimit, false
+				fs[i].Limit, fs[i].LimitZero = g.firstLimits[i], g.firstLimits[i] == 0
 			}
 		}
 		h := &relayconn.Handler{
@@ -274,7 +275,13 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup, clo
 				}
 				g.markLive()
 			},
-			Closed: func(reason string) { unopened(); w.liveClosedBy(ctx, s, g, reason) },
+			Closed: func(reason string) {
+				if first != nil {
+					first.fail()
+				}
+				unopened()
+				w.liveClosedBy(ctx, s, g, reason)
+			},
 		}
 		purpose := g.purpose
 		if g.opened {
@@ -284,6 +291,9 @@ func (w *relayWorker) runLive(ctx context.Context, s *session, g *liveGroup, clo
 			g.markStarved()
 			w.askFitLive()
 		}, h)
+		if err != nil && first != nil {
+			first.fail()
+		}
 		var tooLarge *relayconn.TooLargeError
 		if errors.As(err, &tooLarge) {
 			// The budget went down since the group was packed: open its

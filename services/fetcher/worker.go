@@ -435,8 +435,8 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 		purpose = "live_merge"
 	}
 	live := filters.FromProtos(c.GetLiveFilters())
-	// On a relay read with REQ, the live REQ carries the batch's history
-	// and waits for its turn (combined.go).
+	// The live REQ carries the batch's history where it is read with REQ,
+	// and waits for the batch's turn (combined.go).
 	combine := w.combinable(c, filters.FromProtos(c.GetHistoricFilters()), live)
 	waiting := w.openLiveGroups(live, c.GetLiveId(), purpose, combine)
 	if c.GetBatchId() == "" {
@@ -449,7 +449,7 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	case s.pending <- struct{}{}:
 	default:
 		if waiting != nil {
-			w.openWaiting(s, waiting, nil, 0)
+			w.openWaiting(s, waiting, nil, nil)
 		}
 		w.log.Warn("too many pending batches; batch failed", "session", s.id, "batch", c.GetBatchId())
 		w.reportFor(s.id, &graspv1.FetchReport{Report: &graspv1.FetchReport_BatchDone{BatchDone: &graspv1.BatchDone{
