@@ -11,6 +11,10 @@ import (
 // directory, and for benchmarks comparing the two layouts in one run.
 func WithKVTagsV2() Option { return func(o *options) { o.kvTagsV2 = true } }
 
+// WithKVNoItemKeys makes a kv store write no item keys, as the code before
+// them did: for tests of a directory holding events stored by it.
+func WithKVNoItemKeys() Option { return func(o *options) { o.kvNoItemKeys = true } }
+
 // WithPostgresTagsAsBefore opens PostgreSQL as the code before decision
 // 0058 did: the tag index keeps its pending list (fastupdate on) and the
 // store never analyzes the table. For benchmarks measuring the difference.

@@ -48,19 +48,29 @@ func itemsLayouts() []itemsLayout {
 			return s
 		}
 	}
+	// upgraded stores half the events as the code before did (before),
+	// then reopens the directory and stores the rest.
+	upgraded := func(scheme string, before store.Option) func(t *testing.T, evts []*nostr.Event) *store.Store {
+		return func(t *testing.T, evts []*nostr.Event) *store.Store {
+			dir := t.TempDir()
+			s := open(t, scheme+"://"+dir, before)
+			save(t, s, evts[:len(evts)/2])
+			s.Close()
+			s = open(t, scheme+"://"+dir)
+			save(t, s, evts[len(evts)/2:])
+			return s
+		}
+	}
 	return []itemsLayout{
 		{"kv+pebble", fresh("kv+pebble")},
 		{"kv+badger", fresh("kv+badger")},
 		{"kv+pebble v2", fresh("kv+pebble", store.WithKVTagsV2())},
-		{"kv+pebble v2 upgraded", func(t *testing.T, evts []*nostr.Event) *store.Store {
-			dir := t.TempDir()
-			s := open(t, "kv+pebble://"+dir, store.WithKVTagsV2())
-			save(t, s, evts[:len(evts)/2])
-			s.Close()
-			s = open(t, "kv+pebble://"+dir)
-			save(t, s, evts[len(evts)/2:])
-			return s
-		}},
+		{"kv+pebble v2 upgraded", upgraded("kv+pebble", store.WithKVTagsV2())},
+		{"kv+pebble without item keys", fresh("kv+pebble", store.WithKVNoItemKeys())},
+		// Half the events stored by the code before item keys, half after:
+		// a local set reads item keys where there are some, events where not.
+		{"kv+pebble item keys added", upgraded("kv+pebble", store.WithKVNoItemKeys())},
+		{"kv+badger item keys added", upgraded("kv+badger", store.WithKVNoItemKeys())},
 	}
 }
 

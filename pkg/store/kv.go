@@ -30,6 +30,9 @@ import (
 //	T letter hash(value)(8) ts serial cases
 //	                                  each single-letter tag's first value
 //	N kind                            every kind ever stored
+//	M serial                          → id(32) pubkey(32) kind(8): what
+//	                                  the NIP-77 local set reads of an
+//	                                  event instead of its JSON (kvItemKey)
 //
 // A tag key is one per distinct value of a letter, both cases together:
 // letter is the lowercase one, and cases says which of the event's tags
@@ -78,6 +81,9 @@ type kv struct {
 	// tagsV2 writes and reads tag keys as format v2 did (tests only: it
 	// is how a directory "written by the old code" is made).
 	tagsV2 bool
+	// noItemKeys writes no item keys (tests only: it is how events
+	// "stored before item keys" are made).
+	noItemKeys bool
 }
 
 // kvKinds is the set of kinds stored at least once. A kind is listed for
@@ -138,6 +144,7 @@ const (
 	kvAuthKind  = 'B'
 	kvTag       = 'T'
 	kvKnownKind = 'N'
+	kvItem      = 'M'
 	// Format v1's indexes by time and by author alone.
 	kvV1Time   = 'C'
 	kvV1Author = 'A'
@@ -185,7 +192,7 @@ func openKV(dir, engine string, o options) (*kv, error) {
 	if err != nil {
 		return fail(err)
 	}
-	k := &kv{eng: eng, txnBytes: eng.txnBytes(), tagsV2: o.kvTagsV2}
+	k := &kv{eng: eng, txnBytes: eng.txnBytes(), tagsV2: o.kvTagsV2, noItemKeys: o.kvNoItemKeys}
 	if bytes.Equal(format, kvFormatV1) {
 		b, ok := eng.(*kvBadgerDB)
 		if !ok {
@@ -330,6 +337,21 @@ func kvIDKey(id []byte) []byte { return append([]byte{kvID}, id...) }
 
 func kvRawKey(serial uint64) []byte {
 	return binary.BigEndian.AppendUint64([]byte{kvRaw}, serial)
+}
+
+// kvItemKey is the key of an event's item record (id, pubkey, kind): ~80
+// bytes a local set reads instead of the event (~1 KB, in a block the cache
+// seldom holds at scale; docs/decisions/0077-local-set-item-keys.md).
+// Events stored before it was written have none, and are read as before.
+func kvItemKey(serial uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{kvItem}, serial)
+}
+
+// kvItemValue is an item record's value.
+func kvItemValue(id, pk []byte, kind int) []byte {
+	v := make([]byte, 0, 72)
+	v = append(append(v, id...), pk...)
+	return binary.BigEndian.AppendUint64(v, flip(int64(kind)))
 }
 
 // kvFold is the letter a tag name's keys are under in format v3, and the

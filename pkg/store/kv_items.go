@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -59,6 +60,9 @@ func kvItemsScan(ctx context.Context, r kvReader, check *kvItemCheck, f nostr.Fi
 	if err != nil {
 		return nil, err
 	}
+	if check.byItem(prefixes) {
+		return kvItemsByItemKeys(ctx, r, check, suffixes)
+	}
 	if sg, ok := r.(kvSortedGetter); ok {
 		return kvItemsSorted(ctx, sg, check, suffixes)
 	}
@@ -90,18 +94,26 @@ type kvSortedGetter interface {
 	getSorted(prefix []byte, keys [][]byte, fn func(n int, v []byte) error) error
 }
 
-// kvItemsSorted loads the candidates (suffixes, newest first) in serial
-// order and returns the matching items newest first.
-func kvItemsSorted(ctx context.Context, sg kvSortedGetter, check *kvItemCheck, suffixes [][16]byte) ([]Item, error) {
-	order := make([]int, len(suffixes)) // candidate positions by serial
+// kvBySerial orders candidates (index suffixes: ts, serial) by serial, as
+// one iterator reads the keys keyOf gives each (ascending): order holds
+// their positions in suffixes, keys their keys in that order.
+func kvBySerial(suffixes [][16]byte, keyOf func(serial uint64) []byte) (order []int, keys [][]byte) {
+	order = make([]int, len(suffixes))
 	for n := range order {
 		order[n] = n
 	}
 	slices.SortFunc(order, func(a, b int) int { return bytes.Compare(suffixes[a][8:], suffixes[b][8:]) })
-	keys := make([][]byte, len(order))
+	keys = make([][]byte, len(order))
 	for n, at := range order {
-		keys[n] = kvRawKey(binary.BigEndian.Uint64(suffixes[at][8:]))
+		keys[n] = keyOf(binary.BigEndian.Uint64(suffixes[at][8:]))
 	}
+	return order, keys
+}
+
+// kvItemsSorted loads the candidates (suffixes, newest first) in serial
+// order and returns the matching items newest first.
+func kvItemsSorted(ctx context.Context, sg kvSortedGetter, check *kvItemCheck, suffixes [][16]byte) ([]Item, error) {
+	order, keys := kvBySerial(suffixes, kvRawKey)
 	found := make([]Item, len(suffixes))
 	matched := make([]bool, len(suffixes))
 	err := sg.getSorted([]byte{kvRaw}, keys, func(n int, raw []byte) error {
@@ -119,6 +131,63 @@ func kvItemsSorted(ctx context.Context, sg kvSortedGetter, check *kvItemCheck, s
 	})
 	if err != nil {
 		return nil, err
+	}
+	out := found[:0]
+	for n, it := range found {
+		if matched[n] {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}
+
+// kvItemsByItemKeys is kvItemsScan for a filter its index entries already
+// narrow to the events whose tag matches (byItem): each candidate's item key
+// (id, pubkey, kind; ~80 bytes) is read instead of its JSON, which at scale
+// is mostly a block the cache does not hold (at 1,000 relays the local sets
+// reading events were 23 % of graspd's CPU,
+// docs/decisions/0077-local-set-item-keys.md). A candidate stored before
+// item keys were written has none and is checked from its JSON. Newest
+// first, as kvItemsScan.
+func kvItemsByItemKeys(ctx context.Context, r kvReader, check *kvItemCheck, suffixes [][16]byte) ([]Item, error) {
+	order, keys := kvBySerial(suffixes, kvItemKey)
+	found := make([]Item, len(suffixes))
+	matched := make([]bool, len(suffixes))
+	read := make([]bool, len(suffixes))
+	each := func(n int, v []byte) error {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		at := order[n]
+		it, ok, err := check.matchItem(v, suffixes[at])
+		if err != nil {
+			return fmt.Errorf("load item %d: %w", binary.BigEndian.Uint64(keys[n][1:]), err)
+		}
+		found[at], matched[at], read[at] = it, ok, true
+		return nil
+	}
+	if sg, ok := r.(kvSortedGetter); ok {
+		if err := sg.getSorted([]byte{kvItem}, keys, each); err != nil {
+			return nil, err
+		}
+	} else {
+		for n, key := range keys {
+			if _, err := r.get(key, func(v []byte) error { return each(n, v) }); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for at, sfx := range suffixes {
+		if read[at] {
+			continue
+		}
+		it, ok, err := kvLoadItem(r, binary.BigEndian.Uint64(sfx[8:]), check)
+		if err != nil {
+			return nil, err
+		}
+		found[at], matched[at] = it, ok
 	}
 	out := found[:0]
 	for n, it := range found {
@@ -226,6 +295,46 @@ func newKVItemCheck(f nostr.Filter) *kvItemCheck {
 		c.need |= itemFieldTags
 	}
 	return c
+}
+
+// byItem reports whether an item key is enough to check a candidate found
+// under prefixes: the filter has no tag condition, or one, which the
+// candidates' tag keys already hold (their prefix is the letter and the
+// value's hash, their cases byte the letter's case). What is left to check
+// (ids, kinds, authors, time) is in the item key and the index entry. A
+// value whose hash equals an asked one's (FNV-64, not collision-proof) is
+// then counted as matching: a local set may hold an item that does not
+// match, never lack one that does, and an extra item in a NIP-77 local set
+// only names an event the relay is not asked for.
+func (c *kvItemCheck) byItem(prefixes []kvPrefix) bool {
+	switch {
+	case c.full, len(c.tags) > 1:
+		return false
+	case len(c.tags) == 1:
+		return len(prefixes) > 0 && prefixes[0].key[0] == kvTag
+	}
+	return true
+}
+
+// matchItem is match for an item key's value v and the candidate's index
+// suffix (ts, serial).
+func (c *kvItemCheck) matchItem(v []byte, suffix [16]byte) (Item, bool, error) {
+	if len(v) != 72 {
+		return Item{}, false, fmt.Errorf("item key of %d bytes, want 72", len(v))
+	}
+	ts := nostr.Timestamp(int64(binary.BigEndian.Uint64(suffix[:8]) ^ 1<<63))
+	kind := int(int64(binary.BigEndian.Uint64(v[64:72]) ^ 1<<63))
+	id := hex.EncodeToString(v[:32])
+	f := c.f
+	switch {
+	case c.ids != nil && !has(c.ids, id),
+		f.Kinds != nil && !slices.Contains(f.Kinds, kind),
+		f.Authors != nil && !slices.Contains(f.Authors, hex.EncodeToString(v[32:64])),
+		f.Since != nil && ts < *f.Since,
+		f.Until != nil && ts > *f.Until:
+		return Item{}, false, nil
+	}
+	return Item{ID: id, CreatedAt: ts}, true, nil
 }
 
 // match reports whether the event whose JSON (as kvPrepare wrote it) is

@@ -186,6 +186,11 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 			if err := w.set(idKey, binary.BigEndian.AppendUint64(nil, serial)); err != nil {
 				return err
 			}
+			if !k.noItemKeys {
+				if err := w.set(kvItemKey(serial), kvItemValue(p.id, p.pk, p.evt.Kind)); err != nil {
+					return err
+				}
+			}
 			for _, key := range kvIndexKeys(p.evt, p.pk, serial, k.tagsV2) {
 				if err := w.set(key, nil); err != nil {
 					return err
@@ -269,7 +274,7 @@ func (k *kv) delete(_ context.Context, evt *nostr.Event) error {
 	pk, _ := decode32(stored.PubKey)
 	w := k.eng.newWrite()
 	defer w.discard()
-	keys := append(kvIndexKeys(stored, pk, serial, k.tagsV2), kvRawKey(serial), kvIDKey(id))
+	keys := append(kvIndexKeys(stored, pk, serial, k.tagsV2), kvRawKey(serial), kvIDKey(id), kvItemKey(serial))
 	if k.legacyTags {
 		// Written before format v3, its tag keys may be v2's.
 		keys = append(keys, kvIndexKeys(stored, pk, serial, true)[2:]...)

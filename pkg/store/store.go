@@ -84,6 +84,9 @@ type options struct {
 	// kvTagsV2 makes a new kv store write format v2's tag keys (tests:
 	// a directory as the code before format v3 wrote it).
 	kvTagsV2 bool
+	// kvNoItemKeys makes a kv store write no item keys, as the code before
+	// them did (tests).
+	kvNoItemKeys bool
 	// pgTagsAsBefore leaves PostgreSQL's tag index and statistics as the
 	// code before decision 0058 did (benchmarks measure the difference).
 	pgTagsAsBefore bool
@@ -429,7 +432,10 @@ func (s *Store) QueryEvents(ctx context.Context, f nostr.Filter) (chan *nostr.Ev
 
 // Items returns the id and timestamp of EVERY stored event matching f
 // (f.Limit is ignored), newest first: the local set of a NIP-77
-// reconciliation, which must not be truncated by a query limit.
+// reconciliation, which must not be truncated by a query limit. On the kv
+// store it may also list an event whose tag value's index hash equals an
+// asked value's (decision 0077): an extra item in a local set only names an
+// event the relay is not asked for; Query checks every event.
 func (s *Store) Items(ctx context.Context, f nostr.Filter) ([]Item, error) {
 	f.Limit, f.LimitZero = 0, false
 	if f.Search != "" || nostr.GetTheoreticalLimit(f) == 0 {
