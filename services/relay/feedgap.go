@@ -62,8 +62,10 @@ func (r *Relay) watchStoredFeed(ctx context.Context, sub *nats.Subscription) {
 		if !now.GapSince(last) || time.Since(dropped) < r.cfg.FeedGapMinInterval {
 			continue
 		}
-		n := r.clients.dropAll(feedGapReason)
+		// Counted first: a client that sees its connection close may
+		// read the metric at once (TestFeedGapDropsClients did, and found 0).
 		r.feedGapDrops.Inc()
+		n := r.clients.dropAll(feedGapReason)
 		r.log.Warn("stored-event feed may have missed events: dropped every client so that their live subscriptions start again",
 			"reconnects", now.Reconnects-last.Reconnects, "dropped_announcements", now.Dropped-last.Dropped, "clients", n)
 		last, dropped = now, time.Now()
