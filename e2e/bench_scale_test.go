@@ -1160,7 +1160,6 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	return res
 }
 
-// waitQuiet polls metrics until Quiescent has held for hold, or ctx ends.
 // errNotPolled marks a round of the progress loop that did not read
 // graspd's metrics.
 var errNotPolled = errors.New("metrics not read this round")
@@ -1174,10 +1173,10 @@ func settled(m map[string]float64, urls []string) bool {
 			return false
 		}
 	}
-	started := MetricSum(m, "grasp_planner_batches_total", `event="started"`)
-	return started > 0 && batchesEnded(m) >= started
+	return allBatchesEnded(m)
 }
 
+// waitQuiet polls metrics until Quiescent has held for hold, or ctx ends.
 func waitQuiet(ctx context.Context, metrics func(context.Context) (map[string]float64, error), urls []string, hold time.Duration) error {
 	return pollHeld(ctx, metrics, urls, hold, time.Second, Quiescent)
 }

@@ -170,6 +170,12 @@ func Quiescent(m map[string]float64, urls []string) bool {
 			return false
 		}
 	}
+	return allBatchesEnded(m)
+}
+
+// allBatchesEnded reports whether the planner started a historic batch and
+// every one it started has ended.
+func allBatchesEnded(m map[string]float64) bool {
 	started := MetricSum(m, "grasp_planner_batches_total", `event="started"`)
 	return started > 0 && batchesEnded(m) >= started
 }

@@ -132,13 +132,7 @@ func kvItemsSorted(ctx context.Context, sg kvSortedGetter, check *kvItemCheck, s
 	if err != nil {
 		return nil, err
 	}
-	out := found[:0]
-	for n, it := range found {
-		if matched[n] {
-			out = append(out, it)
-		}
-	}
-	return out, nil
+	return kvMatched(found, matched), nil
 }
 
 // kvItemsByItemKeys is kvItemsScan for a filter its index entries already
@@ -189,13 +183,18 @@ func kvItemsByItemKeys(ctx context.Context, r kvReader, check *kvItemCheck, suff
 		}
 		found[at], matched[at] = it, ok
 	}
+	return kvMatched(found, matched), nil
+}
+
+// kvMatched keeps the found items that matched, in place and in order.
+func kvMatched(found []Item, matched []bool) []Item {
 	out := found[:0]
 	for n, it := range found {
 		if matched[n] {
 			out = append(out, it)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // kvItemsByIDs looks the ids up and checks each stored event's JSON:
