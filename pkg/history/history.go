@@ -577,16 +577,7 @@ func Page(ctx context.Context, r *relayconn.Conn, f nostr.Filter) ([]*nostr.Even
 		case evt := <-sub.Events():
 			out = append(out, evt)
 		case <-sub.EOSE():
-			// Events before EOSE are delivered in order; drain what is
-			// buffered.
-			for {
-				select {
-				case evt := <-sub.Events():
-					out = append(out, evt)
-				default:
-					return out, nil
-				}
-			}
+			return append(out, sub.Buffered()...), nil
 		case reason := <-sub.Closed():
 			return out, fmt.Errorf("REQ to %s closed: %s", r.URL(), reason)
 		case <-r.Context().Done():

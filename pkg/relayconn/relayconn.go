@@ -621,6 +621,21 @@ func (s *Subscription) Events() <-chan *nostr.Event { return s.events }
 // EOSE is closed when the relay has sent every stored event.
 func (s *Subscription) EOSE() <-chan struct{} { return s.eose }
 
+// Buffered returns the events waiting on Events, without blocking. Once EOSE
+// is closed they are the rest of the stored events: a reader selecting on
+// both channels may see EOSE first, and takes these before it concludes.
+func (s *Subscription) Buffered() []*nostr.Event {
+	var out []*nostr.Event
+	for {
+		select {
+		case evt := <-s.events:
+			out = append(out, evt)
+		default:
+			return out
+		}
+	}
+}
+
 // Closed receives the reason when the relay closes the subscription. It is
 // sent before Done is closed, so after Done a non-blocking read tells
 // whether the relay closed it.

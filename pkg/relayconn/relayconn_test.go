@@ -361,3 +361,37 @@ func TestOnSentNamesPurposes(t *testing.T) {
 		t.Fatalf("sent by purpose = %v, want %v", sent, want)
 	}
 }
+
+// Once EOSE is closed, the stored events not yet read are all on Events:
+// Buffered returns them, so a reader that sees EOSE first loses none.
+func TestBufferedAfterEOSE(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := testrelay.Start(t, testrelay.Options{})
+	k := testkit.NewKey()
+	var stored []*nostr.Event
+	for i := range 5 {
+		stored = append(stored, k.Note("stored", testkit.At(nostr.Timestamp(1000+i))))
+	}
+	r.Add(t, stored...)
+	c, err := relayconn.Dial(ctx, r.URL, relayconn.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sub, err := c.Subscribe(ctx, nostr.Filters{{Kinds: []int{1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.EOSE():
+	case <-ctx.Done():
+		t.Fatal("no EOSE")
+	}
+	if got := sub.Buffered(); len(got) != len(stored) {
+		t.Fatalf("Buffered after EOSE: %d events, want %d", len(got), len(stored))
+	}
+	if got := sub.Buffered(); len(got) != 0 {
+		t.Fatalf("Buffered again: %d events, want none", len(got))
+	}
+}

@@ -115,6 +115,11 @@ func FetchEvent(ctx context.Context, relayURL, id string) (*nostr.Event, error) 
 				return evt, nil
 			}
 		case <-sub.EOSE():
+			for _, evt := range sub.Buffered() {
+				if evt.ID == id {
+					return evt, nil
+				}
+			}
 			return nil, fmt.Errorf("%s does not have event %s: %w", relayURL, id, ErrNotHeld)
 		case reason := <-sub.Closed():
 			return nil, fmt.Errorf("%s closed the query: %s", relayURL, reason)

@@ -203,15 +203,7 @@ func (b *batchRun) pageOnce(f nostr.Filter) (out []*nostr.Event, bytes uint64, c
 		case evt := <-sub.Events():
 			out = append(out, evt)
 		case <-sub.EOSE():
-			// Events before EOSE are delivered in order; drain the buffer.
-			for {
-				select {
-				case evt := <-sub.Events():
-					out = append(out, evt)
-				default:
-					return out, 0, "", nil
-				}
-			}
+			return append(out, sub.Buffered()...), 0, "", nil
 		case reason := <-sub.Closed():
 			return out, 0, reason, nil
 		case <-b.s.conn.Context().Done():

@@ -339,16 +339,10 @@ func (r *Refresher) fetch(ctx context.Context, conn *relayconn.Conn, ids []strin
 			case evt := <-sub.Events():
 				take(evt)
 			case <-sub.EOSE():
-				// Events before EOSE are delivered in order; drain the
-				// buffer.
-				for {
-					select {
-					case evt := <-sub.Events():
-						take(evt)
-					default:
-						break read
-					}
+				for _, evt := range sub.Buffered() {
+					take(evt)
 				}
+				break read
 			case reason := <-sub.Closed():
 				sub.Close()
 				return saved, fmt.Errorf("mirror refresh: the target closed our REQ: %s", reason)
