@@ -44,8 +44,12 @@ type Options struct {
 	// MaxMessageBytes bounds one message from the relay (default 4 MiB). A
 	// larger message ends the connection: websocket has no way to skip it.
 	MaxMessageBytes int64
-	// PingInterval is how often an idle connection is pinged (default 30 s;
-	// negative disables keepalive).
+	// PingInterval is how often the keepalive looks at the connection
+	// (default 30 s; negative disables keepalive): it pings only a relay it
+	// heard nothing from (no message, no ping of its own) since it last
+	// looked, so a silent relay is pinged after one to two intervals of
+	// silence, and one that pings us as often (khatru every 30 s, strfry
+	// every 55 s) is pinged rarely or never.
 	PingInterval time.Duration
 	// PongTimeout is how long a ping may go unanswered before the connection
 	// is declared dead (default 20 s).
@@ -168,7 +172,13 @@ type Conn struct {
 	// delivering is set while the read loop waits for a slow consumer: the
 	// socket is then quiet because of us, not the relay.
 	delivering atomic.Bool
-	loops      sync.WaitGroup
+	// heard is set by every message and ping the relay sends and cleared
+	// by the keepalive: a relay heard from is alive without our ping. At
+	// 1,000 relays our pings and their pongs were most of what woke graspd
+	// at rest, while the relays pinged it as often
+	// (docs/decisions/0078-quiet-keepalive-and-heartbeat.md).
+	heard *atomic.Bool
+	loops sync.WaitGroup
 	// dmu guards the queues of subscriptions with a Handler, ready (those
 	// with messages waiting, in turn) and draining (the delivery goroutine
 	// runs); deliver.go.
@@ -201,9 +211,14 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
 	transport := vettedTransport(opts.CheckDial)
+	heard := new(atomic.Bool)
 	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{
 		HTTPClient: &http.Client{Transport: transport},
 		HTTPHeader: opts.Header,
+		OnPingReceived: func(context.Context, []byte) bool {
+			heard.Store(true)
+			return true // answered with a pong, as without the callback
+		},
 	})
 	if err != nil {
 		de := &DialError{URL: url, Err: err}
@@ -214,7 +229,7 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 	}
 	ws.SetReadLimit(opts.MaxMessageBytes)
 	c := &Conn{url: url, ws: ws, opts: opts,
-		subs: map[string]*Subscription{}, channels: map[string]*Channel{}, watchers: map[*noticeWatcher]struct{}{},
+		heard: heard, subs: map[string]*Subscription{}, channels: map[string]*Channel{}, watchers: map[*noticeWatcher]struct{}{},
 		unanswered: map[*Subscription][]byte{}}
 	c.gate.init()
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
@@ -376,7 +391,7 @@ func (c *Conn) keepalive() {
 	c.loops.Add(1)
 	c.pmu.Unlock()
 	defer c.loops.Done()
-	if !c.delivering.Load() {
+	if !c.heard.Swap(false) && !c.delivering.Load() {
 		pctx, cancel := context.WithTimeout(c.ctx, c.opts.PongTimeout)
 		err := c.ws.Ping(pctx)
 		cancel()
@@ -426,6 +441,9 @@ func (c *Conn) readLoop() {
 		}
 		data := buf.Bytes()
 		c.BytesIn.Add(uint64(len(data)))
+		if !c.heard.Load() {
+			c.heard.Store(true)
+		}
 		c.dispatch(data)
 	}
 }

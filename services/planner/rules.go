@@ -74,9 +74,14 @@ type Rules struct {
 	// never pauses and never fills a filter still goes this often.
 	ChunkMaxWait time.Duration `ignored:"true" default:"10s"`
 	// Heartbeat re-sends EnsureConnected to every relay this often, so a
-	// relay whose fetcher died (and whose shard moved) is reconnected and a
-	// session that ended unreported is noticed. 0 disables it.
-	Heartbeat time.Duration `envconfig:"PLANNER_HEARTBEAT" default:"30s"`
+	// relay whose fetcher lost it unreported is reconnected and a session
+	// that ended unreported is noticed. It is a backstop: a fetcher that
+	// takes over a shard resumes its relays, and one that loses a session
+	// reconnects and reports the new one, so it is rare; each round costs
+	// a command, an answer and a persisted relay record per relay, which
+	// every 30 s was a third of graspd's CPU at rest at 1,000 relays
+	// (docs/decisions/0078-quiet-keepalive-and-heartbeat.md). 0 disables it.
+	Heartbeat time.Duration `envconfig:"PLANNER_HEARTBEAT" default:"5m"`
 }
 
 // DefaultRules are the defaults docs/sync.md describes: the default tags.

@@ -142,7 +142,7 @@ var Retired = []RetiredVar{
 	{"GRASP_FETCHER_NEGENTROPY_FRAME_SIZE", "fixed at 60,000 bytes: the largest NIP-77 frame sent, like strfry's sync client (smaller when a relay's message budget needs it)."},
 	{"GRASP_FETCHER_NEGENTROPY_TIMEOUT", "fixed at 30 s: the wait for each NIP-77 answer, after which the part is read with REQs."},
 	{"GRASP_FETCHER_PAGE_TIMEOUT", "fixed at 2 min: the wait for each historic REQ's EOSE, after which the batch fails and is retried."},
-	{"GRASP_FETCHER_PING_INTERVAL", "fixed at 30 s: the keepalive ping to each relay."},
+	{"GRASP_FETCHER_PING_INTERVAL", "fixed at 30 s: how often the keepalive looks at each relay; it pings one it heard nothing from (no message, no ping of its own) since it last looked."},
 	{"GRASP_FETCHER_PONG_TIMEOUT", "fixed at 20 s: a relay that does not answer a ping within it is declared dead."},
 	{"GRASP_FETCHER_LIVE_FILTERS_PER_REQ", "fixed at 20: the filters of one live REQ (strfry's default)."},
 	{"GRASP_FETCHER_MAX_PENDING_BATCHES", "fixed at 256: the historic batches that may wait per relay; more are failed and retried."},
