@@ -143,17 +143,26 @@ func (m *Machine) clearConfirmed(s *RelayState) {
 	s.Incomplete, s.LastIncomplete = 0, ""
 }
 
+// seenPersistEvery is how stale a relay's persisted sign of life may grow
+// while nothing else about it changes: a successor planner that finds the
+// session ended unreported catches up from it, less SinceBuffer, so at most
+// this much more is read again then.
+const seenPersistEvery = time.Hour
+
 func (m *Machine) onConnected(now time.Time, s *RelayState, session string) {
 	if session == "" {
 		return
 	}
 	if session == s.Session {
 		// A repeated Connected: the heartbeat's answer. Persist the sign of
-		// life now and then, so a successor's catch-up starts close to it.
-		if now.Sub(s.LastSeen) >= time.Minute {
+		// life now and then, so a successor's catch-up starts close to it;
+		// not at every round, which rewrote every relay's record (its
+		// confirmed state) for one timestamp
+		// (docs/decisions/0078-quiet-keepalive-and-heartbeat.md).
+		s.LastSeen = now
+		if now.Sub(s.seenPersisted) >= seenPersistEvery {
 			m.dirty[s.ID] = true
 		}
-		s.LastSeen = now
 		return
 	}
 	if s.Session != "" {

@@ -441,6 +441,43 @@ func TestHeartbeat(t *testing.T) {
 	expect(t, "heartbeat", h.advance(30*time.Second), "ensure wss://a.example")
 }
 
+// The heartbeat's answers refresh a relay's last sign of life in memory at
+// every round but rewrite its persisted record only once seenPersistEvery
+// passed since the one persisted: each record holds the relay's confirmed
+// state, and rewriting 1,000 of them every minute for one timestamp was
+// most of what the planner did at rest.
+func TestHeartbeatAnswerPersistsHourly(t *testing.T) {
+	h := synced(t, testRules())
+	h.m.TakeDirty()
+	dirty := func() bool {
+		changed, _ := h.m.TakeDirty()
+		return len(changed) == 1
+	}
+	for i := range 3 {
+		h.advance(5 * time.Minute)
+		h.connect(relayA, "s1")
+		if dirty() {
+			t.Fatalf("answer %d, %d min after the record was persisted: record rewritten", i+1, 5*(i+1))
+		}
+		if !h.relay(relayA).LastSeen.Equal(h.now) {
+			t.Fatalf("answer %d: last seen %v, want %v", i+1, h.relay(relayA).LastSeen, h.now)
+		}
+	}
+	h.advance(seenPersistEvery)
+	h.connect(relayA, "s1")
+	if !dirty() {
+		t.Fatal("an answer an hour after the record was persisted did not rewrite it")
+	}
+	if got := h.m.Snapshot(h.relay(relayA), h.now).GetLastSeen(); got != h.now.Unix() {
+		t.Fatalf("persisted last seen %d, want %d", got, h.now.Unix())
+	}
+	h.advance(5 * time.Minute)
+	h.connect(relayA, "s1")
+	if dirty() {
+		t.Fatal("the next answer rewrote the record again")
+	}
+}
+
 func TestListedAgainWhileDisconnecting(t *testing.T) {
 	h := newHarness(t, testRules(), 1)
 	h.repo("r1", []string{relayA}, "x")

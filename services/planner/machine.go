@@ -100,6 +100,7 @@ func (m *Machine) TakeDirty() (changed []*RelayState, dropped []string) {
 	for _, id := range ids {
 		if s, ok := m.relays[id]; ok {
 			changed = append(changed, s)
+			s.seenPersisted = s.LastSeen
 		}
 	}
 	clear(m.dirty)

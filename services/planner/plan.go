@@ -98,7 +98,10 @@ type RelayState struct {
 	LastConnected  time.Time
 	DisconnectedAt time.Time
 	// LastSeen is the last time the current session showed it was alive.
-	LastSeen            time.Time
+	LastSeen time.Time
+	// seenPersisted is the LastSeen of the record last taken to be
+	// persisted (TakeDirty).
+	seenPersisted       time.Time
 	AnnouncementsSynced bool
 	// LiveFilters is how many live filters are open on the session.
 	LiveFilters int
