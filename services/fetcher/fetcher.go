@@ -39,15 +39,19 @@ import (
 // operator has a reason to change; they were variables once
 // (docs/configuration.md, "No longer read").
 type Config struct {
-	// ID names this replica in reports, leases and logs.
+	// ID names this replica in reports, leases and logs: <hostname>-<pid>
+	// unless set; graspd on its embedded NATS takes EmbeddedID ("graspd"),
+	// so after a restart it finds its shard leases under the same name.
 	ID string `envconfig:"FETCHER_ID"`
 	// Shards is the total shard count (equal in planner and fetchers).
 	Shards int `envconfig:"SHARDS" default:"16"`
 	// OwnedShards, when set, are exactly the shards this replica serves;
 	// empty means the replicas split all shards among themselves.
 	OwnedShards []int `envconfig:"FETCHER_SHARDS"`
-	// LeaseTTL is how long a dead replica's shards stay orphaned.
-	LeaseTTL time.Duration `envconfig:"FETCHER_LEASE_TTL" default:"15s"`
+	// LeaseTTL is how long a dead replica's shards stay orphaned: 15s
+	// unless set (DefaultLeaseTTL); graspd on its embedded NATS, where no
+	// other replica waits for a shard, takes EmbeddedLeaseTTL (1m).
+	LeaseTTL time.Duration `envconfig:"FETCHER_LEASE_TTL"`
 	// PageSize is the limit of each historic REQ page: strfry's
 	// maxFilterLimit (500), the most the common relay serves; a relay
 	// whose known limits are lower gets pages of its max_limit
@@ -158,9 +162,6 @@ func (c *Config) Validate() error {
 			return config.Invalid("FETCHER_SHARDS", c.OwnedShards, fmt.Sprintf("shard %d is outside 0..%d", s, c.Shards-1))
 		}
 	}
-	if c.ID == "" {
-		c.ID = config.InstanceID()
-	}
 	if c.PublishMaxBytes != 0 && c.PublishMaxBytes < bus.EventBatchMaxBytes {
 		return config.Invalid("FETCHER_PUBLISH_MAX_BYTES", c.PublishMaxBytes, fmt.Sprintf("must be at least %s, one batch message", config.ByteSize(bus.EventBatchMaxBytes)))
 	}
@@ -185,8 +186,29 @@ func (c Config) withDefaults() Config {
 	if c.ID == "" {
 		c.ID = config.InstanceID()
 	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
 	return c
 }
+
+// DefaultLeaseTTL is a shard lease's TTL when LeaseTTL is not set: a
+// replica killed mid-sync leaves its shards idle at most this long
+// (docs/decisions/0014-leases-survive-load.md).
+const DefaultLeaseTTL = 15 * time.Second
+
+// EmbeddedLeaseTTL and EmbeddedID are what graspd gives its fetcher on
+// its embedded NATS when GRASP_FETCHER_LEASE_TTL and GRASP_FETCHER_ID are
+// not set. That NATS server lives and dies with the process, so no other
+// replica waits for a shard; a graspd killed and started again finds its
+// leases under the same ID and takes them back at once. What the TTL
+// still costs is renewals: every shard's every TTL/4, each a JetStream
+// write the lease watcher reads back, which at 15s were most of graspd's
+// NATS traffic at rest (docs/decisions/0079-graspd-fetcher-leases.md).
+const (
+	EmbeddedLeaseTTL = time.Minute
+	EmbeddedID       = "graspd"
+)
 
 // Fetcher is the fetcher service.
 type Fetcher struct {

@@ -212,6 +212,7 @@ func Start(ctx context.Context, c Configs, log *slog.Logger) (*App, error) {
 		if a.nats, err = startNATS(c.Graspd); err != nil {
 			return nil, err
 		}
+		a.cfg.Fetcher = embeddedFetcher(a.cfg.Fetcher)
 	}
 	b, err := a.connect(ctx, "graspd")
 	if err != nil {
@@ -271,6 +272,20 @@ func startNATS(c Config) (*server.Server, error) {
 		return nil, fmt.Errorf("GRASP_NATS_LISTEN=%s: embedded nats did not start within 10s", c.NATSListen)
 	}
 	return s, nil
+}
+
+// embeddedFetcher is the fetcher's configuration on graspd's embedded
+// NATS: what the operator did not set, the ID and lease TTL of a fetcher
+// that is its NATS server's only replica (fetcher.EmbeddedID,
+// fetcher.EmbeddedLeaseTTL; docs/decisions/0079-graspd-fetcher-leases.md).
+func embeddedFetcher(c fetcher.Config) fetcher.Config {
+	if c.ID == "" {
+		c.ID = fetcher.EmbeddedID
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = fetcher.EmbeddedLeaseTTL
+	}
+	return c
 }
 
 func unwrapSyscall(err error) error {
