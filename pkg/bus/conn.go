@@ -20,6 +20,10 @@ type Bus struct {
 	Conn  *nats.Conn
 	JS    jetstream.JetStream
 	Names Names
+	// inProcess: the connection is to a server in this process
+	// (ConnectInProcess), which is a single server that lives and dies
+	// with it.
+	inProcess bool
 }
 
 // Security is what a service needs to join a NATS deployment that
@@ -133,7 +137,12 @@ func ConnectInProcess(s *server.Server, name string, names Names) (*Bus, error) 
 	if err != nil {
 		return nil, fmt.Errorf("connect to embedded nats: %w", err)
 	}
-	return wrap(nc, names)
+	b, err := wrap(nc, names)
+	if err != nil {
+		return nil, err
+	}
+	b.inProcess = true
+	return b, nil
 }
 
 func wrap(nc *nats.Conn, names Names) (*Bus, error) {

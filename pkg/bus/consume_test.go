@@ -3,9 +3,11 @@ package bus
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -282,4 +284,69 @@ func setupInMemory(t *testing.T, b *Bus, names Names) context.Context {
 		t.Fatal(err)
 	}
 	return ctx
+}
+
+// The idle heartbeat a pull consumer asks the server for, read off the
+// wire by a second client: 2 s over TCP, where a cluster may lose a pull,
+// and 15 s on a connection to a server in this process, which is a single
+// server (graspd's embedded NATS).
+func TestPullHeartbeatAskedFor(t *testing.T) {
+	srv := natstest.Start(t)
+	tap, err := nats.Connect(srv.URL, nats.Name("tap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tap.Close()
+	pulls, err := tap.SubscribeSync("$JS.API.CONSUMER.MSG.NEXT.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tap.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	tcp, err := Connect(context.Background(), srv.URL, "tcp", Names{Prefix: "hbtcp"}, Security{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	inproc, err := ConnectInProcess(srv.Server, "inproc", Names{Prefix: "hbin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inproc.Close()
+	want := map[string]time.Duration{"hbtcp": 2 * time.Second, "hbin": 15 * time.Second}
+	for _, b := range []*Bus{tcp, inproc} {
+		ctx := setupInMemory(t, b, b.Names)
+		cctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- b.Consume(cctx, ConsumeConfig{Stream: b.Names.FetchReportStream(),
+				Consumer: jetstream.ConsumerConfig{Durable: "reports", FilterSubject: b.Names.FetchReportSubjects()}},
+				func(context.Context, jetstream.Msg) error { return nil })
+		}()
+		defer func() { stop(); <-done }()
+	}
+	got := map[string]time.Duration{}
+	for len(got) < len(want) {
+		m, err := pulls.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("pull requests seen: %v; then %v", got, err)
+		}
+		var req struct {
+			Heartbeat time.Duration `json:"idle_heartbeat"`
+		}
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			t.Fatalf("pull request %s: %v", m.Data, err)
+		}
+		for prefix := range want {
+			if strings.Contains(m.Subject, "."+strings.ToUpper(prefix)+"_") {
+				got[prefix] = req.Heartbeat
+			}
+		}
+	}
+	for prefix, hb := range want {
+		if got[prefix] != hb {
+			t.Errorf("%s: idle heartbeat asked for %s, want %s", prefix, got[prefix], hb)
+		}
+	}
 }

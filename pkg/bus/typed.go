@@ -93,6 +93,25 @@ type ConsumeConfig struct {
 // missed in a row renew a pull that was lost (see Consume).
 const PullHeartbeat = 2 * time.Second
 
+// InProcessPullHeartbeat is the idle heartbeat of a pull consumer on a
+// connection to a server in this process (ConnectInProcess: graspd's
+// embedded NATS). A pull is lost when the consumer is not yet reachable
+// from the node the client is connected to, which needs a cluster; a single
+// server in the process has none, and the heartbeats every 2 s of ~20 idle
+// consumers were ~10 of the ~16 messages a second graspd's NATS carried at
+// rest (docs/measurements/2026-12-06-issue32-lease-renewals.md). 15 s is
+// the most nats.go allows with its default 30 s pull expiry.
+const InProcessPullHeartbeat = 15 * time.Second
+
+// PullHeartbeatInterval is the idle heartbeat b's pull consumers ask for:
+// PullHeartbeat, or InProcessPullHeartbeat in process.
+func (b *Bus) PullHeartbeatInterval() time.Duration {
+	if b.inProcess {
+		return InProcessPullHeartbeat
+	}
+	return PullHeartbeat
+}
+
 // Consume attaches to (creating if needed) a durable pull consumer with
 // explicit acks and runs handle for each message, one at a time, until ctx is
 // done. Processing in order keeps per-relay ordering of commands and reports.
@@ -148,8 +167,9 @@ func (b *Bus) ConsumeBatches(ctx context.Context, cfg ConsumeConfig, maxBatch in
 	// default 2 × 15 s, during which nothing is delivered (a planner
 	// starting in a cluster ignored every report for 30 s). A 2 s heartbeat
 	// renews such a pull within about 4 s, at the cost of one heartbeat
-	// message every 2 s per idle consumer.
-	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(PullHeartbeat),
+	// message every 2 s per idle consumer (every 15 s in process, where
+	// there is no cluster: InProcessPullHeartbeat).
+	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(b.PullHeartbeatInterval()),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return fmt.Errorf("consume %s on %s: %w", cc.Durable, cfg.Stream, err)

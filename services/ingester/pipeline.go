@@ -160,9 +160,10 @@ func (i *Ingester) consume(ctx context.Context) error {
 		return err // EnsureConsumer names the consumer and stream
 	}
 	// A short idle heartbeat renews a first pull lost while the consumer
-	// was not yet reachable in a cluster (see bus.Consume).
+	// was not yet reachable in a cluster (see bus.Consume); in process
+	// there is no cluster (bus.InProcessPullHeartbeat).
 	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(pullMaxMessages, int(pullBytes)), jetstream.PullThresholdMessages(pullThreshold),
-		jetstream.PullHeartbeat(bus.PullHeartbeat))
+		jetstream.PullHeartbeat(i.bus.PullHeartbeatInterval()))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", i.cfg.Consumer, err)
 	}
