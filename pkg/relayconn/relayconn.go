@@ -392,20 +392,21 @@ func (c *Conn) readLoop() {
 		c.channels = map[string]*Channel{}
 		c.mu.Unlock()
 	}()
-	// One buffer per connection holds each message while it is dispatched
-	// (an EVENT is decoded into fresh strings, anything handed on is
-	// copied); one grown past readBufKeep by a large message is dropped.
-	var buf bytes.Buffer
 	for {
-		buf.Reset()
-		if buf.Cap() > readBufKeep {
-			buf = bytes.Buffer{}
-		}
 		_, r, err := c.ws.Reader(c.ctx)
-		if err == nil {
-			_, err = buf.ReadFrom(r)
-		}
 		if err != nil {
+			c.cancel(fmt.Errorf("read from %s: %w", c.url, err))
+			return
+		}
+		// A buffer holds the message only while it is dispatched (an
+		// EVENT is decoded into fresh strings, anything handed on is
+		// copied), so a connection waiting for its next message holds
+		// none: kept per connection they were ~7 MB of the upper world's
+		// heap at rest, 500 relays that mostly send nothing
+		// (docs/measurements/2026-12-06-issue32-lease-renewals.md).
+		buf := readBufs.Get().(*bytes.Buffer)
+		if _, err := buf.ReadFrom(r); err != nil {
+			putReadBuf(buf)
 			c.cancel(fmt.Errorf("read from %s: %w", c.url, err))
 			return
 		}
@@ -415,12 +416,25 @@ func (c *Conn) readLoop() {
 			c.heard.Store(true)
 		}
 		c.dispatch(data)
+		putReadBuf(buf)
 	}
 }
 
-// readBufKeep is the largest read buffer a connection keeps between
-// messages.
+// readBufs are the buffers messages are read into, shared by every
+// connection.
+var readBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// readBufKeep is the largest read buffer returned to readBufs: one grown
+// past it by a large message is dropped.
 const readBufKeep = 64 << 10
+
+func putReadBuf(b *bytes.Buffer) {
+	if b.Cap() > readBufKeep {
+		return
+	}
+	b.Reset()
+	readBufs.Put(b)
+}
 
 // errBadEvent is an EVENT message that is not ["EVENT", id, {event}].
 var errBadEvent = errors.New("malformed EVENT message")
