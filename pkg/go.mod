@@ -3,7 +3,7 @@ module github.com/grasp-sync/grasp-sync/pkg
 go 1.26.0
 
 require (
-	github.com/coder/websocket v1.8.13
+	github.com/coder/websocket v1.8.15
 	github.com/dgraph-io/badger/v4 v4.5.0
 	github.com/fiatjaf/eventstore v0.17.2
 	github.com/fiatjaf/khatru v0.19.1

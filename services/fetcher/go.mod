@@ -3,7 +3,7 @@ module github.com/grasp-sync/grasp-sync/services/fetcher
 go 1.26.0
 
 require (
-	github.com/coder/websocket v1.8.13
+	github.com/coder/websocket v1.8.15
 	github.com/grasp-sync/grasp-sync/pkg v0.0.0
 	github.com/grasp-sync/grasp-sync/proto v0.0.0
 	github.com/nats-io/nats.go v1.55.0
