@@ -252,10 +252,11 @@ func TestGuardedMemoryLimit(t *testing.T) {
 
 func TestNextBoost(t *testing.T) {
 	tests := []struct{ boost, share, prev, want float64 }{
-		{1, 0.60, 0.30, 1.25},
+		{1, 0.60, 0.40, 1.25},
 		{1, 0.60, 0.10, 1}, // one second of it comes with a sync's growth
-		{4, 0.30, 0.30, 5},
-		{7, 0.30, 0.40, 8},
+		{1, 0.30, 0.30, 1}, // a busy sync's collections back to back are not thrash
+		{4, 0.40, 0.40, 5},
+		{7, 0.40, 0.50, 8},
 		{8, 0.50, 0.50, 8},
 		{1, 0.15, 0.30, 1}, // a busy sync's collector is not thrash
 		{8, 0.01, 0.30, 4},

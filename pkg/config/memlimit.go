@@ -135,14 +135,17 @@ func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
 }
 
 // Collector CPU shares (of GOMAXPROCS × wall time, the idle mark workers'
-// time left out) at which the guard backs off (doubles its boost) and
-// relaxes (halves it). 25 % is what the
-// collector's dedicated workers take while a collection runs: more, over a
-// whole second, means collections back to back with allocations assisting
-// them — thrash, not a busy sync (a first try at 10 % lifted the limit
-// during a sync and let the heap reach 333 MB; docs/measurements/2026-12-04-design-scale-costs-removed.md).
+// time left out) at which the guard backs off (raises its boost) and
+// relaxes (halves it). 25 % is what the collector's dedicated workers take
+// while a collection runs; a busy sync's collections, back to back with
+// allocations assisting them, take up to about a third, and backing off at
+// 25 % lifted the limit in most upper-world syncs on a faster box (peaks
+// 491–569 MB against 407–437 MB at 35 %, for 5 % fewer events a second;
+// docs/measurements/2026-12-07-issue32-span-slack.md). Over 35 % for two
+// seconds is thrash (a first try at 10 % lifted the limit during every
+// sync; docs/measurements/2026-12-04-design-scale-costs-removed.md).
 const (
-	gcBackOffShare = 0.25
+	gcBackOffShare = 0.35
 	gcRelaxShare   = 0.05
 	maxBoost       = 8
 	boostStep      = 1.25
@@ -150,7 +153,7 @@ const (
 
 // NextBoost is the guard's boost after an interval in which the collector
 // used gcShare of the CPU available, the interval before it prevShare: a
-// quarter more (up to 8) when the collector took more than 25 % in both,
+// quarter more (up to 8) when the collector took more than 35 % in both,
 // halved (down to 1) when it took less than 5 %, so a limit that still
 // makes the collector run back to back (memory besides the heap grew faster
 // than measured) is lifted within seconds, and returns when quiet. Two
