@@ -138,12 +138,13 @@ func GuardedMemoryLimit(base int64, s MemorySample, boost float64) int64 {
 // time left out) at which the guard backs off (raises its boost) and
 // relaxes (halves it). 25 % is what the collector's dedicated workers take
 // while a collection runs; a busy sync's collections, back to back with
-// allocations assisting them, take up to about a third, and backing off at
-// 25 % lifted the limit in most upper-world syncs on a faster box (peaks
-// 491–569 MB against 407–437 MB at 35 %, for 5 % fewer events a second;
-// docs/measurements/2026-12-07-issue32-span-slack.md). Over 35 % for two
-// seconds is thrash (a first try at 10 % lifted the limit during every
-// sync; docs/measurements/2026-12-04-design-scale-costs-removed.md).
+// allocations assisting them, took more for two seconds in most upper-world
+// syncs on a faster box, and backing off then lifted the heap's goal to
+// twice the live heap (peaks 491–569 MB against 407–437 MB at 35 %, for 5 %
+// fewer events a second; docs/measurements/2026-12-07-issue32-span-slack.md).
+// Over 35 % for two seconds is thrash (a first try at 10 % lifted the limit
+// during a sync and let the heap reach 333 MB;
+// docs/measurements/2026-12-04-design-scale-costs-removed.md).
 const (
 	gcBackOffShare = 0.35
 	gcRelaxShare   = 0.05
