@@ -181,3 +181,21 @@ func (c *Conn) stopHandler(s *Subscription) {
 	//nolint:staticcheck // an empty critical section: waiting for the call in progress
 	s.hd.calling.Unlock()
 }
+
+// deliver hands v to out, waiting while out is full until done or the
+// connection ends; while it waits, c.delivering is set, so the keepalive
+// knows the reader is held up by a slow consumer, not by a silent relay.
+func deliver[T any](c *Conn, out chan<- T, v T, done <-chan struct{}) {
+	select {
+	case out <- v:
+		return
+	default:
+	}
+	c.delivering.Store(true)
+	defer c.delivering.Store(false)
+	select {
+	case out <- v:
+	case <-done:
+	case <-c.ctx.Done():
+	}
+}

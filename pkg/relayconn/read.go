@@ -136,17 +136,7 @@ func (c *Conn) dispatch(data []byte) {
 				c.enqueue(s, delivery{evt: evt})
 				return
 			}
-			select {
-			case s.events <- evt:
-			default:
-				c.delivering.Store(true)
-				select {
-				case s.events <- evt:
-				case <-s.done:
-				case <-c.ctx.Done():
-				}
-				c.delivering.Store(false)
-			}
+			deliver(c, s.events, evt, s.done)
 		case "EOSE":
 			s.eoseOnce.Do(func() {
 				close(s.eose)
@@ -196,17 +186,7 @@ func (c *Conn) dispatch(data []byte) {
 		if ch != nil && subID != "" {
 			ch.bytes.Add(uint64(len(data)))
 			m := Message{Label: label, Raw: bytes.Clone(data)}
-			select {
-			case ch.msgs <- m:
-			default:
-				c.delivering.Store(true)
-				select {
-				case ch.msgs <- m:
-				case <-ch.done:
-				case <-c.ctx.Done():
-				}
-				c.delivering.Store(false)
-			}
+			deliver(c, ch.msgs, m, ch.done)
 			return
 		}
 		if c.opts.OnMessage != nil {
