@@ -326,7 +326,7 @@ func (f *Fetcher) WithReplicas(n int) *Fetcher {
 // ids), the local side of NIP-77. Without it the local set is empty and
 // reconciliation costs the relay's full id list.
 func (f *Fetcher) WithLocalSet(ls LocalSet) *Fetcher {
-	f.local, f.localHoldsStore = ls, true
+	f.local, f.localHoldsStore = f.shareLocalSet(ls), true
 	return f
 }
 
@@ -338,8 +338,19 @@ func (f *Fetcher) WithLocalSet(ls LocalSet) *Fetcher {
 // a daily resync's missed events counted: nothing tells which we lacked
 // (docs/sync.md, "Catch-ups and back-dated events").
 func (f *Fetcher) WithRefusalsLocalSet(ls LocalSet) *Fetcher {
-	f.local, f.localHoldsStore = ls, false
+	f.local, f.localHoldsStore = f.shareLocalSet(ls), false
 	return f
+}
+
+// shareLocalSet has the relays reconciling the same filter at once share
+// one read of ls (sharedLocalSet).
+func (f *Fetcher) shareLocalSet(ls LocalSet) LocalSet {
+	if ls == nil {
+		return nil
+	}
+	reads := f.m.localSetReads
+	return newSharedLocalSet(ls, sharedLocalSetTTL, sharedLocalSetMaxItems, f.clock.Now,
+		func(source string) { reads.WithLabelValues(source).Inc() })
 }
 
 // Run serves the shards this replica holds until ctx is done, then releases

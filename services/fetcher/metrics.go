@@ -19,7 +19,10 @@ type metrics struct {
 	skippedPublished prometheus.Counter
 	// deferredHeld counts ids a reconciliation named that were deferred
 	// (another copy acknowledged moments ago) and then found stored.
-	deferredHeld  prometheus.Counter
+	deferredHeld prometheus.Counter
+	// localSetReads counts local-set lists handed to reconciliations, by
+	// source: store (read) or shared (read once for several; sharedLocalSet).
+	localSetReads *prometheus.CounterVec
 	bytesIn       *prometheus.CounterVec
 	historicBytes *prometheus.CounterVec
 	cooldowns     *prometheus.CounterVec
@@ -79,6 +82,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Event copies not published because the events stream acknowledged the same id and signature moments ago."}),
 		deferredHeld: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_negentropy_deferred_held_total",
 			Help: "Ids a reconciliation named, whose events another relay's copy was bringing, found stored by the time they were asked for (not fetched)."}),
+		localSetReads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_local_set_reads_total",
+			Help: "Local sets (what we hold for a filter) handed to NIP-77 reconciliations, by source: store (listed from the store and the policy's refusals) or shared (a list read moments ago for the same filter, for another relay)."}, []string{"source"}),
 		bytesIn: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_bytes_in_total",
 			Help: "Bytes of every message received from the relay."}, []string{"relay"}),
 		historicBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_historic_bytes_total",
@@ -118,7 +123,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
-			m.dropped, m.skippedPublished, m.deferredHeld, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
+			m.dropped, m.skippedPublished, m.deferredHeld, m.localSetReads, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
 			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs, m.publishBytes, m.sentBytes)
 	}
 	return m

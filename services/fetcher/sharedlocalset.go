@@ -1,0 +1,170 @@
+package fetcher
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/grasp-sync/grasp-sync/pkg/negsync"
+)
+
+// Sharing a local set: every relay's layer-1 batch reconciles the same
+// filter (all announcements and grasp lists), so without sharing the store
+// lists every announcement once per NIP-77 relay — relays × announcements
+// reads, a sixth of the upper world's sync CPU (docs/performance.md). A
+// filter's items are read once and handed to the batches that ask for the
+// same filter within sharedLocalSetTTL.
+//
+// A shared list may lack what was stored in the last few seconds; that only
+// makes a reconciliation name those ids, which dropHeld then finds held (it
+// asks the store, never the shared lists) before anything is fetched. A
+// shared list may also still name an event the store has since replaced or
+// deleted; nothing then fetches that event again, which is what the store
+// decided anyway.
+const (
+	// sharedLocalSetTTL is how long a filter's items are handed out again.
+	sharedLocalSetTTL = 3 * time.Second
+	// sharedLocalSetMaxItems bounds the items held across filters
+	// (~90 bytes each: ~9 MB); a list larger than the bound is not kept.
+	sharedLocalSetMaxItems = 100_000
+)
+
+// sharedLocalSet is a LocalSet that keeps each filter's items for ttl and
+// reads a filter's items once for the callers asking for it at the same time.
+// The lists it returns are shared: callers must not modify them (negsync and
+// the batches only read them).
+type sharedLocalSet struct {
+	base     LocalSet
+	ttl      time.Duration
+	maxItems int
+	now      func() time.Time
+	// reads counts reads by source: "store" (the base set was read) or
+	// "shared" (a list read for another caller was handed out); may be nil.
+	reads func(source string)
+
+	flight singleflight.Group
+
+	mu      sync.Mutex
+	entries map[string]sharedEntry
+	// order is the keys in the order they were kept, which with one TTL
+	// for all is the order they expire in; an element whose expiry differs
+	// from its entry's was kept again later and is skipped.
+	order []orderedKey
+	held  int // cost across entries: items, at least 1 each (entryCost)
+}
+
+type sharedEntry struct {
+	items   []negsync.Item
+	expires time.Time
+}
+
+type orderedKey struct {
+	key     string
+	expires time.Time
+}
+
+func newSharedLocalSet(base LocalSet, ttl time.Duration, maxItems int, now func() time.Time, reads func(string)) *sharedLocalSet {
+	if reads == nil {
+		reads = func(string) {}
+	}
+	return &sharedLocalSet{base: base, ttl: ttl, maxItems: maxItems, now: now, reads: reads,
+		entries: map[string]sharedEntry{}}
+}
+
+// Held asks the base set: dropHeld relies on an answer as fresh as the store.
+func (s *sharedLocalSet) Held(ctx context.Context, ids []string) ([]string, error) {
+	return heldIn(ctx, s.base, ids)
+}
+
+// Items returns f's items, read from the base set at most once per ttl.
+func (s *sharedLocalSet) Items(ctx context.Context, f nostr.Filter) ([]negsync.Item, error) {
+	key := f.String()
+	for {
+		if items, ok := s.lookup(key); ok {
+			s.reads("shared")
+			return items, nil
+		}
+		ch := s.flight.DoChan(key, func() (any, error) {
+			items, err := s.base.Items(ctx, f)
+			if err != nil {
+				return nil, err
+			}
+			s.keep(key, items)
+			return items, nil
+		})
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case r := <-ch:
+			if r.Err != nil {
+				// The read ran under another caller's context, which ended;
+				// ours has not: read again.
+				if isContextErr(r.Err) && ctx.Err() == nil {
+					continue
+				}
+				return nil, r.Err
+			}
+			if r.Shared {
+				s.reads("shared")
+			} else {
+				s.reads("store")
+			}
+			return r.Val.([]negsync.Item), nil
+		}
+	}
+}
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// lookup returns key's items if they have not expired.
+func (s *sharedLocalSet) lookup(key string) ([]negsync.Item, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[key]
+	if !ok || !s.now().Before(e.expires) {
+		return nil, false
+	}
+	return e.items, true
+}
+
+// keep holds items for key until ttl from now, dropping expired entries
+// and then the soonest to expire until they fit within maxItems.
+func (s *sharedLocalSet) keep(key string, items []negsync.Item) {
+	if len(items) > s.maxItems {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.drop(key)
+	for len(s.order) > 0 && (!now.Before(s.order[0].expires) || s.held+entryCost(items) > s.maxItems) {
+		first := s.order[0]
+		s.order[0] = orderedKey{}
+		s.order = s.order[1:]
+		if e, ok := s.entries[first.key]; ok && e.expires.Equal(first.expires) {
+			s.drop(first.key)
+		}
+	}
+	expires := now.Add(s.ttl)
+	s.entries[key] = sharedEntry{items: items, expires: expires}
+	s.order = append(s.order, orderedKey{key: key, expires: expires})
+	s.held += entryCost(items)
+}
+
+// entryCost is what an entry counts towards maxItems: its items, and at
+// least 1 so that empty lists (a repository with nothing stored yet) are
+// bounded too.
+func entryCost(items []negsync.Item) int { return max(len(items), 1) }
+
+func (s *sharedLocalSet) drop(key string) {
+	if e, ok := s.entries[key]; ok {
+		s.held -= entryCost(e.items)
+		delete(s.entries, key)
+	}
+}
