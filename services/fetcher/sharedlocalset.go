@@ -54,7 +54,7 @@ type sharedLocalSet struct {
 	// for all is the order they expire in; an element whose expiry differs
 	// from its entry's was kept again later and is skipped.
 	order []orderedKey
-	held  int // cost across entries: items, at least 1 each (entryCost)
+	held  int // items across entries
 }
 
 type sharedEntry struct {
@@ -134,16 +134,20 @@ func (s *sharedLocalSet) lookup(key string) ([]negsync.Item, bool) {
 }
 
 // keep holds items for key until ttl from now, dropping expired entries
-// and then the soonest to expire until they fit within maxItems.
+// and then the soonest to expire until they fit within maxItems. An empty
+// list is not kept: a batch whose local set is empty reads the filter's
+// whole history with REQ (partRead, combined reads), so an empty list
+// that is no longer true would fetch again everything stored meanwhile;
+// and an empty list is cheap to read.
 func (s *sharedLocalSet) keep(key string, items []negsync.Item) {
-	if len(items) > s.maxItems {
+	if len(items) == 0 || len(items) > s.maxItems {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	s.drop(key)
-	for len(s.order) > 0 && (!now.Before(s.order[0].expires) || s.held+entryCost(items) > s.maxItems) {
+	for len(s.order) > 0 && (!now.Before(s.order[0].expires) || s.held+len(items) > s.maxItems) {
 		first := s.order[0]
 		s.order[0] = orderedKey{}
 		s.order = s.order[1:]
@@ -154,17 +158,12 @@ func (s *sharedLocalSet) keep(key string, items []negsync.Item) {
 	expires := now.Add(s.ttl)
 	s.entries[key] = sharedEntry{items: items, expires: expires}
 	s.order = append(s.order, orderedKey{key: key, expires: expires})
-	s.held += entryCost(items)
+	s.held += len(items)
 }
-
-// entryCost is what an entry counts towards maxItems: its items, and at
-// least 1 so that empty lists (a repository with nothing stored yet) are
-// bounded too.
-func entryCost(items []negsync.Item) int { return max(len(items), 1) }
 
 func (s *sharedLocalSet) drop(key string) {
 	if e, ok := s.entries[key]; ok {
-		s.held -= entryCost(e.items)
+		s.held -= len(e.items)
 		delete(s.entries, key)
 	}
 }

@@ -272,18 +272,25 @@ func TestSharedLocalSetBounded(t *testing.T) {
 	}
 }
 
-// Empty lists count towards the bound too, so many filters matching
-// nothing stored yet are not kept without limit.
-func TestSharedLocalSetBoundsEmptyLists(t *testing.T) {
+// An empty list is not kept: a batch with an empty local set reads the
+// filter's history whole with REQ, so a stale empty list would fetch
+// everything stored meanwhile again.
+func TestSharedLocalSetKeepsNoEmptyList(t *testing.T) {
+	ctx := context.Background()
 	base := newCountedStore(t)
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
-	s := newSharedLocalSet(base, 3*time.Second, 4, clk.Now, nil)
-	for i := range 10 {
-		if _, err := s.Items(context.Background(), nostr.Filter{Kinds: []int{nostr.KindRepositoryAnnouncement}, Tags: nostr.TagMap{"d": {fmt.Sprint(i)}}}); err != nil {
-			t.Fatal(err)
-		}
+	s := newSharedLocalSet(base, 3*time.Second, 100, clk.Now, nil)
+	f := nostr.Filter{Kinds: []int{nostr.KindRepositoryAnnouncement}}
+	if items, err := s.Items(ctx, f); err != nil || len(items) != 0 {
+		t.Fatalf("items %v, %v; want none", items, err)
 	}
-	if n := len(s.entries); n > 4 {
-		t.Fatalf("%d empty lists kept, bound 4", n)
+	stored := testkit.NewKey().Announcement("a", nil, nil, nil)
+	base.save(t, stored)
+	items, err := s.Items(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := itemIDs(items); !slices.Equal(got, []string{stored.ID}) {
+		t.Fatalf("items %v right after the first was stored, want it (an empty list was kept)", got)
 	}
 }
