@@ -1402,7 +1402,9 @@ func printWorldRows(r scaleResult, all []scaleResult) {
 		}
 		if base != nil && base.World != r.World && r.Complete {
 			a, b := 1000*base.SyncCPU/float64(base.Events), 1000*r.SyncCPU/float64(r.Events)
-			row("CPU per 1,000 events vs "+base.World, fmt.Sprintf("%.2fs vs %.2fs = %.2f×", b, a, b/a), "flat (≤ 1.25×)", b <= 1.25*a)
+			// Issue 32: from 100 to 1,000 relays within 1.5× (issue 23
+			// asked for flat; 32 set the bound).
+			row("CPU per 1,000 events vs "+base.World, fmt.Sprintf("%.2fs vs %.2fs = %.2f×", b, a, b/a), "≤ 1.5×", b <= 1.5*a)
 		}
 	}
 }
