@@ -145,16 +145,21 @@ func TestSharedLocalSetReadsOncePerTTL(t *testing.T) {
 	}
 }
 
+// gatedSharedSet is a shared set over a store holding one announcement,
+// whose reads wait at base.gate and say so on base.entered; f matches it.
+func gatedSharedSet(t *testing.T) (base *countedStore, s *sharedLocalSet, f nostr.Filter) {
+	t.Helper()
+	base = newCountedStore(t)
+	base.save(t, testkit.NewKey().Announcement("a", nil, nil, nil))
+	base.gate, base.entered = make(chan struct{}), make(chan struct{}, 64)
+	s = newSharedLocalSet(base, 3*time.Second, 100, clock.NewFake(time.Unix(1_700_000_000, 0)).Now, nil)
+	return base, s, nostr.Filter{Kinds: []int{nostr.KindRepositoryAnnouncement}}
+}
+
 // Callers asking for the same filter while it is being read share that one
 // read.
 func TestSharedLocalSetConcurrentCallersShareARead(t *testing.T) {
-	key := testkit.NewKey()
-	base := newCountedStore(t)
-	base.save(t, key.Announcement("a", nil, nil, nil))
-	base.gate, base.entered = make(chan struct{}), make(chan struct{}, 64)
-	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
-	s := newSharedLocalSet(base, 3*time.Second, 100, clk.Now, nil)
-	f := nostr.Filter{Kinds: []int{nostr.KindRepositoryAnnouncement}}
+	base, s, f := gatedSharedSet(t)
 
 	const callers = 20
 	var wg sync.WaitGroup
@@ -186,13 +191,7 @@ func TestSharedLocalSetConcurrentCallersShareARead(t *testing.T) {
 // A read that ends with its caller's context does not fail the callers
 // that shared it: they read again under their own.
 func TestSharedLocalSetLeaderCancelled(t *testing.T) {
-	key := testkit.NewKey()
-	base := newCountedStore(t)
-	base.save(t, key.Announcement("a", nil, nil, nil))
-	base.gate, base.entered = make(chan struct{}), make(chan struct{}, 64)
-	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
-	s := newSharedLocalSet(base, 3*time.Second, 100, clk.Now, nil)
-	f := nostr.Filter{Kinds: []int{nostr.KindRepositoryAnnouncement}}
+	base, s, f := gatedSharedSet(t)
 
 	leaderCtx, cancel := context.WithCancel(context.Background())
 	leaderErr := make(chan error, 1)
