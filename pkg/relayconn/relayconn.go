@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -174,6 +175,8 @@ type Conn struct {
 	// at rest, while the relays pinged it as often
 	// (docs/decisions/0078-quiet-keepalive-and-heartbeat.md).
 	heard *atomic.Bool
+	// sock is the TCP connection under ws.
+	sock  *socket
 	loops sync.WaitGroup
 	// dmu guards the queues of subscriptions with a Handler, ready (those
 	// with messages waiting, in turn) and draining (the delivery goroutine
@@ -207,6 +210,18 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
 	transport := vettedTransport(opts.CheckDial)
+	// The socket is kept so Close can end it: the websocket library's own
+	// CloseNow does nothing while its Close waits (up to 5 s) for a close
+	// frame from a relay that has stopped answering.
+	sock := new(socket)
+	dial := transport.DialContext
+	transport.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := dial(ctx, network, addr)
+		if err == nil {
+			sock.set(nc)
+		}
+		return nc, err
+	}
 	heard := new(atomic.Bool)
 	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{
 		HTTPClient: &http.Client{Transport: transport},
@@ -224,7 +239,7 @@ func Dial(ctx context.Context, url string, opts Options) (*Conn, error) {
 		return nil, de
 	}
 	ws.SetReadLimit(opts.MaxMessageBytes)
-	c := &Conn{url: url, ws: ws, opts: opts,
+	c := &Conn{url: url, ws: ws, sock: sock, opts: opts,
 		heard: heard, subs: map[string]*Subscription{}, channels: map[string]*Channel{}, watchers: map[*noticeWatcher]struct{}{},
 		unanswered: map[*Subscription][]byte{}}
 	c.gate.init()
@@ -276,8 +291,10 @@ func (c *Conn) Close() error {
 		select {
 		case <-done:
 		case <-ctx.Done():
-			// A relay that does not answer the close handshake.
-			_ = c.ws.CloseNow()
+			// A relay that does not answer the close handshake: end the
+			// socket, which ends the handshake's wait (ws.CloseNow would
+			// only wait for it; docs/dependencies.md).
+			c.sock.close()
 			<-done
 		}
 		cancel()

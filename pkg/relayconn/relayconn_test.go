@@ -144,6 +144,67 @@ func TestStalledRelayDeclaredDead(t *testing.T) {
 	}
 }
 
+// Close of a connection to a relay that has gone silent, while the read
+// loop waits on a slow consumer, ends our socket after Close's 2 s grace.
+// The websocket library then waits up to 5 s for the relay's close frame,
+// and its CloseNow only waits with it: a fetcher that had lost its shard
+// held the relay's connection longer than the lease
+// (TestReplicaStopsMidHistoricSync in services/fetcher). Whether the
+// library waits depends on a race in its read lock, so a few rounds.
+func TestCloseEndsStalledSocket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f := faultrelay.Start(t, testrelay.Options{})
+	k := testkit.NewKey()
+	for i := range 3 {
+		f.Add(t, k.Note("stored", testkit.At(nostr.Timestamp(1000+i))))
+	}
+	for round := range 4 {
+		f.Set(faultrelay.Faults{})
+		c, err := relayconn.Dial(ctx, f.URL, relayconn.Options{SubscriptionBuffer: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub, err := c.Subscribe(ctx, nostr.Filters{{Kinds: []int{1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One event fills the buffer; the read loop holds the next.
+		for len(sub.Events()) < cap(sub.Events()) {
+			select {
+			case <-ctx.Done():
+				t.Fatal("no event")
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		// The relay goes silent when it forwards the next event, a live
+		// one.
+		f.Set(faultrelay.Faults{StallAfterEvents: 1})
+		f.Add(t, k.Note("live", testkit.At(nostr.Timestamp(2000+round))))
+		time.Sleep(100 * time.Millisecond)
+		start := time.Now()
+		_ = c.Close()
+		// The bound sits between the grace (2 s) and the library's wait (5 s).
+		if took := time.Since(start); took > 4*time.Second {
+			t.Fatalf("round %d: Close took %s", round, took)
+		}
+		for {
+			spans := f.Spans()
+			if last := spans[len(spans)-1]; !last.Closed.IsZero() {
+				if open := last.Closed.Sub(start); open > 4*time.Second {
+					t.Fatalf("round %d: the relay saw our socket open %s after Close began", round, open)
+				}
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("round %d: the relay still sees our socket open", round)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+}
+
 // An idle but healthy connection survives many keepalive rounds.
 func TestKeepaliveKeepsHealthyConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
