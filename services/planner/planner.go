@@ -270,14 +270,23 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 	pending := debounce.New(p.cfg.RecomputeDelay, p.cfg.RecomputeMaxDelay)
 	var timer <-chan time.Time
 	var timerAt time.Time
+	// deadlinesKept is set after an index update: applying one moves no
+	// relay's deadline (ApplyIndex only marks what the next recompute
+	// diffs), and NextDeadline visits every relay. A sync applies an update
+	// per repository and per stored root, so at 1,000 relays that visit was
+	// 1.5 % of graspd's CPU (docs/measurements/2026-12-07-issue32-growth-profiles.md).
+	deadlinesKept := false
 	for {
-		if next := t.m.NextDeadline(); !next.Equal(timerAt) {
-			timerAt = next
-			timer = nil
-			if !next.IsZero() {
-				timer = p.clock.After(next.Sub(p.clock.Now()))
+		if !deadlinesKept {
+			if next := t.m.NextDeadline(); !next.Equal(timerAt) {
+				timerAt = next
+				timer = nil
+				if !next.IsZero() {
+					timer = p.clock.After(next.Sub(p.clock.Now()))
+				}
 			}
 		}
+		deadlinesKept = false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -297,6 +306,7 @@ func (p *Planner) lead(ctx context.Context, epoch uint64) error {
 			if t.applyIndex(e) {
 				t.m.SetBootstrap(t.bootstrap())
 			}
+			deadlinesKept = true
 			p.metrics.indexUpdates.Inc()
 			now := p.clock.Now()
 			pending.Updated(now)
