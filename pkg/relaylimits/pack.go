@@ -2,7 +2,9 @@ package relaylimits
 
 import (
 	"slices"
+	"sync"
 
+	"github.com/mailru/easyjson/jwriter"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -11,14 +13,45 @@ import (
 // subscription id we make and the commas between filters.
 const ReqOverhead = 64
 
-// FilterSize is the size of f encoded as a REQ carries it.
+// FilterSize is the size of f encoded as a REQ carries it (as
+// f.MarshalJSON encodes it). It encodes into a buffer kept for the next
+// call instead of building a fresh copy: live sets are packed by size at
+// every change, and those copies were 3 % of what graspd allocated in a sync
+// at 1,000 relays (docs/measurements/2026-12-07-issue32-growth-profiles.md).
 func FilterSize(f nostr.Filter) int {
-	b, err := f.MarshalJSON()
-	if err != nil {
+	bp := encodeBufs.Get().(*[]byte)
+	defer encodeBufs.Put(bp)
+	w := jwriter.Writer{NoEscapeHTML: true} // as Filter.MarshalJSON
+	w.Buffer.Buf = (*bp)[:0]
+	f.MarshalEasyJSON(&w)
+	b := w.Buffer.BuildBytes()
+	switch {
+	case cap(b) == cap(*bp) && len(b) > 0 && &b[0] == &(*bp)[:1][0]:
+		// It fitted: b is the kept buffer.
+	case cap(b) <= maxEncodeBuf:
+		*bp = b[:0] // a larger one, for the next call
+	default:
+		// The kept buffer went to easyjson's chunk pool with the rest
+		// of the encoding: it is no longer ours.
+		*bp = make([]byte, 0, encodeBufSize)
+	}
+	if w.Error != nil {
 		return 0
 	}
 	return len(b)
 }
+
+// encodeBufs are FilterSize's buffers, at first encodeBufSize and grown to
+// the largest filter encoded, up to maxEncodeBuf.
+var encodeBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, encodeBufSize)
+	return &b
+}}
+
+const (
+	encodeBufSize = 16 << 10
+	maxEncodeBuf  = 1 << 20
+)
 
 // Pack divides fs into REQs that fit l: at most l.MaxFilters filters and
 // l.MaxMessageBytes bytes each (0: unbounded), in order, as few REQs as a

@@ -212,3 +212,41 @@ func TestPackDense(t *testing.T) {
 		t.Fatalf("%d REQs for 75 filters in 64 KiB, want at most 9", len(reqs))
 	}
 }
+
+// FilterSize agrees with go-nostr's own encoding of the filter, escapes and
+// all, for filters of every size a REQ carries, again and again in any
+// order (it keeps its buffer between calls; over 16 KiB the buffer grows,
+// over 1 MiB it is not kept).
+func TestFilterSizeIsTheEncodedLength(t *testing.T) {
+	ids := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("%064x", i*7919)
+		}
+		return out
+	}
+	since, until := nostr.Timestamp(1700000000), nostr.Timestamp(1800000000)
+	for _, f := range []nostr.Filter{
+		{},
+		{Kinds: []int{30617, 10317}},
+		{Kinds: []int{1}, Limit: 0, LimitZero: true},
+		{IDs: ids(1000), Since: &since, Until: &until, Limit: 500},
+		{Tags: nostr.TagMap{"e": ids(100), "E": ids(100), "q": ids(100)}},
+		{Tags: nostr.TagMap{"a": {`30617:` + fmt.Sprintf("%064x", 1) + `:<repo> & "quotes" \ ünïcode ☃`}}, Search: "a\nb\u2028"},
+		{Authors: ids(3), Kinds: []int{30618}, Tags: nostr.TagMap{"d": {"x</script>"}}},
+		{IDs: ids(20000)},
+		{Kinds: []int{1}},
+		{IDs: ids(1000)},
+		{IDs: ids(3)},
+	} {
+		b, err := f.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if got := FilterSize(f); got != len(b) {
+				t.Errorf("FilterSize %d, encoded %d bytes: %s", got, len(b), b[:min(len(b), 120)])
+			}
+		}
+	}
+}
