@@ -24,15 +24,13 @@ func FilterSize(f nostr.Filter) int {
 	w := jwriter.Writer{NoEscapeHTML: true} // as Filter.MarshalJSON
 	w.Buffer.Buf = (*bp)[:0]
 	f.MarshalEasyJSON(&w)
+	// b is the kept buffer when the encoding fitted; otherwise a larger
+	// one, and the kept buffer went to easyjson's chunk pool with the
+	// rest of the encoding, so it is no longer ours.
 	b := w.Buffer.BuildBytes()
-	switch {
-	case cap(b) == cap(*bp) && len(b) > 0 && &b[0] == &(*bp)[:1][0]:
-		// It fitted: b is the kept buffer.
-	case cap(b) <= maxEncodeBuf:
-		*bp = b[:0] // a larger one, for the next call
-	default:
-		// The kept buffer went to easyjson's chunk pool with the rest
-		// of the encoding: it is no longer ours.
+	if cap(b) <= maxEncodeBuf {
+		*bp = b[:0]
+	} else {
 		*bp = make([]byte, 0, encodeBufSize)
 	}
 	if w.Error != nil {
