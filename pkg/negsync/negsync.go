@@ -21,7 +21,6 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip77"
 	"github.com/nbd-wtf/go-nostr/nip77/negentropy"
-	"github.com/nbd-wtf/go-nostr/nip77/negentropy/storage/vector"
 	"github.com/tidwall/gjson"
 
 	"github.com/grasp-sync/grasp-sync/pkg/relayconn"
@@ -99,6 +98,12 @@ func NoticeMeansNoNIP77(notice string) bool { return noticeMeansNoNIP77.MatchStr
 // our side, and returns the ids we need. The connection stays usable for
 // other subscriptions meanwhile.
 func Reconcile(ctx context.Context, c *relayconn.Conn, filter nostr.Filter, local []Item, opts Options) (Result, error) {
+	return ReconcileSet(ctx, c, filter, NewSet(local), opts)
+}
+
+// ReconcileSet is Reconcile with our side built already: a set shared by
+// several reconciliations is built once (Set).
+func ReconcileSet(ctx context.Context, c *relayconn.Conn, filter nostr.Filter, local *Set, opts Options) (Result, error) {
 	if opts.FrameSize == 0 {
 		opts.FrameSize = DefaultFrameSize
 	}
@@ -108,22 +113,11 @@ func Reconcile(ctx context.Context, c *relayconn.Conn, filter nostr.Filter, loca
 	if opts.MaxRounds <= 0 {
 		opts.MaxRounds = DefaultMaxRounds
 	}
-	var res Result
-	vec := vector.New()
-	seen := make(map[string]struct{}, len(local))
-	for _, it := range local {
-		if len(it.ID) != 64 { // the vector panics on anything else
-			continue
-		}
-		if _, dup := seen[it.ID]; dup {
-			continue
-		}
-		seen[it.ID] = struct{}{}
-		vec.Insert(it.CreatedAt, it.ID)
+	if local == nil {
+		local = NewSet(nil)
 	}
-	seen = nil
-	vec.Seal()
-	neg := negentropy.New(vec, opts.FrameSize)
+	var res Result
+	neg := negentropy.New(local, opts.FrameSize)
 
 	id := c.NewID()
 	ch, err := c.OpenChannel(ctx, id)

@@ -42,7 +42,7 @@ type batchRun struct {
 	refused int
 	// local is the local set of the part being read, when it was read
 	// already (hasLocal: combinedHistory).
-	local    []negsync.Item
+	local    *negsync.Set
 	hasLocal bool
 }
 
@@ -127,7 +127,7 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 		countMissed: spec.resync && w.f.local != nil && w.f.localHoldsStore}
 	var answered [][]*nostr.Event
 	var whole []bool
-	var locals [][]negsync.Item
+	var locals []*negsync.Set
 	var err error
 	if spec.combined != nil {
 		answered, whole, locals, err = b.combinedHistory(spec.combined, hist)
@@ -257,7 +257,7 @@ func (b *batchRun) partRead(f nostr.Filter) error {
 		if err != nil {
 			return err
 		}
-		if len(local) == 0 && !b.s.looseTags.Load() && w.nip77.refusal(w.f.clock.Now()) == "" {
+		if local.Len() == 0 && !b.s.looseTags.Load() && w.nip77.refusal(w.f.clock.Now()) == "" {
 			// Nothing held for the whole filter: all the relay has for it
 			// is a difference, read without since as NIP-77 would. Not on
 			// a relay known to refuse NIP-77: there a catch-up is a REQ

@@ -9,16 +9,25 @@ import (
 	"github.com/grasp-sync/grasp-sync/pkg/relaylimits"
 )
 
-// localSet is what the local set holds for f (nothing without one).
-func (b *batchRun) localSet(f nostr.Filter) ([]negsync.Item, error) {
+// localSet is what the local set holds for f (nothing without one), built
+// for reconciliation: a shared local set hands out one built for every
+// relay asking within its TTL (sharedLocalSet).
+func (b *batchRun) localSet(f nostr.Filter) (*negsync.Set, error) {
 	if b.w.f.local == nil {
 		return nil, nil
+	}
+	if src, ok := b.w.f.local.(setSource); ok {
+		set, err := src.Set(b.s.ctx, f)
+		if err != nil {
+			return nil, fmt.Errorf("local set: %w", err)
+		}
+		return set, nil
 	}
 	items, err := b.w.f.local.Items(b.s.ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("local set: %w", err)
 	}
-	return items, nil
+	return negsync.NewSet(items), nil
 }
 
 // negentropy reconciles f with local, the local set for f, and fetches
@@ -26,14 +35,14 @@ func (b *batchRun) localSet(f nostr.Filter) ([]negsync.Item, error) {
 // progress.
 //
 // rounds counts the relay's NEG-MSG answers: whether it speaks NIP-77.
-func (b *batchRun) negentropy(f nostr.Filter, local []negsync.Item) (rounds int, err error) {
+func (b *batchRun) negentropy(f nostr.Filter, local *negsync.Set) (rounds int, err error) {
 	w := b.w
 	if err := w.cooldown.Wait(b.s.ctx); err != nil {
 		return 0, err
 	}
 	nf := f
 	nf.Limit, nf.LimitZero = 0, false
-	res, err := negsync.Reconcile(b.s.ctx, b.s.conn, nf, local, negsync.Options{
+	res, err := negsync.ReconcileSet(b.s.ctx, b.s.conn, nf, local, negsync.Options{
 		FrameSize: w.frameSize(nf), RoundTimeout: w.f.cfg.NegentropyTimeout})
 	b.bytes += res.BytesIn
 	w.f.m.historicBytes.WithLabelValues("negentropy").Add(float64(res.BytesIn))

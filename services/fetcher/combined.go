@@ -121,7 +121,7 @@ func (w *relayWorker) combinable(c *graspv1.AddFilters, hist, live []nostr.Filte
 // the group was closed before its turn, the relay closed or refused the
 // REQ, did not answer within PageTimeout, or sent an event matching none of
 // the filters.
-func (b *batchRun) combinedHistory(g *liveGroup, hist []nostr.Filter) (pages [][]*nostr.Event, whole []bool, locals [][]negsync.Item, err error) {
+func (b *batchRun) combinedHistory(g *liveGroup, hist []nostr.Filter) (pages [][]*nostr.Event, whole []bool, locals []*negsync.Set, err error) {
 	w, s := b.w, b.s
 	now := w.f.clock.Now()
 	asked := make([]bool, len(hist))
@@ -132,13 +132,13 @@ func (b *batchRun) combinedHistory(g *liveGroup, hist []nostr.Filter) (pages [][
 		}
 		n = len(hist)
 	} else {
-		locals = make([][]negsync.Item, len(hist))
+		locals = make([]*negsync.Set, len(hist))
 		for i, f := range hist {
 			if locals[i], err = b.localSet(f); err != nil {
 				w.openWaiting(s, g, nil, nil)
 				return nil, nil, nil, err
 			}
-			if len(locals[i]) == 0 {
+			if locals[i].Len() == 0 {
 				asked[i] = true
 				n++
 			}

@@ -16,8 +16,9 @@ import (
 // filter (all announcements and grasp lists), so without sharing the store
 // lists every announcement once per NIP-77 relay — relays × announcements
 // reads, a sixth of the upper world's sync CPU (docs/performance.md). A
-// filter's items are read once and handed to the batches that ask for the
-// same filter within sharedLocalSetTTL.
+// filter's items are read once, built into a negsync.Set (sorted, summed)
+// once, and handed to the batches that ask for the same filter within
+// sharedLocalSetTTL.
 //
 // A shared list may lack what was stored in the last few seconds; that only
 // makes a reconciliation name those ids, which dropHeld then finds held (it
@@ -29,14 +30,15 @@ const (
 	// sharedLocalSetTTL is how long a filter's items are handed out again.
 	sharedLocalSetTTL = 3 * time.Second
 	// sharedLocalSetMaxItems bounds the items held across filters
-	// (~90 bytes each: ~9 MB); a list larger than the bound is not kept.
+	// (~120 bytes each with the set's running sums: ~12 MB); a list larger
+	// than the bound is not kept.
 	sharedLocalSetMaxItems = 100_000
 )
 
-// sharedLocalSet is a LocalSet that keeps each filter's items for ttl and
+// sharedLocalSet is a LocalSet that keeps each filter's set for ttl and
 // reads a filter's items once for the callers asking for it at the same time.
-// The lists it returns are shared: callers must not modify them (negsync and
-// the batches only read them).
+// The sets and lists it returns are shared: callers must not modify them
+// (negsync and the batches only read them).
 type sharedLocalSet struct {
 	base     LocalSet
 	ttl      time.Duration
@@ -58,8 +60,14 @@ type sharedLocalSet struct {
 }
 
 type sharedEntry struct {
-	items   []negsync.Item
+	set     *negsync.Set
 	expires time.Time
+}
+
+// setSource is a LocalSet that hands out sets built for reconciliation
+// (sharedLocalSet), so that a set shared by many relays is built once.
+type setSource interface {
+	Set(ctx context.Context, f nostr.Filter) (*negsync.Set, error)
 }
 
 type orderedKey struct {
@@ -80,21 +88,30 @@ func (s *sharedLocalSet) Held(ctx context.Context, ids []string) ([]string, erro
 	return heldIn(ctx, s.base, ids)
 }
 
-// Items returns f's items, read from the base set at most once per ttl.
+// Items returns f's items (in NIP-77's order, each once), read from the
+// base set at most once per ttl.
 func (s *sharedLocalSet) Items(ctx context.Context, f nostr.Filter) ([]negsync.Item, error) {
+	set, err := s.Set(ctx, f)
+	return set.Items(), err
+}
+
+// Set returns f's set, read from the base set and built at most once per
+// ttl.
+func (s *sharedLocalSet) Set(ctx context.Context, f nostr.Filter) (*negsync.Set, error) {
 	key := f.String()
 	for {
-		if items, ok := s.lookup(key); ok {
+		if set, ok := s.lookup(key); ok {
 			s.reads("shared")
-			return items, nil
+			return set, nil
 		}
 		ch := s.flight.DoChan(key, func() (any, error) {
 			items, err := s.base.Items(ctx, f)
 			if err != nil {
 				return nil, err
 			}
-			s.keep(key, items)
-			return items, nil
+			set := negsync.NewSet(items)
+			s.keep(key, set)
+			return set, nil
 		})
 		select {
 		case <-ctx.Done():
@@ -113,7 +130,7 @@ func (s *sharedLocalSet) Items(ctx context.Context, f nostr.Filter) ([]negsync.I
 			} else {
 				s.reads("store")
 			}
-			return r.Val.([]negsync.Item), nil
+			return r.Val.(*negsync.Set), nil
 		}
 	}
 }
@@ -122,32 +139,32 @@ func isContextErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// lookup returns key's items if they have not expired.
-func (s *sharedLocalSet) lookup(key string) ([]negsync.Item, bool) {
+// lookup returns key's set if it has not expired.
+func (s *sharedLocalSet) lookup(key string) (*negsync.Set, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.entries[key]
 	if !ok || !s.now().Before(e.expires) {
 		return nil, false
 	}
-	return e.items, true
+	return e.set, true
 }
 
-// keep holds items for key until ttl from now, dropping expired entries
+// keep holds set for key until ttl from now, dropping expired entries
 // and then the soonest to expire until they fit within maxItems. An empty
 // list is not kept: a batch whose local set is empty reads the filter's
 // whole history with REQ (partRead, combined reads), so an empty list
 // that is no longer true would fetch again everything stored meanwhile;
 // and an empty list is cheap to read.
-func (s *sharedLocalSet) keep(key string, items []negsync.Item) {
-	if len(items) == 0 || len(items) > s.maxItems {
+func (s *sharedLocalSet) keep(key string, set *negsync.Set) {
+	if set.Len() == 0 || set.Len() > s.maxItems {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	s.drop(key)
-	for len(s.order) > 0 && (!now.Before(s.order[0].expires) || s.held+len(items) > s.maxItems) {
+	for len(s.order) > 0 && (!now.Before(s.order[0].expires) || s.held+set.Len() > s.maxItems) {
 		first := s.order[0]
 		s.order[0] = orderedKey{}
 		s.order = s.order[1:]
@@ -156,14 +173,14 @@ func (s *sharedLocalSet) keep(key string, items []negsync.Item) {
 		}
 	}
 	expires := now.Add(s.ttl)
-	s.entries[key] = sharedEntry{items: items, expires: expires}
+	s.entries[key] = sharedEntry{set: set, expires: expires}
 	s.order = append(s.order, orderedKey{key: key, expires: expires})
-	s.held += len(items)
+	s.held += set.Len()
 }
 
 func (s *sharedLocalSet) drop(key string) {
 	if e, ok := s.entries[key]; ok {
-		s.held -= len(e.items)
+		s.held -= e.set.Len()
 		delete(s.entries, key)
 	}
 }

@@ -112,6 +112,16 @@ func TestSharedLocalSetReadsOncePerTTL(t *testing.T) {
 	if reads["store"] != 1 || reads["shared"] != 2 {
 		t.Fatalf("reads counted %v, want store 1, shared 2", reads)
 	}
+	// The reconciliations get the set built once, not one each
+	// (docs/decisions/0080-local-set-built-once.md).
+	set1, err := s.Set(ctx, announcements)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set2, _ := s.Set(ctx, announcements)
+	if set1 != set2 || set1.Len() != len(first) {
+		t.Fatalf("two asks within the TTL got sets %p and %p (%d items), want one set of %d", set1, set2, set1.Len(), len(first))
+	}
 
 	// Another filter is its own list.
 	if _, err := s.Items(ctx, nostr.Filter{Kinds: []int{nostr.KindRepositoryState}}); err != nil {
