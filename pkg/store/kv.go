@@ -9,7 +9,6 @@ import (
 	"hash/fnv"
 	"slices"
 	"sync"
-	"sync/atomic"
 )
 
 // kv is the store's own layout on an ordered key-value engine, pebble or
@@ -68,11 +67,12 @@ type kv struct {
 	mu     sync.RWMutex
 	closed bool
 	kinds  kvKinds
-	// ids holds every id stored (see idFilter); nextIDs is the bigger
-	// filter being built to replace it, which writes add to as well.
-	ids, nextIDs atomic.Pointer[idFilter]
-	growing      atomic.Bool
-	// growers is the filter rebuild in progress, which close waits for.
+	// ids holds every id stored (see idFilter); tags every tag key's
+	// prefix, so that a query skips the seek of a tag value nothing was
+	// stored under: most are (a deletion of the event being decided, the
+	// replies to a new root; docs/decisions/0081-tag-prefix-filter.md).
+	ids, tags keyFilter
+	// growers are the filter rebuilds in progress, which close waits for.
 	growers sync.WaitGroup
 	// legacyTags is set when the directory holds format v2's tag keys
 	// (written before format v3): queries by an uppercase letter also read
@@ -209,11 +209,13 @@ func openKV(dir, engine string, o options) (*kv, error) {
 	if err := k.loadKinds(); err != nil {
 		return fail(err)
 	}
-	ids, err := k.buildIDs(kvIDCapacity)
-	if err != nil {
+	k.ids.read, k.tags.read = k.readIDs, k.readTags
+	if err := k.ids.build(kvIDCapacity); err != nil {
 		return fail(err)
 	}
-	k.ids.Store(ids)
+	if err := k.tags.build(kvIDCapacity); err != nil {
+		return fail(err)
+	}
 	return k, nil
 }
 

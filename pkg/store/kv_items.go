@@ -36,9 +36,9 @@ func (k *kv) items(ctx context.Context, f nostr.Filter) ([]Item, error) {
 	err = k.eng.view(func(r kvReader) error {
 		var err error
 		if f.IDs != nil {
-			out, err = kvItemsByIDs(ctx, r, check, f.IDs, k.ids.Load())
+			out, err = kvItemsByIDs(ctx, r, check, f.IDs, k.ids.load())
 		} else {
-			out, err = kvItemsScan(ctx, r, check, f, k.kinds.all(), kvLayout{v2: k.tagsV2, legacy: k.legacyTags})
+			out, err = kvItemsScan(ctx, r, check, f, k.kinds.all(), k.layout())
 		}
 		return err
 	})
@@ -470,7 +470,7 @@ func (k *kv) held(ctx context.Context, ids []string) ([]string, error) {
 		return nil, err
 	}
 	defer done()
-	filter := k.ids.Load()
+	filter := k.ids.load()
 	var asked []string
 	var keys [][]byte // ascending: the ids are sorted
 	for _, s := range slices.Compact(slices.Sorted(slices.Values(ids))) {

@@ -57,9 +57,9 @@ func (k *kv) query(ctx context.Context, f nostr.Filter) ([]*nostr.Event, error) 
 	var out []*nostr.Event
 	err = k.eng.view(func(r kvReader) error {
 		if f.IDs != nil {
-			out, err = kvByIDs(r, f, k.ids.Load())
+			out, err = kvByIDs(r, f, k.ids.load())
 		} else {
-			out, err = kvScan(ctx, r, f, k.kinds.all(), kvLayout{v2: k.tagsV2, legacy: k.legacyTags})
+			out, err = kvScan(ctx, r, f, k.kinds.all(), k.layout())
 		}
 		return err
 	})
@@ -91,7 +91,17 @@ func kvByIDs(r kvReader, f nostr.Filter, ids *idFilter) ([]*nostr.Event, error) 
 
 // kvLayout says how a directory's tag keys are written: v2 (format v2's,
 // tests only), or v3 with, if legacy, v2's keys from before (see kv).
-type kvLayout struct{ v2, legacy bool }
+type kvLayout struct {
+	v2, legacy bool
+	// tags, when set, has every stored tag prefix: the others are not
+	// read.
+	tags *idFilter
+}
+
+// layout is how k's keys are laid out for a query now.
+func (k *kv) layout() kvLayout {
+	return kvLayout{v2: k.tagsV2, legacy: k.legacyTags, tags: k.tags.load()}
+}
 
 // kvPrefix is one index prefix a query reads, and for a v3 tag prefix the
 // case its entries must carry (0: every entry matches).
@@ -127,15 +137,20 @@ func kvPrefixes(f nostr.Filter, stored []int, layout kvLayout) []kvPrefix {
 	var out []kvPrefix
 	if values != nil {
 		folded, want := kvFold(letter[0])
+		add := func(p kvPrefix) {
+			if layout.tags == nil || layout.tags.mayHaveWords(tagWords(p.key)) {
+				out = append(out, p)
+			}
+		}
 		for _, v := range slices.Compact(slices.Sorted(slices.Values(values))) {
 			if layout.v2 {
-				out = append(out, kvPrefix{key: kvTagPrefix(letter[0], v)})
+				add(kvPrefix{key: kvTagPrefix(letter[0], v)})
 				continue
 			}
-			out = append(out, kvPrefix{key: kvTagPrefix(folded, v), want: want})
+			add(kvPrefix{key: kvTagPrefix(folded, v), want: want})
 			if layout.legacy && want == kvCaseUpper {
 				// v2 kept the uppercase letter's keys apart.
-				out = append(out, kvPrefix{key: kvTagPrefix(letter[0], v)})
+				add(kvPrefix{key: kvTagPrefix(letter[0], v)})
 			}
 		}
 		return out

@@ -160,7 +160,8 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 	defer w.discard()
 	var wrote, newKinds []int
 	var wroteIDs [][]byte
-	ids := k.ids.Load()
+	var wroteTags [][4]uint64
+	ids := k.ids.load()
 	err := func() error {
 		for _, p := range chunk {
 			idKey := kvIDKey(p.id)
@@ -191,7 +192,11 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 					return err
 				}
 			}
-			for _, key := range kvIndexKeys(p.evt, p.pk, serial, k.tagsV2) {
+			keys := kvIndexKeys(p.evt, p.pk, serial, k.tagsV2)
+			n := len(wroteTags)
+			wroteTags = tagKeyWords(wroteTags, keys)
+			k.addTags(wroteTags[n:], false)
+			for _, key := range keys {
 				if err := w.set(key, nil); err != nil {
 					return err
 				}
@@ -212,6 +217,7 @@ func (k *kv) writeChunk(chunk []kvPrepared, res []SaveResult) {
 	case err == nil:
 		k.kinds.save(newKinds...)
 		k.addIDs(wroteIDs)
+		k.addTags(wroteTags, true)
 		for _, n := range wrote {
 			res[n].Stored = true
 		}
