@@ -2,7 +2,6 @@ package relayconn
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -120,7 +119,9 @@ func (c *Conn) subscribe(ctx context.Context, fs nostr.Filters, live bool, onWai
 	} else {
 		s.events = make(chan *nostr.Event, c.opts.SubscriptionBuffer)
 	}
-	data, err := json.Marshal(nostr.ReqEnvelope{SubscriptionID: s.ID, Filters: fs})
+	// The envelope's own encoder: json.Marshal would call it and then
+	// compact and copy what it wrote (1 % of graspd's CPU at 1,000 relays).
+	data, err := nostr.ReqEnvelope{SubscriptionID: s.ID, Filters: fs}.MarshalJSON()
 	if err != nil {
 		return nil, fmt.Errorf("encode REQ: %w", err)
 	}
