@@ -68,9 +68,9 @@ type batchSpec struct {
 // names a chunk of roots under #e, #E and #q, and at the target world's
 // peak some 370 batches waited with their decoded commands, 42 MB of the
 // live heap (docs/decisions/0075-what-waits-is-kept-small.md). Nothing of c
-// is kept.
-func batchSpecOf(c *graspv1.AddFilters) batchSpec {
-	spec := batchSpec{id: c.GetBatchId(), hist: compactFilters(filters.FromProtos(c.GetHistoricFilters()), hexShare{}),
+// is kept. historic is c's historic_filters, decoded once by the caller.
+func batchSpecOf(c *graspv1.AddFilters, historic []nostr.Filter) batchSpec {
+	spec := batchSpec{id: c.GetBatchId(), hist: compactFilters(historic, hexShare{}),
 		refetch: filters.FromProtos(c.GetRefetchFilters()), resync: c.GetResync(), layer1: c.GetLayer1()}
 	// since is applied per part (batchRun.part): REQ reads obey it, a
 	// NIP-77 reconciliation covers the whole filter.

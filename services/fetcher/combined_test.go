@@ -16,8 +16,19 @@ import (
 // On a relay read with REQ, an items batch's live REQ carries its history:
 // the relay gets one REQ for both, every stored event is published as the
 // batch's history, the batch reports it, and the REQ stays open for new
-// events (docs/decisions/0076-history-in-the-live-req.md). Issue 32.
+// events (docs/decisions/0076-history-in-the-live-req.md). Issue 32. The
+// same whether the command lists its live filters or names them by their
+// index among the historic ones (live_from_historic), as a planner does for
+// a fetcher whose Connected said it reads that.
 func TestLiveREQCarriesHistory(t *testing.T) {
+	for _, indexed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "listed", true: "indexed"}[indexed], func(t *testing.T) {
+			testLiveREQCarriesHistory(t, indexed)
+		})
+	}
+}
+
+func testLiveREQCarriesHistory(t *testing.T, indexed bool) {
 	e := newEnv(t)
 	r := faultrelay.Start(t, testrelay.Options{})
 	k := testkit.NewKey()
@@ -27,8 +38,15 @@ func TestLiveREQCarriesHistory(t *testing.T) {
 	cfg.DisableNegentropy = true
 	e.start(cfg, nil)
 	s := e.connectRelay(r.URL)
+	if c := e.report(r.URL, func(r *graspv1.FetchReport) bool { return r.GetConnected() != nil }); !c.GetConnected().GetLiveFromHistoric() {
+		t.Fatalf("Connected %v does not say the fetcher reads live_from_historic", c.GetConnected())
+	}
 	before := r.REQs()
-	e.addFilters(0, r.URL, s, "b1", kind1, kind1)
+	if indexed {
+		e.addFiltersIndexed(0, r.URL, s, "b1", kind1, 0)
+	} else {
+		e.addFilters(0, r.URL, s, "b1", kind1, kind1)
+	}
 	done := e.batchDone(r.URL, "b1")
 	if done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetMethod() != graspv1.SyncMethod_SYNC_METHOD_REQ ||
 		done.GetEventsReceived() != uint64(len(old)) || done.GetPages() != 1 {
@@ -121,5 +139,34 @@ func TestLiveREQCarriesHistoryOfEmptyLocalSets(t *testing.T) {
 	// after the reconciliation: no REQ of its own for the second filter.
 	if n := r.REQs() - before; n != 2 {
 		t.Fatalf("%d REQs, want 2 (the live REQ carrying a history, one id fetch)", n)
+	}
+}
+
+// live_from_historic names where in the historic filters the live part
+// starts: a batch whose first filter is history only (as a catch-up's layer
+// 1, already live on the session) keeps the rest live.
+func TestLiveFromHistoricOpensTheRest(t *testing.T) {
+	e := newEnv(t)
+	r := faultrelay.Start(t, testrelay.Options{})
+	once, kept := testkit.NewKey(), testkit.NewKey()
+	old := append(notes(once, 3, 1, 1000), notes(kept, 3, 1, 1000)...)
+	r.Add(t, old...)
+	cfg := baseConfig("a")
+	cfg.DisableNegentropy = true
+	e.start(cfg, nil)
+	s := e.connectRelay(r.URL)
+	fs := []nostr.Filter{{Kinds: []int{1}, Authors: []string{once.PubKey}}, {Kinds: []int{1}, Authors: []string{kept.PubKey}}}
+	e.addFiltersIndexed(0, r.URL, s, "b1", fs, 1)
+	if done := e.batchDone(r.URL, "b1"); done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK {
+		t.Fatalf("batch done %v", done)
+	}
+	e.waitEvents(old)
+	fresh := kept.Note("after the batch", testkit.At(5000))
+	if err := testrelay.Publish(e.ctx, r.Relay.URL, fresh); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEvents([]*nostr.Event{fresh})
+	if h := e.header(fresh.ID); h.Get(bus.HeaderMode) != "live" {
+		t.Fatalf("new event published in mode %q, want live", h.Get(bus.HeaderMode))
 	}
 }

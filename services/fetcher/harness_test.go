@@ -202,6 +202,13 @@ func (e *env) addFilters(shard int, url, session, batch string, hist, live []nos
 		AddFilters: &graspv1.AddFilters{BatchId: batch, HistoricFilters: filters.ToProtos(hist), LiveFilters: filters.ToProtos(live)}}})
 }
 
+// addFiltersIndexed sends a batch whose live part is its historic filters
+// from index from on (AddFilters.live_from_historic).
+func (e *env) addFiltersIndexed(shard int, url, session, batch string, hist []nostr.Filter, from uint32) {
+	e.send(shard, &graspv1.FetchCommand{RelayUrl: url, SessionId: session, Command: &graspv1.FetchCommand_AddFilters{
+		AddFilters: &graspv1.AddFilters{BatchId: batch, HistoricFilters: filters.ToProtos(hist), LiveFromHistoric: &from}}})
+}
+
 // report waits for the first report about url matching pick, after skip
 // earlier matches.
 func (e *env) report(url string, pick func(*graspv1.FetchReport) bool) *graspv1.FetchReport {

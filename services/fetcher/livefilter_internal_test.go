@@ -120,7 +120,7 @@ func TestWaitingBatchHoldsEachIDListOnce(t *testing.T) {
 	ids := randomHexIDs(rand.New(rand.NewPCG(5, 6)), 250)
 	hist := filters.Layer3(ids)
 	since := int64(1234)
-	spec := batchSpecOf(&graspv1.AddFilters{BatchId: "b1", HistoricFilters: filters.ToProtos(hist), Since: &since, Resync: true})
+	spec := batchSpecOf(&graspv1.AddFilters{BatchId: "b1", HistoricFilters: filters.ToProtos(hist), Since: &since, Resync: true}, hist)
 	if spec.id != "b1" || spec.since == nil || *spec.since != 1234 || !spec.resync || spec.layer1 {
 		t.Fatalf("spec %+v", spec)
 	}

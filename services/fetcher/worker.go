@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nbd-wtf/go-nostr"
 
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 
@@ -232,7 +233,7 @@ func (w *relayWorker) run(ctx context.Context) {
 					w.f.recordRelay(w.shard, w.url, w.record())
 				}
 				if w.sess != nil {
-					w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{}}})
+					w.report(&graspv1.FetchReport{Report: &graspv1.FetchReport_Connected{Connected: w.connectedReport()}})
 				} else if retry == nil {
 					retry = w.connect(ctx)
 				}
@@ -343,7 +344,7 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 		defer w.tasks.Done()
 		w.readNIP11(s)
 	}()
-	connected := &graspv1.Connected{LiveFilterBudget: w.liveFilterBudget(w.lims.effective())}
+	connected := w.connectedReport()
 	if w.previous != nil {
 		connected.PreviousSessionId = w.previous.GetSessionId()
 		connected.PreviousFetcherId = w.previous.GetFetcherId()
@@ -424,6 +425,14 @@ func (w *relayWorker) reportRateLimit(sig signal) {
 		Message: sig.rateLimit, Until: sig.until.UnixMilli()}}})
 }
 
+// connectedReport is what a Connected report says of the session: the
+// relay's live filter budget, again when the planner asks again
+// (EnsureConnected on a held session: a planner that restarted knows
+// neither), and that the fetcher reads AddFilters.live_from_historic.
+func (w *relayWorker) connectedReport() *graspv1.Connected {
+	return &graspv1.Connected{LiveFilterBudget: w.liveFilterBudget(w.lims.effective()), LiveFromHistoric: true}
+}
+
 func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	if w.sess == nil {
 		return
@@ -434,15 +443,21 @@ func (w *relayWorker) addFilters(c *graspv1.AddFilters) {
 	if c.GetBatchId() == "" {
 		purpose = "live_merge"
 	}
-	live := filters.FromProtos(c.GetLiveFilters())
+	historic := filters.FromProtos(c.GetHistoricFilters())
+	var live []nostr.Filter
+	if from, ok := c.LiveFrom(); ok {
+		live = filters.Live(historic[from:])
+	} else {
+		live = filters.FromProtos(c.GetLiveFilters())
+	}
 	// The live REQ carries the batch's history where it is read with REQ,
 	// and waits for the batch's turn (combined.go).
-	combine := w.combinable(c, filters.FromProtos(c.GetHistoricFilters()), live)
+	combine := w.combinable(c, historic, live)
 	waiting := w.openLiveGroups(live, c.GetLiveId(), purpose, combine)
 	if c.GetBatchId() == "" {
 		return
 	}
-	spec := batchSpecOf(c)
+	spec := batchSpecOf(c, historic)
 	spec.combined = waiting
 	s := w.sess
 	select {

@@ -144,7 +144,12 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 		add.Since = &since
 	}
 	if withLive && len(fs) > liveFrom {
-		add.LiveFilters = liveOf(add.HistoricFilters[liveFrom:])
+		if s.liveFromHistoric {
+			from := uint32(liveFrom)
+			add.LiveFromHistoric = &from
+		} else {
+			add.LiveFilters = graspv1.LiveOf(add.HistoricFilters[liveFrom:])
+		}
 		add.LiveId = b.ID
 		s.LiveFilters += len(fs) - liveFrom
 		if kind == BatchItems {
@@ -229,19 +234,6 @@ func (m *Machine) refetchFilters(items []BatchItem) []nostr.Filter {
 		idents = append(idents, repo.Identifier)
 	}
 	return filters.Maintained(authors, idents)
-}
-
-// liveOf returns live-only ("limit": 0) copies of historic filters without
-// converting them again (the largest cost of a batch's command after the
-// ids): the copies share the filters' value slices and tag messages, which
-// is safe because a command is never modified once built.
-func liveOf(historic []*graspv1.Filter) []*graspv1.Filter {
-	out := make([]*graspv1.Filter, len(historic))
-	for i, h := range historic {
-		zero := int32(0)
-		out[i] = &graspv1.Filter{Ids: h.Ids, Authors: h.Authors, Kinds: h.Kinds, Tags: h.Tags, Since: h.Since, Until: h.Until, Limit: &zero}
-	}
-	return out
 }
 
 // hexes encodes ids with two allocations: one string holding them all,

@@ -175,6 +175,41 @@ func BenchmarkRecomputeColdCommands(b *testing.B) {
 	}
 }
 
+// BenchmarkColdCommandsEncoded is BenchmarkRecomputeColdCommands with every
+// command encoded as the loop publishes it, for a fetcher that lists a
+// batch's live filters and one that reads them as an index into its
+// historic filters (AddFilters.live_from_historic): payload-MB is what the
+// command stream carries for the whole world, and what a fetcher decodes.
+func BenchmarkColdCommandsEncoded(b *testing.B) {
+	for _, sc := range scales(b) {
+		for _, indexed := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/indexed=%v", sc.name, indexed), func(b *testing.B) {
+				size, n := 0, 0
+				for range b.N {
+					b.StopTimer()
+					m := buildWorld(b, sc, false)
+					for _, s := range m.relays {
+						s.liveFromHistoric = indexed
+					}
+					b.StartTimer()
+					m.Recompute(t0, true)
+					size, n = 0, 0
+					for _, c := range m.Drain() {
+						data, err := proto.Marshal(c)
+						if err != nil {
+							b.Fatal(err)
+						}
+						size += len(data)
+						n++
+					}
+				}
+				b.ReportMetric(float64(size)/(1<<20), "payload-MB")
+				b.ReportMetric(float64(n), "commands")
+			})
+		}
+	}
+}
+
 // BenchmarkIncremental measures one discovery batch of 100 changed
 // repositories on the synced world — "1root": each gains one root; "grow"
 // (the original shape): in batch i each gains i+1 roots, so batches grow

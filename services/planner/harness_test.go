@@ -99,7 +99,7 @@ func (h *harness) report(url, session string, r any) []string {
 }
 
 func (h *harness) connect(url, session string) []string {
-	return h.report(url, session, &graspv1.Connected{})
+	return h.report(url, session, &graspv1.Connected{LiveFromHistoric: true})
 }
 
 func (h *harness) disconnect(url, session string) []string {
@@ -186,8 +186,8 @@ func (h *harness) render(c *graspv1.FetchCommand) string {
 		if a.Since != nil {
 			fmt.Fprintf(&b, " since=%+d", a.GetSince()-h.now.Unix())
 		}
-		if len(a.GetLiveFilters()) > 0 {
-			b.WriteString(" live=" + h.renderFilters(a.GetLiveFilters()))
+		if live := a.Live(); len(live) > 0 {
+			b.WriteString(" live=" + h.renderFilters(live))
 		}
 		b.WriteString(" hist=" + h.renderFilters(a.GetHistoricFilters()))
 		if len(a.GetRefetchFilters()) > 0 {

@@ -9,12 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nbd-wtf/go-nostr"
-	"google.golang.org/protobuf/proto"
-
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
-
-	"github.com/grasp-sync/grasp-sync/pkg/filters"
 )
 
 func TestRootTableInterns(t *testing.T) {
@@ -262,23 +257,5 @@ func TestHexOrderMatchesStringOrder(t *testing.T) {
 	got := m.hexes(m.hexOrder(slices.Clone(roots)))
 	if !slices.Equal(got, want) {
 		t.Fatalf("hex order differs:\n got %v\nwant %v", got[:5], want[:5])
-	}
-}
-
-// liveOf must equal converting the filters made live by pkg/filters, field
-// for field (it copies the proto fields by hand).
-func TestLiveOfMatchesFiltersLive(t *testing.T) {
-	since := nostr.Timestamp(1700000000)
-	fs := append(filters.Items([]string{"30617:p:r1"}, []string{"r1"}, []string{fmt.Sprintf("%064x", 1)}), filters.Base(),
-		nostr.Filter{IDs: []string{"x"}, Authors: []string{"y"}, Since: &since, Until: &since})
-	got := liveOf(filters.ToProtos(fs))
-	want := filters.ToProtos(filters.Live(fs))
-	if len(got) != len(want) {
-		t.Fatalf("%d filters, want %d", len(got), len(want))
-	}
-	for i := range want {
-		if !proto.Equal(got[i], want[i]) {
-			t.Fatalf("filter %d: %v, want %v", i, got[i], want[i])
-		}
 	}
 }

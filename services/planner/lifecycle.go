@@ -29,6 +29,7 @@ func (m *Machine) HandleReport(now time.Time, r *graspv1.FetchReport) {
 	switch rep := r.GetReport().(type) {
 	case *graspv1.FetchReport_Connected:
 		s.limitBudget = int(rep.Connected.GetLiveFilterBudget())
+		s.liveFromHistoric = rep.Connected.GetLiveFromHistoric()
 		m.onConnected(now, s, r.GetSessionId())
 	case *graspv1.FetchReport_Disconnected:
 		if r.GetSessionId() == "" || r.GetSessionId() != s.Session {

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	graspv1 "github.com/grasp-sync/grasp-sync/proto/grasp/v1"
 )
 
@@ -601,7 +603,7 @@ func TestFailedBatchesLeaveNoLiveSubscriptions(t *testing.T) {
 				}
 			case c.GetAddFilters() != nil:
 				id := c.GetAddFilters().GetLiveId()
-				sets[id] = append(sets[id], itemsOf(c.GetAddFilters().GetLiveFilters())...)
+				sets[id] = append(sets[id], itemsOf(c.GetAddFilters().Live())...)
 				if !c.GetAddFilters().GetLayer1() {
 					last = c.GetAddFilters().GetBatchId()
 				}
@@ -639,6 +641,53 @@ func TestFailedBatchesLeaveNoLiveSubscriptions(t *testing.T) {
 		follow()
 		if open[x] != 1 || open[y] != 1 || open["L1"] != 1 {
 			t.Fatalf("round %d, after the retry: open %v, want each once", round, open)
+		}
+	}
+}
+
+// A batch's live part is sent as an index into its historic filters only to
+// a session whose fetcher said it reads one (Connected.live_from_historic);
+// a fetcher from before it (a rolling upgrade) gets the filters listed.
+// Either way the live filters are the same, and the indexed command is
+// smaller.
+func TestLivePartIndexedOnlyForFetchersThatReadIt(t *testing.T) {
+	commands := func(connected *graspv1.Connected) []*graspv1.AddFilters {
+		h := newHarness(t, testRules(), 1)
+		h.repo("r1", []string{relayA}, "x", "y")
+		h.recompute()
+		h.m.HandleReport(h.now, &graspv1.FetchReport{RelayUrl: relayA, SessionId: "s1", At: h.now.UnixMilli(),
+			Report: &graspv1.FetchReport_Connected{Connected: connected}})
+		var out []*graspv1.AddFilters
+		for _, c := range h.m.Drain() {
+			if a := c.GetAddFilters(); a != nil {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	listed, indexed := commands(&graspv1.Connected{}), commands(&graspv1.Connected{LiveFromHistoric: true})
+	if len(listed) != 2 || len(indexed) != 2 {
+		t.Fatalf("%d and %d AddFilters, want layer 1 and items each", len(listed), len(indexed))
+	}
+	for i := range listed {
+		l, x := listed[i], indexed[i]
+		if l.LiveFromHistoric != nil || len(l.GetLiveFilters()) == 0 {
+			t.Errorf("command %d to an old fetcher: live_from_historic %v, %d live filters listed", i, l.LiveFromHistoric, len(l.GetLiveFilters()))
+		}
+		if x.LiveFromHistoric == nil || len(x.GetLiveFilters()) != 0 {
+			t.Errorf("command %d to a new fetcher: live_from_historic %v, %d live filters listed", i, x.LiveFromHistoric, len(x.GetLiveFilters()))
+		}
+		a, b := l.Live(), x.Live()
+		if len(a) != len(b) || len(a) == 0 {
+			t.Fatalf("command %d: %d live filters listed, %d indexed", i, len(a), len(b))
+		}
+		for j := range a {
+			if !proto.Equal(a[j], b[j]) {
+				t.Errorf("command %d, live filter %d: %v listed, %v indexed", i, j, a[j], b[j])
+			}
+		}
+		if ls, xs := proto.Size(l), proto.Size(x); xs >= ls {
+			t.Errorf("command %d: indexed %d bytes, listed %d", i, xs, ls)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 // their dashboards.
 type Metrics struct {
 	commands      *prometheus.CounterVec
+	commandBytes  *prometheus.CounterVec
 	status        *prometheus.GaugeVec
 	repos         *prometheus.GaugeVec
 	roots         *prometheus.GaugeVec
@@ -35,6 +36,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grasp_planner_commands_total", Help: "Fetch commands sent, by command.",
+		}, []string{"command"}),
+		commandBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grasp_planner_command_bytes_total", Help: "Bytes of the fetch commands sent (their encoded payloads), by command.",
 		}, []string{"command"}),
 		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "grasp_planner_relay_status",
@@ -96,7 +100,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.commands, m.status, m.repos, m.roots, m.batches, m.incomplete, m.batchDuration,
+		reg.MustRegister(m.commands, m.commandBytes, m.status, m.repos, m.roots, m.batches, m.incomplete, m.batchDuration,
 			m.consolidation, m.deferred, m.reconnects, m.resyncMissed, m.relays, m.recompute, m.reportBatch, m.flush, m.indexUpdates, m.leader, m.epoch)
 	}
 	return m

@@ -85,6 +85,10 @@ type RelayState struct {
 	// limitBudget is the live filter budget the relay's limits allow, as
 	// the fetcher reported it (0: unknown); Machine.budget.
 	limitBudget int
+	// liveFromHistoric: the fetcher holding the session reads
+	// AddFilters.live_from_historic (Connected.live_from_historic), so a
+	// batch's live part is sent as an index, not its filters again.
+	liveFromHistoric bool
 
 	ID        RelayID
 	URL       string

@@ -460,6 +460,7 @@ func (t *term) flush(ctx context.Context) error {
 			if err := t.publish(ctx, msg); err != nil {
 				return err
 			}
+			t.p.metrics.commandBytes.WithLabelValues(commandName(c.cmd)).Add(float64(len(msg.Data)))
 		}
 		return nil
 	}); err != nil {
@@ -471,7 +472,7 @@ func (t *term) flush(ctx context.Context) error {
 		attrs := []any{"relay", cmd.GetRelayUrl(), "session", cmd.GetSessionId(), "command", name}
 		if add := cmd.GetAddFilters(); add != nil {
 			attrs = append(attrs, "batch", add.GetBatchId(), "repos", len(add.GetRepoRefs()), "roots", len(add.GetRootEventIds()),
-				"live", len(add.GetLiveFilters()), "historic", len(add.GetHistoricFilters()), "since", add.GetSince())
+				"live", add.LiveLen(), "historic", len(add.GetHistoricFilters()), "since", add.GetSince())
 		}
 		if rl := cmd.GetReplaceLive(); rl != nil {
 			attrs = append(attrs, "live", len(rl.GetLiveFilters()))

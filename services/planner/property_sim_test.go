@@ -31,6 +31,10 @@ type simRelay struct {
 	// closedLive: the relay closed a live subscription during this
 	// session; live coverage is then restored by a catch-up, not checked.
 	closedLive bool
+	// indexed: the session's fetcher said it reads
+	// AddFilters.live_from_historic (drawn per session, as a rolling
+	// upgrade mixes fetchers that do and do not).
+	indexed bool
 	// neg: the relay reconciles with NIP-77, so the fetcher reads a
 	// catch-up's items whole and since bounds nothing (docs/sync.md,
 	// "Catch-ups and back-dated events"); without it since bounds the read.
@@ -196,7 +200,7 @@ func (s *sim) apply() {
 		case *graspv1.FetchCommand_EnsureConnected:
 			r.wanted = true
 			if r.session != "" {
-				s.report(r, r.session, &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{}})
+				s.report(r, r.session, &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{LiveFromHistoric: r.indexed}})
 			}
 		case *graspv1.FetchCommand_DropRelay:
 			r.wanted = false
@@ -229,14 +233,19 @@ func (s *sim) apply() {
 			if r.session == "" {
 				continue
 			}
-			if len(a.GetLiveFilters()) > 0 {
-				for _, f := range a.GetLiveFilters() {
+			if a.LiveFromHistoric != nil && !r.indexed {
+				// A fetcher from before live_from_historic would open
+				// nothing live.
+				s.fail("AddFilters with live_from_historic to a session whose fetcher did not say it reads it")
+			}
+			if live := a.Live(); len(live) > 0 {
+				for _, f := range live {
 					if f.Limit == nil || f.GetLimit() != 0 {
 						s.fail("live filter without limit 0: %v", f)
 					}
 				}
-				r.live = append(r.live, simLive{id: a.GetLiveId(), items: itemsOf(a.GetLiveFilters()), filters: len(a.GetLiveFilters())})
-				s.checkLive(r, a.GetLiveFilters(), false)
+				r.live = append(r.live, simLive{id: a.GetLiveId(), items: itemsOf(live), filters: len(live)})
+				s.checkLive(r, live, false)
 			}
 			for _, f := range a.GetHistoricFilters() {
 				if f.Limit != nil {
@@ -293,7 +302,8 @@ func (s *sim) connect(r *simRelay) {
 	r.session = fmt.Sprintf("s%d", s.sessions)
 	s.logf("connect %s %s", r.url, r.session)
 	liveCount[r.url] = 0
-	s.report(r, r.session, &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{}})
+	r.indexed = s.rng.IntN(2) == 0
+	s.report(r, r.session, &graspv1.FetchReport_Connected{Connected: &graspv1.Connected{LiveFromHistoric: r.indexed}})
 }
 
 // finishBatch completes one batch: its history (events of its items since

@@ -231,7 +231,10 @@ type AddFilters struct {
 	// and operators can tell what a batch confirms.
 	RepoRefs     []string `protobuf:"bytes,2,rep,name=repo_refs,json=repoRefs,proto3" json:"repo_refs,omitempty"`
 	RootEventIds []string `protobuf:"bytes,3,rep,name=root_event_ids,json=rootEventIds,proto3" json:"root_event_ids,omitempty"`
-	// live_filters are opened with limit 0 and kept open.
+	// live_filters are opened with limit 0 and kept open. A planner sends
+	// them only to a fetcher that did not say it reads live_from_historic
+	// (Connected.live_from_historic); otherwise live_from_historic says which
+	// they are.
 	LiveFilters []*Filter `protobuf:"bytes,4,rep,name=live_filters,json=liveFilters,proto3" json:"live_filters,omitempty"`
 	// historic_filters are fetched until exhausted (negentropy or REQ+EOSE
 	// with until pagination); the batch is done when all of them are.
@@ -264,9 +267,16 @@ type AddFilters struct {
 	// that we lacked is one live subscriptions and catch-ups missed. The
 	// fetcher counts them in BatchDone.missed (docs/sync.md, "Counting what
 	// the daily resync finds").
-	Resync        bool `protobuf:"varint,10,opt,name=resync,proto3" json:"resync,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Resync bool `protobuf:"varint,10,opt,name=resync,proto3" json:"resync,omitempty"`
+	// live_from_historic, when set, opens historic_filters[live_from_historic:]
+	// as live subscriptions (with limit 0), as if they were live_filters: a
+	// batch's live part is its historic filters from some index on, and
+	// naming every root id again under live_filters made a command almost
+	// twice its size (docs/decisions/0082-live-filters-named-once.md).
+	// live_filters is then empty. Use AddFilters.Live to read either form.
+	LiveFromHistoric *uint32 `protobuf:"varint,11,opt,name=live_from_historic,json=liveFromHistoric,proto3,oneof" json:"live_from_historic,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AddFilters) Reset() {
@@ -367,6 +377,13 @@ func (x *AddFilters) GetResync() bool {
 		return x.Resync
 	}
 	return false
+}
+
+func (x *AddFilters) GetLiveFromHistoric() uint32 {
+	if x != nil && x.LiveFromHistoric != nil {
+		return *x.LiveFromHistoric
+	}
+	return 0
 }
 
 // ReplaceLive closes every live subscription on the relay, named or not, and
@@ -550,7 +567,7 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\n" +
 	"close_live\x18\x0e \x01(\v2\x13.grasp.v1.CloseLiveH\x00R\tcloseLiveB\t\n" +
 	"\acommand\"\x11\n" +
-	"\x0fEnsureConnected\"\x85\x03\n" +
+	"\x0fEnsureConnected\"\xcf\x03\n" +
 	"\n" +
 	"AddFilters\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x12\x1b\n" +
@@ -563,8 +580,10 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\x0frefetch_filters\x18\b \x03(\v2\x10.grasp.v1.FilterR\x0erefetchFilters\x12\x17\n" +
 	"\alive_id\x18\t \x01(\tR\x06liveId\x12\x16\n" +
 	"\x06resync\x18\n" +
-	" \x01(\bR\x06resyncB\b\n" +
-	"\x06_since\"[\n" +
+	" \x01(\bR\x06resync\x121\n" +
+	"\x12live_from_historic\x18\v \x01(\rH\x01R\x10liveFromHistoric\x88\x01\x01B\b\n" +
+	"\x06_sinceB\x15\n" +
+	"\x13_live_from_historic\"[\n" +
 	"\vReplaceLive\x123\n" +
 	"\flive_filters\x18\x01 \x03(\v2\x10.grasp.v1.FilterR\vliveFilters\x12\x17\n" +
 	"\alive_id\x18\x02 \x01(\tR\x06liveId\"J\n" +

@@ -388,6 +388,10 @@ type Connected struct {
 	// the filters one REQ of 100-id filters can carry); 0 when not known.
 	// The planner consolidates within it (docs/sync.md, "What relays allow").
 	LiveFilterBudget uint32 `protobuf:"varint,4,opt,name=live_filter_budget,json=liveFilterBudget,proto3" json:"live_filter_budget,omitempty"`
+	// live_from_historic says this fetcher reads AddFilters.live_from_historic,
+	// so the planner may send a batch's live part that way on this session.
+	// A fetcher from before it never sets it and gets live_filters.
+	LiveFromHistoric bool `protobuf:"varint,5,opt,name=live_from_historic,json=liveFromHistoric,proto3" json:"live_from_historic,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -448,6 +452,13 @@ func (x *Connected) GetLiveFilterBudget() uint32 {
 		return x.LiveFilterBudget
 	}
 	return 0
+}
+
+func (x *Connected) GetLiveFromHistoric() bool {
+	if x != nil {
+		return x.LiveFromHistoric
+	}
+	return false
 }
 
 // Disconnected reports that a session ended.
@@ -1207,12 +1218,13 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\frate_limited\x18\r \x01(\v2\x15.grasp.v1.RateLimitedH\x00R\vrateLimited\x12*\n" +
 	"\x06health\x18\x0e \x01(\v2\x10.grasp.v1.HealthH\x00R\x06health\x12O\n" +
 	"\x13subscription_closed\x18\x0f \x01(\v2\x1c.grasp.v1.SubscriptionClosedH\x00R\x12subscriptionClosedB\b\n" +
-	"\x06report\"\xca\x01\n" +
+	"\x06report\"\xf8\x01\n" +
 	"\tConnected\x12/\n" +
 	"\x13supports_negentropy\x18\x01 \x01(\bR\x12supportsNegentropy\x12.\n" +
 	"\x13previous_session_id\x18\x02 \x01(\tR\x11previousSessionId\x12.\n" +
 	"\x13previous_fetcher_id\x18\x03 \x01(\tR\x11previousFetcherId\x12,\n" +
-	"\x12live_filter_budget\x18\x04 \x01(\rR\x10liveFilterBudget\"K\n" +
+	"\x12live_filter_budget\x18\x04 \x01(\rR\x10liveFilterBudget\x12,\n" +
+	"\x12live_from_historic\x18\x05 \x01(\bR\x10liveFromHistoric\"K\n" +
 	"\fDisconnected\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12#\n" +
 	"\rfailure_class\x18\x02 \x01(\tR\ffailureClass\"\x80\x03\n" +
