@@ -67,9 +67,14 @@ type Rules struct {
 	// pause of this length, so only a stream (an initial sync, a bulk
 	// import) is held, and its REQs follow the items' number rather than
 	// how the stream is spread in time
-	// (docs/decisions/0061-planner-roots-in-full-filters.md). 0 sends
+	// (docs/decisions/0061-planner-roots-in-full-filters.md). It is longer
+	// than discovery's batch window (GRASP_DISCOVERY_BATCH_WINDOW, 5 s),
+	// the spacing of index batches during a stream that never pauses:
+	// shorter, every index batch of a large sync looked like the first
+	// after a pause and went at once
+	// (docs/decisions/0083-chunk-quiet-beyond-discovery-window.md). 0 sends
 	// every recompute's items at once.
-	ChunkQuiet time.Duration `envconfig:"PLANNER_CHUNK_QUIET" default:"3s"`
+	ChunkQuiet time.Duration `envconfig:"PLANNER_CHUNK_QUIET" default:"8s"`
 	// ChunkMaxWait bounds how long ChunkQuiet holds a root: a trickle that
 	// never pauses and never fills a filter still goes this often.
 	ChunkMaxWait time.Duration `ignored:"true" default:"10s"`
