@@ -27,9 +27,9 @@ type Config struct {
 	// BatchWindow is the longest a change waits to be written: it starts at
 	// the first change after a flush and does not reset, so a stream of
 	// changes that never pauses is still one index update per window. The
-	// planner's GRASP_PLANNER_CHUNK_QUIET is longer, so those updates count
-	// as one stream (docs/decisions/0083-chunk-quiet-beyond-discovery-window.md):
-	// lengthen both together.
+	// planner's quiet for a large stream (8 s, fixed) is longer, so those
+	// updates count as one stream
+	// (docs/decisions/0083-chunk-quiet-beyond-discovery-window.md).
 	BatchWindow time.Duration `envconfig:"DISCOVERY_BATCH_WINDOW" default:"5s"`
 	// PageSize is the limit of each history page: the own relay's
 	// MaxLimit (500).

@@ -29,11 +29,18 @@ func (m *Machine) holdPartial(now time.Time, s *RelayState, items []BatchItem) [
 	if m.rules.ChunkQuiet <= 0 {
 		return items
 	}
-	if s.heldSince.IsZero() {
-		if s.lastItems.IsZero() || now.Sub(s.lastItems) >= m.rules.ChunkQuiet {
-			return items // not in a stream: at once
-		}
-	} else {
+	// The stream's items are counted over pauses shorter than the large
+	// stream's quiet, so a stream that arrives in index batches a
+	// discovery window apart grows large.
+	paused := s.lastItems.IsZero() || now.Sub(s.lastItems) >= max(m.rules.ChunkQuiet, m.rules.ChunkStreamQuiet)
+	if s.heldSince.IsZero() && paused {
+		s.streamItems = 0
+	}
+	s.streamItems += countItems(items)
+	if s.heldSince.IsZero() && (s.lastItems.IsZero() || now.Sub(s.lastItems) >= m.chunkQuiet(s)) {
+		return items // not in a stream: at once
+	}
+	if !s.heldSince.IsZero() {
 		// Those held before, wherever the recompute looked.
 		items = MissingItems(m.idx, s)
 	}
@@ -75,12 +82,33 @@ func (m *Machine) holdPartial(now time.Time, s *RelayState, items []BatchItem) [
 	return out
 }
 
+// chunkQuiet is the pause that ends the relay's stream: ChunkStreamQuiet
+// once the stream is large, ChunkQuiet before.
+func (m *Machine) chunkQuiet(s *RelayState) time.Duration {
+	if m.rules.ChunkStreamItems > 0 && s.streamItems >= m.rules.ChunkStreamItems {
+		return max(m.rules.ChunkQuiet, m.rules.ChunkStreamQuiet)
+	}
+	return m.rules.ChunkQuiet
+}
+
+// countItems is how many repositories' own parts and roots items name.
+func countItems(items []BatchItem) int {
+	n := 0
+	for _, it := range items {
+		n += len(it.Roots)
+		if it.NeedRepo {
+			n++
+		}
+	}
+	return n
+}
+
 // heldDue is when a relay's held roots go (zero: none held).
 func (m *Machine) heldDue(s *RelayState) time.Time {
 	if s.heldSince.IsZero() {
 		return time.Time{}
 	}
-	due := s.heldTouched.Add(m.rules.ChunkQuiet)
+	due := s.heldTouched.Add(m.chunkQuiet(s))
 	if limit := s.heldSince.Add(m.rules.ChunkMaxWait); limit.Before(due) {
 		due = limit
 	}

@@ -21,19 +21,7 @@ func (h *harness) rootsSent() []int {
 // streamRoots announces r1's roots growing by step every 500 ms until n,
 // recomputing after each, and returns the root counts of the batches sent.
 func streamRoots(h *harness, n, step int) []int {
-	var names []string
-	var sent []int
-	for len(names) < n {
-		for range step {
-			names = append(names, fmt.Sprintf("root%d", len(names)))
-		}
-		h.now = h.now.Add(500 * time.Millisecond)
-		h.m.Tick(h.now)
-		h.repo("r1", []string{relayA}, names...)
-		h.m.Recompute(h.now, false)
-		sent = append(sent, h.rootsSent()...)
-	}
-	return sent
+	return streamEvery(h, n, step, 500*time.Millisecond)
 }
 
 // A stream of roots (an initial sync's, arriving as the ingester stores
@@ -44,6 +32,7 @@ func streamRoots(h *harness, n, step int) []int {
 func TestRootsStreamInFullFilters(t *testing.T) {
 	rules := testRules()
 	rules.ChunkQuiet = 3 * time.Second
+	rules.ChunkStreamItems = 0 // ChunkQuiet alone (TestLargeStreamSpansDiscoveryWindows)
 	h := newHarness(t, rules, 1)
 	h.repo("r1", []string{relayA})
 	h.recompute()
@@ -155,5 +144,86 @@ func TestReposStreamInFullFilters(t *testing.T) {
 	h.m.Tick(h.now)
 	if got := fmt.Sprint(batches()); got != "[50]" {
 		t.Fatalf("after the pause: %s, want [50]", got)
+	}
+}
+
+// streamEvery announces r1's roots growing by step every gap until n,
+// recomputing after each (Ticks every 500 ms in between), and returns the
+// root counts of the batches sent.
+func streamEvery(h *harness, n, step int, gap time.Duration) []int {
+	var names []string
+	var sent []int
+	for len(names) < n {
+		for range step {
+			names = append(names, fmt.Sprintf("root%d", len(names)))
+		}
+		for waited := time.Duration(0); waited < gap; waited += 500 * time.Millisecond {
+			h.now = h.now.Add(500 * time.Millisecond)
+			h.m.Tick(h.now)
+			sent = append(sent, h.rootsSent()...)
+		}
+		h.repo("r1", []string{relayA}, names...)
+		h.m.Recompute(h.now, false)
+		sent = append(sent, h.rootsSent()...)
+	}
+	return sent
+}
+
+// A large sync's index batches come once per discovery window (5 s) while
+// its stored stream never pauses: a large stream's roots are held across
+// those gaps (ChunkStreamQuiet), so they go in whole filters or every
+// ChunkMaxWait, not one batch per index batch; a small one (a chain of
+// single roots, each found in the batch before) keeps ChunkQuiet and goes 3 s
+// after each step, as before (docs/decisions/0083-chunk-quiet-beyond-discovery-window.md).
+func TestLargeStreamSpansDiscoveryWindows(t *testing.T) {
+	rules := testRules()
+	rules.ChunkQuiet = 3 * time.Second
+	start := func() *harness {
+		h := newHarness(t, rules, 1)
+		h.repo("r1", []string{relayA})
+		h.recompute()
+		h.connect(relayA, "s1")
+		h.drain()
+		return h
+	}
+	// 40 roots every 6 s: the first 120 (over 100) make the stream large.
+	h := start()
+	sent := streamEvery(h, 400, 40, 6*time.Second)
+	h.now = h.now.Add(20 * time.Second)
+	h.m.Tick(h.now)
+	sent = append(sent, h.rootsSent()...)
+	total := 0
+	for _, n := range sent {
+		total += n
+	}
+	if total != 400 || len(sent) > 6 {
+		t.Fatalf("400 roots in 10 index batches 6 s apart: batches %v, want all 400 in at most 6", sent)
+	}
+	rules.ChunkStreamItems = 0 // as before decision 0083: one batch per index batch
+	h = start()
+	if got := len(streamEvery(h, 400, 40, 6*time.Second)); got != 10 {
+		t.Fatalf("without the large stream's quiet: %d batches, want 10", got)
+	}
+	// A chain: one root at a time, each 1 s after the batch before it.
+	rules.ChunkStreamItems = 100
+	h = start()
+	var names []string
+	for i := range 3 {
+		names = append(names, fmt.Sprintf("root%d", i))
+		h.now = h.now.Add(time.Second)
+		h.repo("r1", []string{relayA}, names...)
+		h.m.Recompute(h.now, false)
+		waited := time.Duration(0)
+		for len(h.rootsSent()) == 0 {
+			if waited > 10*time.Second {
+				t.Fatalf("step %d: the root never went", i)
+			}
+			h.now = h.now.Add(500 * time.Millisecond)
+			waited += 500 * time.Millisecond
+			h.m.Tick(h.now)
+		}
+		if i > 0 && waited != 3*time.Second {
+			t.Fatalf("step %d of a chain of single roots went after %v, want ChunkQuiet (3s)", i, waited)
+		}
 	}
 }

@@ -124,6 +124,10 @@ type RelayState struct {
 	// and heldTouched are when roots were first held back for a fuller
 	// filter and when new ones last came (zero: none held; chunks.go).
 	lastItems, heldSince, heldTouched time.Time
+	// streamItems counts the items recomputes brought the relay since its
+	// stream began (the first items after a pause): a large stream waits
+	// Rules.ChunkStreamQuiet.
+	streamItems int
 	// Failures counts failed batches since the relay was last fully synced.
 	Failures int
 	Dead     bool

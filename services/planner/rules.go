@@ -67,14 +67,23 @@ type Rules struct {
 	// pause of this length, so only a stream (an initial sync, a bulk
 	// import) is held, and its REQs follow the items' number rather than
 	// how the stream is spread in time
-	// (docs/decisions/0061-planner-roots-in-full-filters.md). It is longer
-	// than discovery's batch window (GRASP_DISCOVERY_BATCH_WINDOW, 5 s),
-	// the spacing of index batches during a stream that never pauses:
-	// shorter, every index batch of a large sync looked like the first
-	// after a pause and went at once
-	// (docs/decisions/0083-chunk-quiet-beyond-discovery-window.md). 0 sends
-	// every recompute's items at once.
-	ChunkQuiet time.Duration `envconfig:"PLANNER_CHUNK_QUIET" default:"8s"`
+	// (docs/decisions/0061-planner-roots-in-full-filters.md). A large
+	// stream waits ChunkStreamQuiet instead. 0 sends every recompute's
+	// items at once.
+	ChunkQuiet time.Duration `envconfig:"PLANNER_CHUNK_QUIET" default:"3s"`
+	// ChunkStreamQuiet is the quiet of a large stream: once a relay's
+	// stream has brought it ChunkStreamItems items, a pause must last this
+	// long to end it. It is longer than discovery's batch window
+	// (GRASP_DISCOVERY_BATCH_WINDOW, 5 s), the spacing of index batches
+	// while a large sync's stored stream never pauses: with ChunkQuiet
+	// alone every one of them looked like the first after a pause and went
+	// to every relay at once. A small stream (a repository's next root,
+	// found in the batch before) keeps ChunkQuiet: holding it longer
+	// would save no batch and delay each step of a chain
+	// (docs/decisions/0083-chunk-quiet-beyond-discovery-window.md).
+	ChunkStreamQuiet time.Duration `ignored:"true" default:"8s"`
+	// ChunkStreamItems is how many items make a relay's stream large.
+	ChunkStreamItems int `ignored:"true" default:"100"`
 	// ChunkMaxWait bounds how long ChunkQuiet holds a root: a trickle that
 	// never pauses and never fills a filter still goes this often.
 	ChunkMaxWait time.Duration `ignored:"true" default:"10s"`
@@ -103,6 +112,7 @@ func (r Rules) withFixed() Rules {
 	r.ConsolidatePerTick, r.ConsolidateEvery = d.ConsolidatePerTick, d.ConsolidateEvery
 	r.MaxBatchItems, r.MaxFiltersPerCommand = d.MaxBatchItems, d.MaxFiltersPerCommand
 	r.ChunkMaxWait = d.ChunkMaxWait
+	r.ChunkStreamQuiet, r.ChunkStreamItems = d.ChunkStreamQuiet, d.ChunkStreamItems
 	return r
 }
 
