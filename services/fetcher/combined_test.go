@@ -61,14 +61,7 @@ func testLiveREQCarriesHistory(t *testing.T, indexed bool) {
 	if n := r.REQs() - before; n != 1 {
 		t.Fatalf("%d REQs for the batch's history and live set, want 1", n)
 	}
-	fresh := k.Note("after the batch", testkit.At(5000))
-	if err := testrelay.Publish(e.ctx, r.Relay.URL, fresh); err != nil {
-		t.Fatal(err)
-	}
-	e.waitEvents([]*nostr.Event{fresh})
-	if h := e.header(fresh.ID); h.Get(bus.HeaderMode) != "live" {
-		t.Fatalf("new event published in mode %q, want live", h.Get(bus.HeaderMode))
-	}
+	e.publishedLive(r, k.Note("after the batch", testkit.At(5000)))
 	if n := r.REQs() - before; n != 1 {
 		t.Fatalf("%d REQs after a live event, want the one", n)
 	}
@@ -161,12 +154,18 @@ func TestLiveFromHistoricOpensTheRest(t *testing.T) {
 		t.Fatalf("batch done %v", done)
 	}
 	e.waitEvents(old)
-	fresh := kept.Note("after the batch", testkit.At(5000))
-	if err := testrelay.Publish(e.ctx, r.Relay.URL, fresh); err != nil {
-		t.Fatal(err)
+	e.publishedLive(r, kept.Note("after the batch", testkit.At(5000)))
+}
+
+// publishedLive publishes evt to the relay and waits for the fetcher to
+// publish it as a live event.
+func (e *env) publishedLive(r *faultrelay.Relay, evt *nostr.Event) {
+	e.t.Helper()
+	if err := testrelay.Publish(e.ctx, r.Relay.URL, evt); err != nil {
+		e.t.Fatal(err)
 	}
-	e.waitEvents([]*nostr.Event{fresh})
-	if h := e.header(fresh.ID); h.Get(bus.HeaderMode) != "live" {
-		t.Fatalf("new event published in mode %q, want live", h.Get(bus.HeaderMode))
+	e.waitEvents([]*nostr.Event{evt})
+	if h := e.header(evt.ID); h.Get(bus.HeaderMode) != "live" {
+		e.t.Fatalf("new event published in mode %q, want live", h.Get(bus.HeaderMode))
 	}
 }
