@@ -246,7 +246,7 @@ func TestKillPlannerDuringInitialSync(t *testing.T) {
 				t.Errorf("planner-2 re-fetched confirmed repository %s from %s", ref, c.GetRelayUrl())
 			}
 		}
-		for _, id := range add.GetRootEventIds() {
+		for _, id := range add.RootIDs() {
 			if confirmed[c.GetRelayUrl()][prefix(id)] {
 				t.Errorf("planner-2 re-fetched confirmed root %s from %s (batch %s)", id, c.GetRelayUrl(), add.GetBatchId())
 			}

@@ -2,6 +2,7 @@ package filters_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/nbd-wtf/go-nostr"
@@ -69,5 +70,39 @@ func TestAddFiltersLiveInBothForms(t *testing.T) {
 	past := uint32(len(hist) + 5)
 	if c := (&graspv1.AddFilters{HistoricFilters: filters.ToProtos(hist), LiveFromHistoric: &past}); c.LiveLen() != 0 || len(c.Live()) != 0 {
 		t.Fatalf("index past the end: %d live filters", c.LiveLen())
+	}
+}
+
+// A command's roots are its layer-3 #e values, in hex order across chunks,
+// after a trip through the wire; layer 1, layer 2 and states name none,
+// and a root tagged only by a maintainer's coordinate is not one.
+func TestAddFiltersRootIDsFromTheFilters(t *testing.T) {
+	var roots []string
+	for i := filters.ChunkSize + 20; i > 0; i-- { // two chunks, given out of order
+		roots = append(roots, fmt.Sprintf("%064x", i))
+	}
+	want := slices.Sorted(slices.Values(roots))
+	for _, tc := range []struct {
+		name string
+		hist []nostr.Filter
+		want []string
+	}{
+		{"items", filters.Items([]string{"30617:p:r1"}, []string{"r1"}, roots), want},
+		{"layer 1 and items", append(filters.Layer1([]string{"r1"}), filters.Items(nil, nil, roots[:1])...), roots[:1]},
+		{"layer 1", filters.Layer1([]string{"r1"}), nil},
+		{"repositories only", filters.Items([]string{"30617:p:r1"}, []string{"r1"}, nil), nil},
+		{"e with a kind is not layer 3", []nostr.Filter{{Kinds: []int{1}, Tags: nostr.TagMap{"e": roots[:1]}}}, nil},
+	} {
+		b, err := proto.Marshal(&graspv1.AddFilters{BatchId: "b", HistoricFilters: filters.ToProtos(tc.hist)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back graspv1.AddFilters
+		if err := proto.Unmarshal(b, &back); err != nil {
+			t.Fatal(err)
+		}
+		if got := back.RootIDs(); !slices.Equal(got, tc.want) || back.RootCount() != len(tc.want) {
+			t.Errorf("%s: %d roots (RootCount %d), want %d: %v", tc.name, len(got), back.RootCount(), len(tc.want), got)
+		}
 	}
 }

@@ -165,7 +165,7 @@ func (m *Machine) startBatch(now time.Time, s *RelayState, kind BatchKind, items
 			p.Pending = union(p.Pending, it.Roots)
 		}
 	}
-	add.RepoRefs, add.RootEventIds = refs, hexes
+	add.RepoRefs = refs // the roots are in the #e filters (AddFilters.RootIDs)
 	if len(refs) > 0 && len(refs) != countNeedRepo(items) {
 		// The filters name maintainers' coordinates too; the batch covers
 		// the repositories.

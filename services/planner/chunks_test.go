@@ -11,8 +11,8 @@ import (
 func (h *harness) rootsSent() []int {
 	var out []int
 	for _, c := range h.m.Drain() {
-		if add := c.GetAddFilters(); add != nil && len(add.GetRootEventIds()) > 0 {
-			out = append(out, len(add.GetRootEventIds()))
+		if add := c.GetAddFilters(); add != nil && add.RootCount() > 0 {
+			out = append(out, add.RootCount())
 		}
 	}
 	return out

@@ -181,7 +181,10 @@ func (h *harness) render(c *graspv1.FetchCommand) string {
 			b.WriteString(" repos=" + h.names(a.GetRepoRefs()))
 		}
 		if len(a.GetRootEventIds()) > 0 {
-			b.WriteString(" roots=" + h.names(a.GetRootEventIds()))
+			h.t.Errorf("command names root_event_ids (deprecated): %v", a.GetRootEventIds())
+		}
+		if roots := a.RootIDs(); len(roots) > 0 {
+			b.WriteString(" roots=" + h.names(roots))
 		}
 		if a.Since != nil {
 			fmt.Fprintf(&b, " since=%+d", a.GetSince()-h.now.Unix())

@@ -129,7 +129,7 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 	}
 	waitFor(t, ctx, "layer 1 and items", func() bool { return len(commands()) >= 5 })
 	l1, items := commands()[3].GetAddFilters(), commands()[4].GetAddFilters()
-	if !l1.GetLayer1() || len(items.GetRepoRefs()) != 3 || len(items.GetRootEventIds()) != 1 || commands()[4].GetSessionId() != "s1" {
+	if !l1.GetLayer1() || len(items.GetRepoRefs()) != 3 || items.RootCount() != 1 || commands()[4].GetSessionId() != "s1" {
 		t.Fatalf("commands after connect: %v / %v", commands()[3], commands()[4])
 	}
 	state, err := test.JS.KeyValue(ctx, names.RelayStateBucket())
@@ -159,7 +159,7 @@ func TestPlannerLoopOverNATS(t *testing.T) {
 	put("k1", &graspv1.RepoSyncNeeds{RepoRef: "30617:aa:r1", Relays: []string{"wss://a.example"}, RootEventIds: []string{root, root2}})
 	waitFor(t, ctx, "batch and deferred consolidation", func() bool { return len(commands()) >= 8 })
 	add, merged, closeLive := commands()[5].GetAddFilters(), commands()[6].GetAddFilters(), commands()[7].GetCloseLive()
-	if add == nil || len(add.GetRootEventIds()) != 1 || add.GetRootEventIds()[0] != root2 || len(add.GetLiveFilters()) != 3 || add.GetLiveId() != add.GetBatchId() {
+	if add == nil || !slices.Equal(add.RootIDs(), []string{root2}) || len(add.GetLiveFilters()) != 3 || add.GetLiveId() != add.GetBatchId() {
 		t.Fatalf("batch for the new root: %v", commands()[5])
 	}
 	if merged == nil || commands()[6].GetSessionId() != "s1" || merged.GetBatchId() != "" || merged.GetLiveId() == "" ||

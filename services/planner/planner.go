@@ -471,7 +471,7 @@ func (t *term) flush(ctx context.Context) error {
 		t.p.metrics.commands.WithLabelValues(name).Inc()
 		attrs := []any{"relay", cmd.GetRelayUrl(), "session", cmd.GetSessionId(), "command", name}
 		if add := cmd.GetAddFilters(); add != nil {
-			attrs = append(attrs, "batch", add.GetBatchId(), "repos", len(add.GetRepoRefs()), "roots", len(add.GetRootEventIds()),
+			attrs = append(attrs, "batch", add.GetBatchId(), "repos", len(add.GetRepoRefs()), "roots", add.RootCount(),
 				"live", add.LiveLen(), "historic", len(add.GetHistoricFilters()), "since", add.GetSince())
 		}
 		if rl := cmd.GetReplaceLive(); rl != nil {

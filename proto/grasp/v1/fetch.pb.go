@@ -227,9 +227,16 @@ type AddFilters struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// batch_id identifies the PendingBatch; empty when there is no historic part.
 	BatchId string `protobuf:"bytes,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
-	// repo_refs and root_event_ids are the items the batch covers, so reports
-	// and operators can tell what a batch confirms.
-	RepoRefs     []string `protobuf:"bytes,2,rep,name=repo_refs,json=repoRefs,proto3" json:"repo_refs,omitempty"`
+	// repo_refs are the repositories the batch covers, so reports and
+	// operators can tell what a batch confirms (its #a filters also name
+	// maintainers' coordinates). The roots it covers are the values of its
+	// #e filters (AddFilters.RootIDs).
+	RepoRefs []string `protobuf:"bytes,2,rep,name=repo_refs,json=repoRefs,proto3" json:"repo_refs,omitempty"`
+	// root_event_ids is no longer set: it named every root a fourth time
+	// beside #e, #E and #q, and no fetcher read it
+	// (docs/decisions/0084-roots-named-by-their-filters.md).
+	//
+	// Deprecated: Marked as deprecated in grasp/v1/fetch.proto.
 	RootEventIds []string `protobuf:"bytes,3,rep,name=root_event_ids,json=rootEventIds,proto3" json:"root_event_ids,omitempty"`
 	// live_filters are opened with limit 0 and kept open. A planner sends
 	// them only to a fetcher that did not say it reads live_from_historic
@@ -323,6 +330,7 @@ func (x *AddFilters) GetRepoRefs() []string {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in grasp/v1/fetch.proto.
 func (x *AddFilters) GetRootEventIds() []string {
 	if x != nil {
 		return x.RootEventIds
@@ -567,12 +575,12 @@ const file_grasp_v1_fetch_proto_rawDesc = "" +
 	"\n" +
 	"close_live\x18\x0e \x01(\v2\x13.grasp.v1.CloseLiveH\x00R\tcloseLiveB\t\n" +
 	"\acommand\"\x11\n" +
-	"\x0fEnsureConnected\"\xcf\x03\n" +
+	"\x0fEnsureConnected\"\xd3\x03\n" +
 	"\n" +
 	"AddFilters\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x12\x1b\n" +
-	"\trepo_refs\x18\x02 \x03(\tR\brepoRefs\x12$\n" +
-	"\x0eroot_event_ids\x18\x03 \x03(\tR\frootEventIds\x123\n" +
+	"\trepo_refs\x18\x02 \x03(\tR\brepoRefs\x12(\n" +
+	"\x0eroot_event_ids\x18\x03 \x03(\tB\x02\x18\x01R\frootEventIds\x123\n" +
 	"\flive_filters\x18\x04 \x03(\v2\x10.grasp.v1.FilterR\vliveFilters\x12;\n" +
 	"\x10historic_filters\x18\x05 \x03(\v2\x10.grasp.v1.FilterR\x0fhistoricFilters\x12\x19\n" +
 	"\x05since\x18\x06 \x01(\x03H\x00R\x05since\x88\x01\x01\x12\x16\n" +
