@@ -123,8 +123,9 @@ func (w *relayWorker) runBatch(s *session, spec batchSpec) {
 		return
 	}
 	batch, hist, refetch := spec.id, spec.hist.filters(), spec.refetch
-	b := &batchRun{w: w, s: s, id: batch, kind: spec.kind(), pub: w.f.newWindowPublisher(), since: spec.since,
+	b := &batchRun{w: w, s: s, id: batch, kind: spec.kind(), pub: w.f.newBatchPublisher(), since: spec.since,
 		countMissed: spec.resync && w.f.local != nil && w.f.localHoldsStore}
+	defer b.pub.close() // what it still claims, after a failure: others publish their copies
 	var answered [][]*nostr.Event
 	var whole []bool
 	var locals []*negsync.Set

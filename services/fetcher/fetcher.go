@@ -238,6 +238,9 @@ type Fetcher struct {
 	// recent is the acknowledged publishes, shared by every relay worker;
 	// recentByID the same by event id alone (batchRun.deferPublished).
 	recent, recentByID *recentIDs
+	// claims is what its publishers have on the way to the events stream
+	// (copyClaims), settled by pubJS's acknowledgement handler.
+	claims *copyClaims
 	// pubJS publishes events: its acknowledgement handlers give their
 	// bytes back to pubBytes (Config.PublishMaxBytes), which every
 	// windowPublisher takes from before a publish.
@@ -276,6 +279,7 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 	m := newMetrics(reg)
 	pubBytes := bus.NewByteGate(int64(cfg.PublishMaxBytes))
 	pubJS := b.JS
+	claims := newCopyClaims()
 	if b.Conn != nil {
 		// Acknowledged or failed (a failure is retried synchronously by
 		// its publisher, outside the bound): the bytes are no longer
@@ -285,7 +289,7 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 			m.publishBytes.Set(float64(pubBytes.Used()))
 		}
 		js, err := jetstream.New(b.Conn, jetstream.WithPublishAsyncMaxPending(4096),
-			jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { release(m) }),
+			jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { release(m); claims.acked(m) }),
 			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, _ error) { release(m) }))
 		if err != nil {
 			panic(fmt.Sprintf("fetcher: jetstream for events: %v", err)) // only invalid options fail
@@ -294,6 +298,7 @@ func New(cfg Config, b *bus.Bus, clk clock.Clock, log *slog.Logger, reg promethe
 	}
 	return &Fetcher{
 		pubJS:       pubJS,
+		claims:      claims,
 		pubBytes:    pubBytes,
 		cfg:         cfg,
 		bus:         b,

@@ -17,6 +17,9 @@ type metrics struct {
 	// skippedPublished counts copies not published because the stream
 	// acknowledged the same Nats-Msg-Id moments ago (recentIDs).
 	skippedPublished prometheus.Counter
+	// heldBack counts copies a batch held back while another publisher's
+	// copy was on its way (copyClaims), by how they ended.
+	heldBack *prometheus.CounterVec
 	// deferredHeld counts ids a reconciliation named that were deferred
 	// (another copy acknowledged moments ago) and then found stored.
 	deferredHeld prometheus.Counter
@@ -80,6 +83,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Events dropped by the structural checks before publishing, by reason."}, []string{"reason"}),
 		skippedPublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_events_already_published_total",
 			Help: "Event copies not published because the events stream acknowledged the same id and signature moments ago."}),
+		heldBack: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_copies_held_back_total",
+			Help: "Event copies a historic batch held back while another relay's copy was on its way to the events stream, by outcome: dropped (that copy was acknowledged) or published (it failed, or was not acknowledged within 10 s)."}, []string{"outcome"}),
 		deferredHeld: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_negentropy_deferred_held_total",
 			Help: "Ids a reconciliation named, whose events another relay's copy was bringing, found stored by the time they were asked for (not fetched)."}),
 		localSetReads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_local_set_reads_total",
@@ -123,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
-			m.dropped, m.skippedPublished, m.deferredHeld, m.localSetReads, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
+			m.dropped, m.skippedPublished, m.heldBack, m.deferredHeld, m.localSetReads, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
 			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs, m.publishBytes, m.sentBytes)
 	}
 	return m

@@ -52,13 +52,35 @@ type windowPublisher struct {
 	// again. One-event messages had the stream drop it by Nats-Msg-Id; a
 	// batch message's id covers the whole batch (docs/decisions/0053-events-travel-in-batches.md). Bounded by the window and the batch.
 	unsettled map[recentKey]struct{}
+	// claims is the fetcher's copyClaims (nil: none); holdBack is set for
+	// a historic batch, which holds back a copy another publisher has
+	// claimed (waiting) instead of publishing it.
+	claims   *copyClaims
+	holdBack bool
+	waiting  []heldCopy
 }
+
+// heldCopy is an event held back while another publisher's copy of it is
+// on its way to the stream: published after all if that claim fails.
+type heldCopy struct {
+	c     *claim
+	msg   *nats.Msg
+	keys  keyPair
+	since time.Time
+}
+
+// claimWait is how long a held-back copy waits for the claim it waits on
+// before it is published anyway: far longer than an acknowledgement takes,
+// short of the publish retries' 30 s (publishRetryFor), so a claimant
+// stuck behind a stalled stream costs a duplicate, not a batch.
+const claimWait = 10 * time.Second
 
 // gathered is one event waiting in a windowPublisher's batch: its
 // one-event message and the keys to remember once acknowledged.
 type gathered struct {
-	msg  *nats.Msg
-	keys keyPair
+	msg   *nats.Msg
+	keys  keyPair
+	claim *claim // nil: not claimed (no copyClaims, or published anyway)
 }
 
 // keyPair is an event's Nats-Msg-Id recentKey and its id's.
@@ -67,15 +89,25 @@ type keyPair struct{ key, id recentKey }
 // pendingPub is one publish awaiting its acknowledgement; keys are its
 // events' keys, remembered once acknowledged.
 type pendingPub struct {
-	fut  jetstream.PubAckFuture
-	keys []keyPair
+	fut    jetstream.PubAckFuture
+	msg    *nats.Msg
+	keys   []keyPair
+	claims []*claim
 }
 
 // newWindowPublisher is the fetcher's publisher for one batch or live
 // subscription.
 func (f *Fetcher) newWindowPublisher() *windowPublisher {
 	return &windowPublisher{js: f.pubJS, bytes: f.pubBytes, m: f.m, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now, after: f.clock.After,
-		maxEvents: f.cfg.PublishBatch}
+		maxEvents: f.cfg.PublishBatch, claims: f.claims}
+}
+
+// newBatchPublisher is newWindowPublisher for a historic batch: it holds
+// back copies other publishers have claimed (copyClaims).
+func (f *Fetcher) newBatchPublisher() *windowPublisher {
+	p := f.newWindowPublisher()
+	p.holdBack = p.claims != nil
+	return p
 }
 
 // published reports whether the stream acknowledged key moments ago.
@@ -110,13 +142,18 @@ func (p *windowPublisher) pop() {
 }
 
 func (p *windowPublisher) acked(pp pendingPub) {
-	if p.recent == nil || len(pp.keys) == 0 {
-		return
+	if p.recent != nil && len(pp.keys) > 0 {
+		now := p.now()
+		for _, k := range pp.keys {
+			p.recent.add(k.key, now)
+			p.byID.add(k.id, now)
+		}
 	}
-	now := p.now()
-	for _, k := range pp.keys {
-		p.recent.add(k.key, now)
-		p.byID.add(k.id, now)
+	if p.claims != nil && len(pp.claims) > 0 {
+		// Once remembered as acknowledged (above), the claims go; the
+		// acknowledgement handler may not have settled them yet, or a
+		// synchronous retry (settle) was what succeeded.
+		p.claims.settle([]*nats.Msg{pp.msg}, pp.claims, true)
 	}
 }
 
@@ -126,21 +163,38 @@ func (p *windowPublisher) acked(pp pendingPub) {
 // once.
 func (p *windowPublisher) add(ctx context.Context, msg *nats.Msg, key, id recentKey) error {
 	if p.maxEvents <= 1 {
-		return p.publishKeys(ctx, msg, []keyPair{{key, id}})
+		return p.publishKeys(ctx, msg, []keyPair{{key, id}}, nil)
 	}
 	if _, dup := p.unsettled[key]; dup {
 		return nil
 	}
+	var c *claim
+	if p.claims != nil {
+		var mine bool
+		if c, mine = p.claims.take(key, p, p.now()); !mine {
+			if p.holdBack {
+				return p.hold(ctx, heldCopy{c: c, msg: msg, keys: keyPair{key, id}, since: p.now()})
+			}
+			c = nil // live: published all the same
+		}
+	}
+	return p.gather(ctx, msg, keyPair{key, id}, c)
+}
+
+// gather adds an event to the next batch message, publishing the batch when
+// it is full.
+func (p *windowPublisher) gather(ctx context.Context, msg *nats.Msg, keys keyPair, c *claim) error {
 	if p.unsettled == nil {
 		p.unsettled = map[recentKey]struct{}{}
 	}
-	p.unsettled[key] = struct{}{}
+	p.unsettled[keys.key] = struct{}{}
 	if len(p.buf) > 0 && (p.bufBytes+len(msg.Data)+1 > bus.EventBatchMaxBytes || !sameOrigin(p.buf[0].msg, msg)) {
 		if err := p.send(ctx); err != nil {
+			p.releaseClaims([]*claim{c}, nil)
 			return err
 		}
 	}
-	p.buf = append(p.buf, gathered{msg: msg, keys: keyPair{key, id}})
+	p.buf = append(p.buf, gathered{msg: msg, keys: keys, claim: c})
 	p.bufBytes += len(msg.Data) + 1
 	if len(p.buf) >= p.maxEvents || p.bufBytes >= bus.EventBatchMaxBytes {
 		return p.send(ctx)
@@ -174,8 +228,14 @@ func (p *windowPublisher) send(ctx context.Context) error {
 		clear(p.buf)
 		p.buf, p.bufBytes = p.buf[:0], 0
 	}()
+	var claims []*claim
+	for _, g := range p.buf {
+		if g.claim != nil {
+			claims = append(claims, g.claim)
+		}
+	}
 	if len(p.buf) == 1 {
-		return p.publishKeys(ctx, p.buf[0].msg, []keyPair{p.buf[0].keys})
+		return p.publishKeys(ctx, p.buf[0].msg, []keyPair{p.buf[0].keys}, claims)
 	}
 	first := p.buf[0].msg
 	msg := nats.NewMsg(first.Subject)
@@ -196,13 +256,23 @@ func (p *windowPublisher) send(ctx context.Context) error {
 	msg.Data = data
 	msg.Header.Set(bus.HeaderEvents, strconv.Itoa(len(p.buf)))
 	msg.Header.Set(nats.MsgIdHdr, bus.EventBatchMsgID(ids))
-	return p.publishKeys(ctx, msg, keys)
+	return p.publishKeys(ctx, msg, keys, claims)
 }
 
 // publishKeys publishes msg, which carries the events of keys (remembered
-// once the stream acknowledges it; none for a message that is no event).
-func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys []keyPair) error {
-	if p.recent != nil {
+// once the stream acknowledges it; none for a message that is no event) and
+// the claims this publisher holds on them (settled by the
+// acknowledgement). On an error the claims are given up.
+func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys []keyPair, claims []*claim) error {
+	if err := p.publishClaimed(ctx, msg, keys, claims); err != nil {
+		p.releaseClaims(claims, []*nats.Msg{msg})
+		return err
+	}
+	return nil
+}
+
+func (p *windowPublisher) publishClaimed(ctx context.Context, msg *nats.Msg, keys []keyPair, claims []*claim) error {
+	if p.recent != nil || p.claims != nil {
 		p.reap()
 	}
 	n := max(1, len(keys))
@@ -223,10 +293,14 @@ func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys [
 			p.m.publishBytes.Set(float64(p.bytes.Used()))
 		}
 	}
+	if p.claims != nil {
+		// Before the publish: its acknowledgement handler may run first.
+		p.claims.ride(msg, claims)
+	}
 	for {
 		fut, err := p.js.PublishMsgAsync(msg)
 		if err == nil {
-			p.pending = append(p.pending, pendingPub{fut: fut, keys: keys})
+			p.pending = append(p.pending, pendingPub{fut: fut, msg: msg, keys: keys, claims: claims})
 			p.inFlight += n
 			return nil
 		}
@@ -247,6 +321,105 @@ func (p *windowPublisher) publishKeys(ctx context.Context, msg *nats.Msg, keys [
 			return ctx.Err()
 		}
 	}
+}
+
+// releaseClaims gives up claims (and forgets msgs): a copy held back on
+// them is published by its holder.
+func (p *windowPublisher) releaseClaims(claims []*claim, msgs []*nats.Msg) {
+	if p.claims == nil {
+		return
+	}
+	cs := claims[:0:0]
+	for _, c := range claims {
+		if c != nil {
+			cs = append(cs, c)
+		}
+	}
+	p.claims.settle(msgs, cs, false)
+}
+
+// hold holds back a copy another publisher has claimed, first settling the
+// oldest held copy when a window's worth are held.
+func (p *windowPublisher) hold(ctx context.Context, h heldCopy) error {
+	p.waiting = append(p.waiting, h)
+	if len(p.waiting) < p.window {
+		return nil
+	}
+	return p.resolveHeld(ctx, 1)
+}
+
+// resolveHeld settles held copies whose claims are settled, and waits for
+// the oldest wait of them (at most claimWait each): a copy whose claim was
+// acknowledged is dropped, one whose claim failed or did not settle in
+// time is published.
+func (p *windowPublisher) resolveHeld(ctx context.Context, wait int) error {
+	held := p.waiting
+	p.waiting = nil
+	var publish []heldCopy
+	for i, h := range held {
+		if i < wait {
+			select {
+			case <-h.c.done:
+			case <-p.after(max(0, claimWait-p.now().Sub(h.since))):
+			case <-ctx.Done():
+				p.waiting = append(p.waiting, held[i:]...)
+				return ctx.Err()
+			}
+		}
+		select {
+		case <-h.c.done:
+			if h.c.ok {
+				p.countHeld("dropped")
+			} else {
+				p.countHeld("published")
+				publish = append(publish, h)
+			}
+		default:
+			if i < wait {
+				p.countHeld("published")
+				publish = append(publish, heldCopy{msg: h.msg, keys: h.keys}) // waited long enough
+			} else {
+				p.waiting = append(p.waiting, h)
+			}
+		}
+	}
+	for _, h := range publish {
+		if h.c == nil {
+			if err := p.gather(ctx, h.msg, h.keys, nil); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := p.add(ctx, h.msg, h.keys.key, h.keys.id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *windowPublisher) countHeld(outcome string) {
+	if p.m != nil {
+		p.m.heldBack.WithLabelValues(outcome).Inc()
+	}
+}
+
+// close gives up what the publisher still claims: called when its batch or
+// subscription ends, after flush or without it (a failed batch).
+func (p *windowPublisher) close() {
+	if p.claims == nil {
+		return
+	}
+	var cs []*claim
+	var msgs []*nats.Msg
+	for _, g := range p.buf {
+		cs = append(cs, g.claim)
+	}
+	for _, pp := range p.pending {
+		cs = append(cs, pp.claims...)
+		msgs = append(msgs, pp.msg)
+	}
+	p.releaseClaims(cs, msgs)
+	p.waiting = nil
 }
 
 // publishRetryFor is how long a publish that failed is tried again before
@@ -296,6 +469,11 @@ func (p *windowPublisher) settle(ctx context.Context, pp pendingPub) error {
 // flush publishes the gathered events and waits for every outstanding
 // acknowledgement.
 func (p *windowPublisher) flush(ctx context.Context) error {
+	for len(p.waiting) > 0 {
+		if err := p.resolveHeld(ctx, len(p.waiting)); err != nil {
+			return err
+		}
+	}
 	if err := p.send(ctx); err != nil {
 		return err
 	}
