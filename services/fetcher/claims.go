@@ -23,8 +23,8 @@ import (
 // all if the claim fails (the claimant's batch failed or its session ended
 // before the acknowledgement) or is not settled within claimWait; a batch is
 // confirmed only once every copy it held back was acknowledged, its own or
-// the claimant's. Live subscriptions claim but never hold back: they must not
-// wait on a batch (docs/decisions/0085-copies-claimed-while-in-flight.md).
+// the claimant's. Live subscriptions neither claim nor hold back: they must
+// not wait on a batch (docs/decisions/0085-copies-claimed-while-in-flight.md).
 type copyClaims struct {
 	mu    sync.Mutex
 	byKey map[recentKey]*claim

@@ -95,6 +95,21 @@ func (e *claimsEnv) ack(m *nats.Msg) {
 	}
 }
 
+// inFlight has a first batch read id from one relay and publish it (the
+// returned message, not acknowledged yet), then a second batch read its
+// copy from another relay.
+func (e *claimsEnv) inFlight(id string) (first, second *windowPublisher, m *nats.Msg) {
+	e.t.Helper()
+	first, second = e.f.newBatchPublisher(), e.f.newBatchPublisher()
+	e.add(first, "ws://127.0.0.1:1", id)
+	if err := first.send(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	m = e.published()
+	e.add(second, "ws://127.0.0.1:2", id)
+	return first, second, m
+}
+
 // flushing flushes p in the background.
 func (e *claimsEnv) flushing(p *windowPublisher) <-chan error {
 	done := make(chan error, 1)
@@ -129,13 +144,7 @@ func TestCopyInFlightHeldBack(t *testing.T) {
 	e := newClaimsEnv(t)
 
 	t.Run("acknowledged", func(t *testing.T) {
-		first, second := e.f.newBatchPublisher(), e.f.newBatchPublisher()
-		e.add(first, "ws://127.0.0.1:1", "e1")
-		if err := first.send(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		m := e.published()
-		e.add(second, "ws://127.0.0.1:2", "e1")
+		first, second, m := e.inFlight("e1")
 		done := e.flushing(second)
 		e.none("the second relay's copy while the first is on its way")
 		select {
@@ -153,13 +162,7 @@ func TestCopyInFlightHeldBack(t *testing.T) {
 	})
 
 	t.Run("claimant fails", func(t *testing.T) {
-		first, second := e.f.newBatchPublisher(), e.f.newBatchPublisher()
-		e.add(first, "ws://127.0.0.1:1", "e2")
-		if err := first.send(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		e.published() // never acknowledged
-		e.add(second, "ws://127.0.0.1:2", "e2")
+		first, second, _ := e.inFlight("e2") // never acknowledged
 		done := e.flushing(second)
 		e.none("the second relay's copy while the first is on its way")
 		first.close() // its batch failed
@@ -172,13 +175,7 @@ func TestCopyInFlightHeldBack(t *testing.T) {
 	})
 
 	t.Run("claimant silent", func(t *testing.T) {
-		first, second := e.f.newBatchPublisher(), e.f.newBatchPublisher()
-		e.add(first, "ws://127.0.0.1:1", "e3")
-		if err := first.send(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		e.published() // never acknowledged
-		e.add(second, "ws://127.0.0.1:2", "e3")
+		first, second, _ := e.inFlight("e3") // never acknowledged
 		done := e.flushing(second)
 		e.none("the second relay's copy before claimWait")
 		var m *nats.Msg
@@ -197,6 +194,30 @@ func TestCopyInFlightHeldBack(t *testing.T) {
 		first.close()
 		if n := e.heldBack("published"); n != 2 {
 			t.Fatalf("held back and published: %d, want 2 (failed, silent)", n)
+		}
+	})
+
+	t.Run("crossed", func(t *testing.T) {
+		// Each batch holds back a copy the other claimed while its own
+		// claimed events are still gathered: both flush, neither waits
+		// claimWait on the other (the fake clock never moves).
+		first, second := e.f.newBatchPublisher(), e.f.newBatchPublisher()
+		e.add(first, "ws://127.0.0.1:1", "e5")
+		e.add(second, "ws://127.0.0.1:2", "e6")
+		e.add(first, "ws://127.0.0.1:1", "e6")
+		e.add(second, "ws://127.0.0.1:2", "e5")
+		d1, d2 := e.flushing(first), e.flushing(second)
+		got := map[string]string{}
+		for range 2 {
+			m := e.published()
+			got[string(m.Data)] = m.Header.Get(bus.HeaderRelay)
+			e.ack(m)
+		}
+		e.flushed(d1)
+		e.flushed(d2)
+		e.none("a held-back copy once its claim was acknowledged")
+		if got[`{"id":"e5"}`] != "ws://127.0.0.1:1" || got[`{"id":"e6"}`] != "ws://127.0.0.1:2" {
+			t.Fatalf("published %v, want e5 from the first relay and e6 from the second", got)
 		}
 	})
 

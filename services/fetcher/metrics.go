@@ -84,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		skippedPublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_events_already_published_total",
 			Help: "Event copies not published because the events stream acknowledged the same id and signature moments ago."}),
 		heldBack: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_copies_held_back_total",
-			Help: "Event copies a historic batch held back while another relay's copy was on its way to the events stream, by outcome: dropped (that copy was acknowledged) or published (it failed, or was not acknowledged within 10 s)."}, []string{"outcome"}),
+			Help: "Event copies a historic batch held back while another relay's copy was on its way to the events stream, by outcome: dropped (that copy was acknowledged) or published (it failed, or was not acknowledged within 5 s)."}, []string{"outcome"}),
 		deferredHeld: prometheus.NewCounter(prometheus.CounterOpts{Name: "grasp_fetcher_negentropy_deferred_held_total",
 			Help: "Ids a reconciliation named, whose events another relay's copy was bringing, found stored by the time they were asked for (not fetched)."}),
 		localSetReads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_local_set_reads_total",

@@ -52,12 +52,11 @@ type windowPublisher struct {
 	// again. One-event messages had the stream drop it by Nats-Msg-Id; a
 	// batch message's id covers the whole batch (docs/decisions/0053-events-travel-in-batches.md). Bounded by the window and the batch.
 	unsettled map[recentKey]struct{}
-	// claims is the fetcher's copyClaims (nil: none); holdBack is set for
-	// a historic batch, which holds back a copy another publisher has
-	// claimed (waiting) instead of publishing it.
-	claims   *copyClaims
-	holdBack bool
-	waiting  []heldCopy
+	// claims is the fetcher's copyClaims for a historic batch (nil: a live
+	// subscription's, or none): the batch holds back a copy another batch
+	// has claimed (waiting) instead of publishing it.
+	claims  *copyClaims
+	waiting []heldCopy
 }
 
 // heldCopy is an event held back while another publisher's copy of it is
@@ -73,7 +72,7 @@ type heldCopy struct {
 // before it is published anyway: far longer than an acknowledgement takes,
 // short of the publish retries' 30 s (publishRetryFor), so a claimant
 // stuck behind a stalled stream costs a duplicate, not a batch.
-const claimWait = 10 * time.Second
+const claimWait = 5 * time.Second
 
 // gathered is one event waiting in a windowPublisher's batch: its
 // one-event message and the keys to remember once acknowledged.
@@ -99,14 +98,18 @@ type pendingPub struct {
 // subscription.
 func (f *Fetcher) newWindowPublisher() *windowPublisher {
 	return &windowPublisher{js: f.pubJS, bytes: f.pubBytes, m: f.m, window: f.cfg.PublishWindow, recent: f.recent, byID: f.recentByID, now: f.clock.Now, after: f.clock.After,
-		maxEvents: f.cfg.PublishBatch, claims: f.claims}
+		maxEvents: f.cfg.PublishBatch}
 }
 
-// newBatchPublisher is newWindowPublisher for a historic batch: it holds
-// back copies other publishers have claimed (copyClaims).
+// newBatchPublisher is newWindowPublisher for a historic batch: it claims
+// what it gathers and holds back copies other batches have claimed
+// (copyClaims). A live subscription's publisher does neither: its events
+// are delivered on the connection's reader, which must not wait, and it
+// sends them without a batch's end to bound how long its claims would be
+// held.
 func (f *Fetcher) newBatchPublisher() *windowPublisher {
 	p := f.newWindowPublisher()
-	p.holdBack = p.claims != nil
+	p.claims = f.claims
 	return p
 }
 
@@ -172,10 +175,7 @@ func (p *windowPublisher) add(ctx context.Context, msg *nats.Msg, key, id recent
 	if p.claims != nil {
 		var mine bool
 		if c, mine = p.claims.take(key, p, p.now()); !mine {
-			if p.holdBack {
-				return p.hold(ctx, heldCopy{c: c, msg: msg, keys: keyPair{key, id}, since: p.now()})
-			}
-			c = nil // live: published all the same
+			return p.hold(ctx, heldCopy{c: c, msg: msg, keys: keyPair{key, id}, since: p.now()})
 		}
 	}
 	return p.gather(ctx, msg, keyPair{key, id}, c)
@@ -353,6 +353,13 @@ func (p *windowPublisher) hold(ctx context.Context, h heldCopy) error {
 // acknowledged is dropped, one whose claim failed or did not settle in
 // time is published.
 func (p *windowPublisher) resolveHeld(ctx context.Context, wait int) error {
+	if wait > 0 {
+		// What this publisher gathered goes first: another's held copies
+		// may wait on its claims while it waits on theirs.
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+	}
 	held := p.waiting
 	p.waiting = nil
 	var publish []heldCopy
