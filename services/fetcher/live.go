@@ -373,7 +373,6 @@ func (w *relayWorker) endLive(g *liveGroup) {
 		w.log.Warn("live events not acknowledged", "err", err)
 	}
 	cancel()
-	g.pub.close()
 	g.markLive()
 	close(g.done)
 }
