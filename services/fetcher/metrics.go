@@ -61,6 +61,9 @@ type metrics struct {
 	// sentBytes counts the bytes of the messages sent to relays, by
 	// purpose (relayconn.Options.OnSent; sentPurposes).
 	sentBytes *prometheus.CounterVec
+	// sentMessages counts those messages, by the same purposes: a REQ
+	// sent again whole by a consolidation is one live_merge message.
+	sentMessages *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -125,11 +128,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Bytes of event messages published and not yet acknowledged by the events stream, all batches and live subscriptions together: bounded by GRASP_FETCHER_PUBLISH_MAX_BYTES."}),
 		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_sent_bytes_total",
 			Help: "Bytes of the messages sent to remote relays, by purpose: REQs by what they read (history: a page of a REQ+EOSE read; ids: an id fetch after a NIP-77 reconciliation; live_new: a live set an items batch opens, with the history it carries (docs/decisions/0076-history-in-the-live-req.md); live_merge: a consolidation's merged set; live_replace: a ReplaceLive's whole set; live_repack: a live REQ opened again within a lowered budget; live_reopen: a live REQ opened again after the relay closed it; req_resent: a REQ sent again after a refusal of the relay's subscription count), other messages by their label (close, neg_open, neg_msg, neg_close, auth)."}, []string{"purpose"}),
+		sentMessages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grasp_fetcher_sent_messages_total",
+			Help: "Messages sent to remote relays, by the purposes of grasp_fetcher_sent_bytes_total: how many live REQs were new sets and how many sent again what was already live (live_merge, live_replace, live_repack, live_reopen)."}, []string{"purpose"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.connected, m.health, m.failures, m.attempts, m.failureClasses, m.liveSubs, m.events,
 			m.dropped, m.skippedPublished, m.heldBack, m.deferredHeld, m.localSetReads, m.bytesIn, m.historicBytes, m.cooldowns, m.pages, m.fallbacks, m.batches, m.subClosed, m.shards,
-			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs, m.publishBytes, m.sentBytes)
+			m.shardReleases, m.crowdedSeconds, m.incompleteSlices, m.batchesWaiting, m.limitRefusals, m.readRefusals, m.liveBreakBeforeMake, m.reqs, m.publishBytes, m.sentBytes, m.sentMessages)
 	}
 	return m
 }

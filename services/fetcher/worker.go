@@ -300,6 +300,7 @@ func (w *relayWorker) connect(ctx context.Context) <-chan time.Time {
 		},
 		OnSent: func(purpose string, n int) {
 			w.f.m.sentBytes.WithLabelValues(purpose).Add(float64(n))
+			w.f.m.sentMessages.WithLabelValues(purpose).Inc()
 		},
 		OnNotice: func(msg string) {
 			if IsRateLimit(msg) {
