@@ -60,6 +60,8 @@ import (
 // planner's commands in the logs); GRASP_BENCH_SCALE_GRASPD and
 // GRASP_BENCH_SCALE_FARM name prebuilt binaries (make bench-scale passes
 // bin/graspd and bin/relayfarm; otherwise they are built).
+// GRASP_BENCH_SCALE_RENDER=dir syncs nothing: it prints the rows and the
+// table of the results a run saved in dir.
 //
 // GRASP_BENCH_SCALE_LIMITS=1 runs every world a second time, right after
 // its unlimited run, against a farm whose relays all enforce strfry's
