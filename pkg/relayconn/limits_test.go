@@ -203,9 +203,13 @@ func TestFetchInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := relaylimits.ParseNIP11(doc)
+	l, software, err := relaylimits.ParseNIP11(doc)
 	if err != nil || l.MaxMessageBytes != 131072 || l.MaxSubscriptions != 20 {
 		t.Fatalf("limits %+v, %v from %s", l, err, doc)
+	}
+	// khatru's own document names it, and khatru caps each filter apart.
+	if !relaylimits.CapsEachFilter(software) {
+		t.Fatalf("software %q of khatru's NIP-11 not known to cap each filter apart", software)
 	}
 	refused := errors.New("internal address")
 	if _, err := relayconn.FetchInfo(ctx, r.URL, func(_, _ string) error { return refused }); err == nil || !strings.Contains(err.Error(), "internal address") {

@@ -8,7 +8,8 @@
 // a NOTICE or a CLOSED (docs/sync.md, "What relays allow").
 //
 // The package is pure: the budgets in force (Limits.Effective), reading a
-// NIP-11 document (ParseNIP11), recognising a refusal (Classify), learning a
+// NIP-11 document (ParseNIP11) and knowing which software caps each filter
+// apart (CapsEachFilter), recognising a refusal (Classify), learning a
 // smaller budget from one (Learn) and packing filters into REQs that fit
 // (Pack). Fetching the document and counting subscriptions are I/O and live
 // with the connection (pkg/relayconn, services/fetcher).
@@ -98,16 +99,19 @@ func Effective(advertised, learned Limits) Limits {
 	return e.Min(learned)
 }
 
-// ParseNIP11 reads the `limitation` object of a NIP-11 document. Values
-// that are missing, not numbers or not positive are left unknown; a
-// document that is not JSON is an error.
-func ParseNIP11(doc []byte) (Limits, error) {
+// ParseNIP11 reads the `limitation` object and the `software` of a NIP-11
+// document. Values that are missing, not numbers or not positive are left
+// unknown, as is a software that is not a string; a document that is not
+// JSON is an error.
+func ParseNIP11(doc []byte) (l Limits, software string, err error) {
 	var d struct {
 		Limitation map[string]json.RawMessage `json:"limitation"`
+		Software   json.RawMessage            `json:"software"`
 	}
 	if err := json.Unmarshal(doc, &d); err != nil {
-		return Limits{}, err
+		return Limits{}, "", err
 	}
+	_ = json.Unmarshal(d.Software, &software) // not a string: unknown
 	num := func(key string) int {
 		raw, ok := d.Limitation[key]
 		if !ok {
@@ -124,7 +128,33 @@ func ParseNIP11(doc []byte) (Limits, error) {
 		MaxSubscriptions: num("max_subscriptions"),
 		MaxFilters:       num("max_filters"),
 		MaxLimit:         num("max_limit"),
-	}, nil
+	}, software, nil
+}
+
+// capsEachFilter are the NIP-11 software values of relays whose source
+// applies each filter's limit on its own, with no cap on a whole REQ and a
+// cap per filter of at least 100 events by default
+// (docs/decisions/0086-history-limits-per-filter.md).
+var capsEachFilter = map[string]bool{
+	"github.com/hoytech/strfry":              true, // maxFilterLimit 500 per filter
+	"git.sr.ht/~gheartsfield/nostr-rs-relay": true, // one LIMIT per filter's query (PostgreSQL: at most 1,000)
+	"github.com/fiatjaf/khatru":              true, // each filter to its store; eventstore's stores cap at 100–1,500
+}
+
+// CapsEachFilter reports whether a relay saying software in NIP-11 is known
+// to cap the events of each filter of a REQ on its own, never the REQ as a
+// whole: every filter may then ask as many as the smallest cap assumed of
+// one filter, where an unknown relay's filters must share it. The value is
+// compared without its scheme, a "git+" prefix, a ".git" suffix, a
+// trailing slash and case.
+func CapsEachFilter(software string) bool {
+	s := strings.ToLower(strings.TrimSpace(software))
+	s = strings.TrimPrefix(s, "git+")
+	if i := strings.Index(s, "://"); i >= 0 {
+		s = s[i+3:]
+	}
+	s = strings.TrimSuffix(strings.TrimSuffix(s, "/"), ".git")
+	return capsEachFilter[s]
 }
 
 // Refusal is what a relay's NOTICE or CLOSED text refuses.

@@ -42,9 +42,45 @@ func TestParseNIP11(t *testing.T) {
 		{`{"limitation":{"max_message_length":"big","max_subscriptions":-1,"max_limit":0.5}}`, Limits{}, false},
 		{`<html>`, Limits{}, true},
 	} {
-		got, err := ParseNIP11([]byte(tc.doc))
+		got, _, err := ParseNIP11([]byte(tc.doc))
 		if (err != nil) != tc.err || got != tc.want {
 			t.Errorf("ParseNIP11(%s) = %+v, %v; want %+v, err %v", tc.doc, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+func TestParseNIP11Software(t *testing.T) {
+	for doc, want := range map[string]string{
+		`{"software":"git+https://github.com/hoytech/strfry.git","version":"1.1.1"}`: "git+https://github.com/hoytech/strfry.git",
+		`{"software":"https://git.sr.ht/~gheartsfield/nostr-rs-relay"}`:              "https://git.sr.ht/~gheartsfield/nostr-rs-relay",
+		`{"name":"silent"}`: "",
+		`{"software":42}`:   "",
+		`{"software":null}`: "",
+	} {
+		if _, got, err := ParseNIP11([]byte(doc)); err != nil || got != want {
+			t.Errorf("ParseNIP11(%s) software = %q, %v; want %q", doc, got, err, want)
+		}
+	}
+}
+
+func TestCapsEachFilter(t *testing.T) {
+	for software, want := range map[string]bool{
+		// What each relay's source puts in NIP-11 (decision 0086).
+		"git+https://github.com/hoytech/strfry.git":      true,
+		"https://git.sr.ht/~gheartsfield/nostr-rs-relay": true,
+		"https://github.com/fiatjaf/khatru":              true,
+		// The same names written otherwise.
+		"https://github.com/hoytech/strfry":  true,
+		"HTTPS://GitHub.com/fiatjaf/khatru/": true,
+		// Unknown or absent: filters share the cap.
+		"":                                       false,
+		"https://github.com/Cameri/nostream":     false,
+		"https://github.com/hoytech/strfry-fork": false,
+		"https://github.com/fiatjaf/khatru/../relay29": false,
+		"strfry": false,
+	} {
+		if got := CapsEachFilter(software); got != want {
+			t.Errorf("CapsEachFilter(%q) = %v, want %v", software, got, want)
 		}
 	}
 }

@@ -116,7 +116,8 @@ func (w *relayWorker) combinable(c *graspv1.AddFilters, hist, live []nostr.Filte
 // they are its whole history: fewer than the limit the filter was asked
 // with, which is set so that all the limits together stay below the
 // smallest cap relays are assumed to keep (RelayMinCap), so no cap, per
-// filter or per REQ, can have cut them. A filter that reached its limit,
+// filter or per REQ, can have cut them; on a relay whose software caps
+// each filter apart, each filter's limit alone stays below it. A filter that reached its limit,
 // or whose history was not asked, is read apart. All are (whole nil) when
 // the group was closed before its turn, the relay closed or refused the
 // REQ, did not answer within PageTimeout, or sent an event matching none of
@@ -146,6 +147,12 @@ func (b *batchRun) combinedHistory(g *liveGroup, hist []nostr.Filter) (pages [][
 	}
 	full := min(w.f.cfg.PageSize, w.lims.effective().MaxLimit, w.f.cfg.RelayMinCap)
 	per := (full - 1) / max(n, 1)
+	if w.lims.capsEachFilter() {
+		// The relay caps each filter apart (strfry, nostr-rs-relay,
+		// khatru): no filter's answer cuts another's, so each may ask
+		// up to the cap (docs/decisions/0086-history-limits-per-filter.md).
+		per = full - 1
+	}
 	if n == 0 || per < 1 {
 		w.openWaiting(s, g, nil, nil)
 		return nil, nil, locals, nil

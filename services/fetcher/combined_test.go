@@ -100,6 +100,56 @@ func TestLongHistoryReadApartFromLiveREQ(t *testing.T) {
 	e.waitEvents([]*nostr.Event{fresh})
 }
 
+// A relay whose NIP-11 software is known to cap each filter apart (khatru
+// here, as strfry and nostr-rs-relay) lets every filter of the live REQ ask
+// up to the cap assumed of relays; an unknown relay's filters share it
+// (docs/decisions/0086-history-limits-per-filter.md). Three filters of 20
+// events, RelayMinCap 40: known, each asks 39 and the live REQ's answer is
+// the whole history; unknown, each asks 13, gets 13 and is read again apart.
+func TestLiveREQHistoryLimitPerFilter(t *testing.T) {
+	for _, tc := range []struct {
+		name, software string // "": khatru's own document
+		known          bool
+	}{
+		{"khatru", "", true},
+		{"unknown", "https://example.org/some-relay", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			r := faultrelay.Start(t, testrelay.Options{Software: tc.software})
+			var fs []nostr.Filter
+			var old []*nostr.Event
+			for range 3 {
+				k := testkit.NewKey()
+				fs = append(fs, nostr.Filter{Kinds: []int{1}, Authors: []string{k.PubKey}})
+				old = append(old, notes(k, 20, 1, 1000)...)
+			}
+			r.Add(t, old...)
+			cfg := baseConfig("a")
+			cfg.DisableNegentropy = true
+			cfg.RelayMinCap = 40
+			e.start(cfg, nil)
+			s := e.connectRelay(r.URL)
+			rec := e.relayLimitsWhere(r.URL, func(rec *graspv1.RelayLimits) bool { return rec.GetNip11At() != 0 })
+			if rec.GetSoftware() == "" || tc.software != "" && rec.GetSoftware() != tc.software {
+				t.Fatalf("limits record %v: software %q, want the relay's NIP-11 (%q)", rec, rec.GetSoftware(), tc.software)
+			}
+			before := r.REQs()
+			e.addFilters(0, r.URL, s, "b1", fs, fs)
+			if done := e.batchDone(r.URL, "b1"); done.GetOutcome() != graspv1.BatchOutcome_BATCH_OUTCOME_OK || done.GetEventsReceived() < uint64(len(old)) {
+				t.Fatalf("batch done %v, want OK with all %d events", done, len(old))
+			}
+			e.waitEvents(old)
+			switch n := r.REQs() - before; {
+			case tc.known && n != 1:
+				t.Fatalf("%d REQs, want the live REQ alone: each filter's 20 events are under its limit of 39", n)
+			case !tc.known && n < 1+len(fs):
+				t.Fatalf("%d REQs, want the live REQ and each filter read apart: 13 each cannot be taken for a whole history", n)
+			}
+		})
+	}
+}
+
 // On a NIP-77 session the live REQ carries the history of the filters whose
 // local set is empty (those an initial sync reads with REQ, decision 0037);
 // a filter whose local set holds something is reconciled as before.

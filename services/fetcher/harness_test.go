@@ -372,6 +372,15 @@ var kind1 = []nostr.Filter{{Kinds: []int{1}}}
 // waiting for it to appear (it is saved in the background).
 func (e *env) relayLimits(url string) *graspv1.RelayLimits {
 	e.t.Helper()
+	return e.relayLimitsWhere(url, func(rec *graspv1.RelayLimits) bool {
+		return len(rec.GetRefusals())+len(rec.GetLimitRefusals()) > 0
+	})
+}
+
+// relayLimitsWhere reads the fetchers' limits record of a relay once pick
+// holds for it.
+func (e *env) relayLimitsWhere(url string, pick func(*graspv1.RelayLimits) bool) *graspv1.RelayLimits {
+	e.t.Helper()
 	var rec graspv1.RelayLimits
 	e.waitFor("the relay's limits record", func() bool {
 		kv, err := e.bus.JS.KeyValue(e.ctx, e.bus.Names.RelayLimitsBucket())
@@ -382,7 +391,7 @@ func (e *env) relayLimits(url string) *graspv1.RelayLimits {
 		if err != nil {
 			return false
 		}
-		return proto.Unmarshal(entry.Value(), &rec) == nil && len(rec.GetRefusals())+len(rec.GetLimitRefusals()) > 0
+		return proto.Unmarshal(entry.Value(), &rec) == nil && pick(&rec)
 	})
 	return &rec
 }

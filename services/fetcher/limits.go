@@ -103,8 +103,9 @@ func (r *relayLimits) learn(kind relaylimits.Refusal, text string, open, filters
 	return eff, changed
 }
 
-// advertise records a NIP-11 answer (or why there was none).
-func (r *relayLimits) advertise(l relaylimits.Limits, err error, now time.Time) relaylimits.Limits {
+// advertise records a NIP-11 answer, its limits and software (or why
+// there was none).
+func (r *relayLimits) advertise(l relaylimits.Limits, software string, err error, now time.Time) relaylimits.Limits {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.rec.Nip11At = now.UnixMilli()
@@ -113,6 +114,7 @@ func (r *relayLimits) advertise(l relaylimits.Limits, err error, now time.Time) 
 	} else {
 		r.rec.Nip11Error = ""
 		r.rec.Advertised = fromLimits(l)
+		r.rec.Software = software
 	}
 	r.rec.UpdatedAt = now.UnixMilli()
 	return relaylimits.Effective(toLimits(r.rec.GetAdvertised()), toLimits(r.rec.GetLearned()))
@@ -124,6 +126,14 @@ func (r *relayLimits) subscriptionsAssumed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.rec.GetAdvertised().GetMaxSubscriptions() == 0 && r.rec.GetLearned().GetMaxSubscriptions() == 0
+}
+
+// capsEachFilter says whether the relay's NIP-11 software is known to cap
+// each filter of a REQ apart (relaylimits.CapsEachFilter).
+func (r *relayLimits) capsEachFilter() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return relaylimits.CapsEachFilter(r.rec.GetSoftware())
 }
 
 // nip11Due says whether the NIP-11 document should be read now.
@@ -390,8 +400,9 @@ func (w *relayWorker) readNIP11(s *session) {
 		doc, err := relayconn.FetchInfo(ctx, w.url, w.f.guard.CheckDial)
 		cancel()
 		var adv relaylimits.Limits
+		var software string
 		if err == nil {
-			adv, err = relaylimits.ParseNIP11(doc)
+			adv, software, err = relaylimits.ParseNIP11(doc)
 			if err != nil {
 				err = fmt.Errorf("NIP-11 of %s: not JSON: %w", w.url, err)
 			}
@@ -399,7 +410,7 @@ func (w *relayWorker) readNIP11(s *session) {
 		if s.ctx.Err() != nil {
 			return
 		}
-		eff := w.lims.advertise(adv, err, w.f.clock.Now())
+		eff := w.lims.advertise(adv, software, err, w.f.clock.Now())
 		w.applyLimits(s, eff)
 		w.log.Debug("relay NIP-11 read", "session", s.id, "advertised", fmt.Sprintf("%+v", adv), "err", err,
 			"max_message_bytes", eff.MaxMessageBytes, "max_subscriptions", eff.MaxSubscriptions, "max_filters", eff.MaxFilters)

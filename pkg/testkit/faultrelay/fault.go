@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -79,6 +81,7 @@ type Relay struct {
 	Relay *testrelay.Relay
 
 	srv       *http.Server
+	info      *httputil.ReverseProxy // plain HTTP (NIP-11) to the relay
 	outer     net.Listener
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -110,6 +113,11 @@ func Start(t testing.TB, opts testrelay.Options) *Relay {
 		t.Fatalf("faultrelay: listen for fault relay: %v", err)
 	}
 	f := &Relay{Relay: up, URL: "ws://" + outer.Addr().String(), outer: outer, closing: make(chan struct{})}
+	upHTTP, err := url.Parse(up.HTTPURL)
+	if err != nil {
+		t.Fatalf("faultrelay: relay address %q: %v", up.HTTPURL, err)
+	}
+	f.info = httputil.NewSingleHostReverseProxy(upHTTP)
 	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = f.srv.Serve(inner) }()
 	f.wg.Add(1)
@@ -305,6 +313,11 @@ type faultConn struct {
 }
 
 func (f *Relay) serve(w http.ResponseWriter, r *http.Request) {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		// NIP-11 and other plain HTTP: the relay's own answer.
+		f.info.ServeHTTP(w, r)
+		return
+	}
 	f.mu.Lock()
 	reject := f.faults.RejectConnections > 0
 	if reject {

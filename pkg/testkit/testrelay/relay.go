@@ -45,6 +45,9 @@ type Options struct {
 	// nostr-rs-relay do (zero: unlimited, and NIP-11 says nothing); see
 	// Relay.LimitCounts for what they refused.
 	Limits Limits
+	// Software replaces khatru's NIP-11 software, so a test can present
+	// a relay the fetcher does not know.
+	Software string
 }
 
 // Relay is a real khatru relay (the "remote relay" of tests) listening on a
@@ -120,6 +123,9 @@ func startRelay(t testing.TB, opts Options, configure func(*Relay)) *Relay {
 		handler = limitsNIP11(rl, opts.Limits, maxLimit)
 	}
 	rl.Info.Name = "testkit relay"
+	if opts.Software != "" {
+		rl.Info.Software = opts.Software
+	}
 	// khatru notifies listeners without its lock; these hooks broadcast
 	// under it instead (see pkg/khatrulock).
 	// They also end khatru's own path (so its OnEventSaved never runs):

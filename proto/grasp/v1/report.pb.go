@@ -966,7 +966,12 @@ type RelayLimits struct {
 	// subscriptions, filters), since the record was made.
 	LimitRefusals map[string]uint64 `protobuf:"bytes,7,rep,name=limit_refusals,json=limitRefusals,proto3" json:"limit_refusals,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// updated_at is unix milliseconds.
-	UpdatedAt     int64 `protobuf:"varint,8,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	UpdatedAt int64 `protobuf:"varint,8,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// software is NIP-11's software as the relay said it ("" when it said
+	// none or the document was not read): relays whose software is known to
+	// cap each filter of a REQ on its own get a larger share of a live REQ's
+	// history (docs/decisions/0086-history-limits-per-filter.md).
+	Software      string `protobuf:"bytes,9,opt,name=software,proto3" json:"software,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1055,6 +1060,13 @@ func (x *RelayLimits) GetUpdatedAt() int64 {
 		return x.UpdatedAt
 	}
 	return 0
+}
+
+func (x *RelayLimits) GetSoftware() string {
+	if x != nil {
+		return x.Software
+	}
+	return ""
 }
 
 // Limits are a relay's budgets for what a client sends it; 0 is unknown.
@@ -1265,7 +1277,7 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\n" +
 	"fetcher_id\x18\x04 \x01(\tR\tfetcherId\x12\x1d\n" +
 	"\n" +
-	"updated_at\x18\x05 \x01(\x03R\tupdatedAt\"\xa9\x03\n" +
+	"updated_at\x18\x05 \x01(\x03R\tupdatedAt\"\xc5\x03\n" +
 	"\vRelayLimits\x12\x1b\n" +
 	"\trelay_url\x18\x01 \x01(\tR\brelayUrl\x120\n" +
 	"\n" +
@@ -1278,7 +1290,8 @@ const file_grasp_v1_report_proto_rawDesc = "" +
 	"\brefusals\x18\x06 \x03(\v2\x15.grasp.v1.ReadRefusalR\brefusals\x12O\n" +
 	"\x0elimit_refusals\x18\a \x03(\v2(.grasp.v1.RelayLimits.LimitRefusalsEntryR\rlimitRefusals\x12\x1d\n" +
 	"\n" +
-	"updated_at\x18\b \x01(\x03R\tupdatedAt\x1a@\n" +
+	"updated_at\x18\b \x01(\x03R\tupdatedAt\x12\x1a\n" +
+	"\bsoftware\x18\t \x01(\tR\bsoftware\x1a@\n" +
 	"\x12LimitRefusalsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x9f\x01\n" +
