@@ -117,8 +117,9 @@ func (w *relayWorker) combinable(c *graspv1.AddFilters, hist, live []nostr.Filte
 // with, which is set so that all the limits together stay below the
 // smallest cap relays are assumed to keep (RelayMinCap), so no cap, per
 // filter or per REQ, can have cut them; on a relay whose software caps
-// each filter apart, each filter's limit alone stays below it. A filter that reached its limit,
-// or whose history was not asked, is read apart. All are (whole nil) when
+// each filter apart, each filter's limit alone stays below it. A filter
+// that reached its limit, or whose history was not asked, is read apart.
+// All are (whole nil) when
 // the group was closed before its turn, the relay closed or refused the
 // REQ, did not answer within PageTimeout, or sent an event matching none of
 // the filters.
