@@ -119,10 +119,9 @@ func (w *relayWorker) combinable(c *graspv1.AddFilters, hist, live []nostr.Filte
 // filter or per REQ, can have cut them; on a relay whose software caps
 // each filter apart, each filter's limit alone stays below it. A filter
 // that reached its limit, or whose history was not asked, is read apart.
-// All are (whole nil) when
-// the group was closed before its turn, the relay closed or refused the
-// REQ, did not answer within PageTimeout, or sent an event matching none of
-// the filters.
+// All are (whole nil) when the group was closed before its turn, the relay
+// closed or refused the REQ, did not answer within PageTimeout, or sent an
+// event matching none of the filters.
 func (b *batchRun) combinedHistory(g *liveGroup, hist []nostr.Filter) (pages [][]*nostr.Event, whole []bool, locals []*negsync.Set, err error) {
 	w, s := b.w, b.s
 	now := w.f.clock.Now()
