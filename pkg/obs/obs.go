@@ -53,11 +53,15 @@ func parseLevel(level string) slog.Level {
 // go_cpu_classes_total_cpu_seconds_total: GOMAXPROCS over wall time), so
 // the collector's share at rest is visible beside the memory limit
 // (go_gc_gomemlimit_bytes; docs/decisions/0065-work-in-flight-bounded-by-bytes.md).
+// It also counts the collections the process forced
+// (go_gc_cycles_forced_gc_cycles_total): graspd forces one when it goes
+// quiet, to return its free heap (config.IdleTrim), so a reader can tell
+// when graspd has settled into rest.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.GoRuntimeMetricsRule{
-			Matcher: regexp.MustCompile(`^/cpu/classes/(total|gc/total|gc/mark/idle):cpu-seconds$`),
+			Matcher: regexp.MustCompile(`^(/cpu/classes/(total|gc/total|gc/mark/idle):cpu-seconds|/gc/cycles/forced:gc-cycles)$`),
 		})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -45,6 +47,27 @@ func TestServerEndpoints(t *testing.T) {
 	}
 	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") {
 		t.Errorf("/metrics = %d", code)
+	}
+	// A forced collection (what graspd's guard does when it goes quiet)
+	// is counted, so a reader can see that graspd settled into rest.
+	forced := func() float64 {
+		_, body := get("/metrics")
+		for _, line := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(line, "go_gc_cycles_forced_gc_cycles_total "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return f
+			}
+		}
+		t.Fatal("no go_gc_cycles_forced_gc_cycles_total in /metrics")
+		return 0
+	}
+	before := forced()
+	runtime.GC()
+	if after := forced(); after != before+1 {
+		t.Errorf("forced collections %v after one more than %v", after, before)
 	}
 }
 
