@@ -57,6 +57,8 @@ import (
 // GRASP_BENCH_SCALE_STALL (default 12m) how long without progress ends it,
 // GRASP_BENCH_SCALE_SETTLE (default 2m) how long after the last event the
 // farm's counts wait for graspd to settle,
+// GRASP_BENCH_SCALE_PUBLISHERS (default 1) is how many clients publish the
+// announcements at once, each waiting for its OKs,
 // GRASP_BENCH_SCALE_RESYNC=0 skips the resync; GRASP_BENCH_SCALE_LOG_LEVEL
 // (default info) is every process's GRASP_LOG_LEVEL (debug keeps the
 // planner's commands in the logs); GRASP_BENCH_SCALE_GRASPD and
@@ -108,6 +110,19 @@ var scaleWorlds = []scaleWorld{
 // scaleSeed makes every run sign the same worlds.
 const scaleSeed = 23
 
+// benchPublishers parses GRASP_BENCH_SCALE_PUBLISHERS.
+func benchPublishers(t *testing.T) int {
+	v := os.Getenv("GRASP_BENCH_SCALE_PUBLISHERS")
+	if v == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("GRASP_BENCH_SCALE_PUBLISHERS=%s: want a number of clients, at least 1", v)
+	}
+	return n
+}
+
 // pickWorlds parses GRASP_BENCH_SCALE_WORLDS.
 func pickWorlds(t *testing.T, v string) []scaleWorld {
 	if v == "" || v == "all" {
@@ -150,8 +165,10 @@ type scaleResult struct {
 	Load     string `json:"load_start"` // 1-minute load average when the world began
 	LoadEnd  string `json:"load_end"`
 	GenSecs  float64
-	// PublishSecs is how long publishing the announcements took.
+	// PublishSecs is how long publishing the announcements took, by
+	// Publishers clients at once (GRASP_BENCH_SCALE_PUBLISHERS).
 	PublishSecs float64 `json:"publish_s"`
+	Publishers  int     `json:"publishers,omitempty"`
 	Complete    bool    `json:"complete"`
 	Stored      int     `json:"stored"`
 	FirstSecs   float64 `json:"first_s"`
@@ -1018,7 +1035,8 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 	// Published as a user would, while progress is polled: graspd starts
 	// syncing with the first announcements.
 	published := make(chan error, 1)
-	go func() { published <- testrelay.Publish(ctx, tgt.relay, anns...) }()
+	res.Publishers = benchPublishers(t)
+	go func() { published <- testrelay.PublishFrom(ctx, tgt.relay, res.Publishers, anns...) }()
 	pubDone := false
 	// Progress: the ingesters' stored counter (the announcements went to
 	// the relay directly; remote copies of them are duplicates).
@@ -1078,7 +1096,7 @@ func runScaleWorld(t *testing.T, sw scaleWorld, graspdBin, farmBin, outDir strin
 					t.Fatalf("publish announcements: %v", err)
 				}
 				pubDone, res.PublishSecs = true, el
-				t.Logf("[%s %s] %d announcements published in %.1fs", sw.Name, res.Mode, len(anns), el)
+				t.Logf("[%s %s] %d announcements published in %.1fs by %d clients", sw.Name, res.Mode, len(anns), el, res.Publishers)
 			default:
 			}
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip42"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/grasp-sync/grasp-sync/pkg/testkit"
 )
@@ -29,6 +30,26 @@ func Publish(ctx context.Context, url string, evts ...*nostr.Event) error {
 		}
 	}
 	return nil
+}
+
+// PublishFrom sends events to the relay at url as clients publishers do at
+// once, each on its own connection, waiting for each OK as Publish does:
+// events are dealt to the clients in turn, so each client keeps their
+// order. It returns the first error; the other clients stop with it.
+func PublishFrom(ctx context.Context, url string, clients int, evts ...*nostr.Event) error {
+	clients = max(1, min(clients, len(evts)))
+	if clients <= 1 {
+		return Publish(ctx, url, evts...)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for c := range clients {
+		mine := make([]*nostr.Event, 0, len(evts)/clients+1)
+		for i := c; i < len(evts); i += clients {
+			mine = append(mine, evts[i])
+		}
+		g.Go(func() error { return Publish(gctx, url, mine...) })
+	}
+	return g.Wait()
 }
 
 // Send publishes evt on c and returns the relay's OK answer, whatever it

@@ -291,6 +291,34 @@ func TestPublishRejectsInvalid(t *testing.T) {
 	}
 }
 
+// Several clients publish every event between them, and a refusal any of
+// them meets is the error.
+func TestPublishFrom(t *testing.T) {
+	ctx := timeout(t)
+	r := testrelay.Start(t, testrelay.Options{})
+	k := testkit.NewKey()
+	var evts []*nostr.Event
+	for i := range 10 {
+		evts = append(evts, k.Note(fmt.Sprintf("note %d", i)))
+	}
+	if err := testrelay.PublishFrom(ctx, r.URL, 3, evts...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := testrelay.QueryAll(ctx, r.URL, nostr.Filter{Authors: []string{k.PubKey}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(evts) {
+		t.Fatalf("%d of %d events stored", len(got), len(evts))
+	}
+	bad := k.Note("original")
+	bad.Content = "tampered"
+	more := []*nostr.Event{k.Note("x"), k.Note("y"), bad, k.Note("z")}
+	if err := testrelay.PublishFrom(ctx, r.URL, 2, more...); err == nil || !strings.Contains(err.Error(), "invalid") {
+		t.Fatalf("publish with a tampered event: err = %v, want invalid", err)
+	}
+}
+
 func TestRelayClose(t *testing.T) {
 	ctx := timeout(t)
 	r := testrelay.Start(t, testrelay.Options{})
