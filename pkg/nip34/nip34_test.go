@@ -76,3 +76,37 @@ func TestParseAnnouncement(t *testing.T) {
 		t.Fatal("empty identifier accepted")
 	}
 }
+
+// DecodeID takes exactly an id as it is on the wire: 64 lowercase hex digits.
+func TestDecodeID(t *testing.T) {
+	id := "00ff10a9" + strings.Repeat("0123456789abcdef", 3) + "fedcba98"
+	want := [32]byte{0x00, 0xff, 0x10, 0xa9}
+	for i := range 24 {
+		want[4+i] = []byte{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef}[i%8]
+	}
+	want[28], want[29], want[30], want[31] = 0xfe, 0xdc, 0xba, 0x98
+	for _, c := range []struct {
+		v  string
+		ok bool
+	}{
+		{id, true},
+		{strings.ToUpper(id), false},
+		{id[:63] + "A", false},
+		{id[:63] + "g", false},
+		{id[:63] + "/", false}, // the byte before '0'
+		{id[:63] + ":", false}, // the byte after '9'
+		{id[:63] + "`", false}, // the byte before 'a'
+		{id[:62], false},
+		{id + "00", false},
+		{"", false},
+		{"30617:" + id[6:], false},
+	} {
+		b, ok := nip34.DecodeID(c.v)
+		if ok != c.ok {
+			t.Errorf("DecodeID(%q) ok = %v, want %v", c.v, ok, c.ok)
+		}
+		if ok && b != want {
+			t.Errorf("DecodeID(%q) = %x, want %x", c.v, b, want)
+		}
+	}
+}

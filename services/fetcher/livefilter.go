@@ -8,6 +8,8 @@ import (
 	"unique"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/grasp-sync/grasp-sync/pkg/nip34"
 )
 
 // liveFilter is a live subscription's filter as the fetcher keeps it for as
@@ -94,7 +96,7 @@ func compactFilter(f nostr.Filter, share hexShare) liveFilter {
 			t.others = make([]unique.Handle[string], 0, n)
 		}
 		for _, v := range f.Tags[name] {
-			if b, ok := hex32(v); ok {
+			if b, ok := nip34.DecodeID(v); ok {
 				t.hexes = append(t.hexes, b)
 			} else {
 				t.others = append(t.others, unique.Make(v))
@@ -106,40 +108,6 @@ func compactFilter(f nostr.Filter, share hexShare) liveFilter {
 	}
 	return lf
 }
-
-// hex32 decodes a value of exactly 64 lowercase hex digits (what an id or
-// key is on the wire); anything else is kept as it is, so the REQ built
-// again says exactly what was asked.
-func hex32(v string) ([32]byte, bool) {
-	var b [32]byte
-	if len(v) != 64 {
-		return b, false
-	}
-	for i := range b {
-		hi, lo := lowerHexDigit[v[2*i]], lowerHexDigit[v[2*i+1]]
-		if hi|lo > 0x0f {
-			return [32]byte{}, false
-		}
-		b[i] = hi<<4 | lo
-	}
-	return b, true
-}
-
-// lowerHexDigit is each byte's value as a lowercase hex digit, 0xff for
-// any other byte (uppercase too: "ABCDEF…" is not what an id is on the
-// wire, and must come back from filter as it was sent).
-var lowerHexDigit = func() (t [256]byte) {
-	for i := range t {
-		t[i] = 0xff
-	}
-	for c := byte('0'); c <= '9'; c++ {
-		t[c] = c - '0'
-	}
-	for c := byte('a'); c <= 'f'; c++ {
-		t[c] = c - 'a' + 10
-	}
-	return t
-}()
 
 // filter builds the nostr filter again (for a REQ).
 func (lf liveFilter) filter() nostr.Filter {
@@ -178,7 +146,7 @@ func (t liveTag) matches(tags nostr.Tags) bool {
 		if len(tag) < 2 || tag[0] != t.name {
 			continue
 		}
-		if b, ok := hex32(tag[1]); ok {
+		if b, ok := nip34.DecodeID(tag[1]); ok {
 			if _, found := slices.BinarySearchFunc(t.hexes, b, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) }); found {
 				return true
 			}

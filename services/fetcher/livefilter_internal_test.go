@@ -202,40 +202,6 @@ func randomHexIDs(rng *rand.Rand, n int) []string {
 	return ids
 }
 
-// hex32 takes exactly an id as it is on the wire: 64 lowercase hex digits.
-func TestHex32(t *testing.T) {
-	id := "00ff10a9" + strings.Repeat("0123456789abcdef", 3) + "fedcba98"
-	want := [32]byte{0x00, 0xff, 0x10, 0xa9}
-	for i := range 24 {
-		want[4+i] = []byte{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef}[i%8]
-	}
-	want[28], want[29], want[30], want[31] = 0xfe, 0xdc, 0xba, 0x98
-	for _, c := range []struct {
-		v  string
-		ok bool
-	}{
-		{id, true},
-		{strings.ToUpper(id), false},
-		{id[:63] + "A", false},
-		{id[:63] + "g", false},
-		{id[:63] + "/", false}, // the byte before '0'
-		{id[:63] + ":", false}, // the byte after '9'
-		{id[:63] + "`", false}, // the byte before 'a'
-		{id[:62], false},
-		{id + "00", false},
-		{"", false},
-		{"30617:" + id[6:], false},
-	} {
-		b, ok := hex32(c.v)
-		if ok != c.ok {
-			t.Errorf("hex32(%q) ok = %v, want %v", c.v, ok, c.ok)
-		}
-		if ok && b != want {
-			t.Errorf("hex32(%q) = %x, want %x", c.v, b, want)
-		}
-	}
-}
-
 // BenchmarkCompactFilters compacts a relay's live filters for 1,000 roots
 // (layer 3: each chunk under #e, #E and #q), as the fetcher does for each
 // live command.
